@@ -1,0 +1,219 @@
+"""Running ClientApp calls for the in-process engine: inline or in a small process pool.
+
+Both executors run one *job* per instruction Message: they build nothing themselves
+(the Grid hands them the Message, the node's Context and the fault action) and call the
+ClientApp exactly as Flower's simulation backend does (``ClientApp.__call__(message,
+context)``), turning an exception into a Flower Error reply with the same code and
+reason format as Flower's Simulation Engine (``flwr/server/superlink/fleet/vce``).
+
+The process pool uses the ``fork`` start method. The ClientApp is loaded in the parent
+*before* the pool is created, so every worker inherits it (and whatever model/data
+caches its modules hold) copy-on-write and never re-imports it. Messages and Contexts
+are plain picklable Flower objects; a chunk of jobs is pickled in one call, so a model
+``RecordDict`` shared by all messages of a broadcast is serialised once per chunk.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from logging import DEBUG, ERROR
+
+from flwr.app import Context, Message, RecordDict
+from flwr.app.error import Error
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+
+from server.inprocess_faults import InjectedClientFault
+
+
+@dataclass(slots=True)
+class Job:
+    """One delivery: the instruction Message, the node's Context, the fault action."""
+
+    message: Message
+    context: Context
+    action: str | None  # None | "raise" | "delay"  ("drop" never reaches an executor)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result of one delivery, as the SuperLink would store it."""
+
+    reply: Message | None
+    state: RecordDict | None  # node state after the call (None: empty, nothing to keep)
+    seconds: float
+    finished_at: float  # time.monotonic() in the parent's clock domain (same machine)
+
+
+def _error_reply(message: Message, ex: BaseException) -> Message:
+    """Build the Error reply Flower's Simulation Engine builds for an exception."""
+    if isinstance(ex, ClientAppException):
+        code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    elif isinstance(ex, LoadClientAppError):
+        code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+    else:
+        code = ErrorCode.UNKNOWN
+    reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+    return Message(Error(code=code, reason=reason), reply_to=message)
+
+
+def run_job(app: ClientApp, job: Job) -> Outcome:
+    """Deliver one Message to the ClientApp; never raises."""
+    start = time.perf_counter()
+    message, context = job.message, job.context
+    run_config_before = dict(context.run_config)
+    try:
+        try:
+            if job.action == "raise":
+                raise InjectedClientFault(
+                    f"injected fault: client {context.node_config.get('partition-id')} raised "
+                    f"on {message.metadata.message_type!r} (group {message.metadata.group_id!r})"
+                )
+            reply = app(message=message, context=context)
+        except LoadClientAppError:
+            raise
+        except Exception as ex:  # noqa: BLE001 - Flower wraps every ClientApp error
+            raise ClientAppException(str(ex)) from ex
+        if not isinstance(reply, Message):
+            raise ClientAppException(
+                f"ClientApp returned {type(reply).__name__}, expected a flwr Message"
+            )
+        if context.run_config != run_config_before:
+            # Flower's DeprecatedRunInfoStore.update_context refuses this too.
+            raise ValueError(
+                "The `run_config` field of the `Context` object cannot be "
+                f"modified (run_id: {context.run_id})."
+            )
+    except Exception as ex:  # noqa: BLE001 - turned into an Error reply, as Flower does
+        level = DEBUG if isinstance(ex.__cause__, InjectedClientFault) else ERROR
+        log(level, "ClientApp error on node %s: %s", context.node_id, ex)
+        reply = _error_reply(message, ex)
+    state = context.state if len(context.state) > 0 else None
+    return Outcome(
+        reply=reply,
+        state=state,
+        seconds=time.perf_counter() - start,
+        finished_at=time.monotonic(),
+    )
+
+
+class SerialExecutor:
+    """Runs jobs one after another in this process (``workers=1``)."""
+
+    workers = 1
+
+    def __init__(self, app: ClientApp) -> None:
+        self._app = app
+
+    def run(
+        self,
+        jobs: Sequence[Job],
+        *,
+        deadline: float | None,
+        on_late: Callable[[int, Outcome], None],
+    ) -> tuple[dict[int, Outcome], list[int]]:
+        """Run jobs until ``deadline`` (monotonic); return (outcomes, indices not started).
+
+        A job that finishes after the deadline is returned too: its ``finished_at``
+        tells the Grid that the reply arrived late. ``on_late`` is unused here.
+        """
+        done: dict[int, Outcome] = {}
+        for i, job in enumerate(jobs):
+            if deadline is not None and time.monotonic() >= deadline:
+                return done, list(range(i, len(jobs)))
+            done[i] = run_job(self._app, job)
+        return done, []
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# The ClientApp inherited by forked workers (set in the parent before forking).
+_WORKER_APP: ClientApp | None = None
+
+
+def _init_worker() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # Two workers on two cores: one intra-op thread each avoids oversubscription.
+        torch.set_num_threads(1)
+
+
+def _run_chunk(jobs: list[Job]) -> list[Outcome]:
+    if _WORKER_APP is None:
+        raise LoadClientAppError("worker has no ClientApp (pool not created by fork)")
+    return [run_job(_WORKER_APP, job) for job in jobs]
+
+
+class PoolExecutor:
+    """Runs the jobs of one batch in ``workers`` forked processes."""
+
+    def __init__(self, app: ClientApp, *, workers: int, chunks_per_worker: int = 2) -> None:
+        global _WORKER_APP
+        if workers < 2:
+            raise ValueError(f"workers must be >= 2 for a pool, got {workers}")
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise RuntimeError("the in-process engine's pool needs the 'fork' start method")
+        self.workers = workers
+        self._chunks = workers * chunks_per_worker
+        _WORKER_APP = app
+        self._pool = cf.ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_init_worker,
+        )
+        # Start the workers now, before the ServerApp runs any torch code in this process.
+        list(self._pool.map(_noop, range(workers)))
+
+    def run(
+        self,
+        jobs: Sequence[Job],
+        *,
+        deadline: float | None,
+        on_late: Callable[[int, Outcome], None],
+    ) -> tuple[dict[int, Outcome], list[int]]:
+        """Run jobs in parallel until ``deadline``.
+
+        Chunks finished by then are returned; each chunk still running is handed to
+        ``on_late`` from a pool thread when it completes.
+        """
+        n = len(jobs)
+        if n == 0:
+            return {}, []
+        k = min(self._chunks, n)
+        index_chunks = [list(range(c, n, k)) for c in range(k)]
+        futures = {
+            self._pool.submit(_run_chunk, [jobs[i] for i in idx]): idx for idx in index_chunks
+        }
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        finished, pending = cf.wait(futures, timeout=timeout)
+        done: dict[int, Outcome] = {}
+        for fut in finished:
+            for i, outcome in zip(futures[fut], fut.result(), strict=True):
+                done[i] = outcome
+        for fut in pending:
+            idx = futures[fut]
+
+            def _deliver(f: cf.Future[list[Outcome]], idx: list[int] = idx) -> None:
+                for i, outcome in zip(idx, f.result(), strict=True):
+                    on_late(i, outcome)
+
+            fut.add_done_callback(_deliver)
+        return done, []
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        global _WORKER_APP
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        _WORKER_APP = None
+
+
+def _noop(_: int) -> None:
+    return None
