@@ -1,0 +1,115 @@
+"""The masking graph of SecAgg+ and the safety rules on (degree, threshold).
+
+Graph (Bell et al. 2020, "Secure Single-Server Aggregation with (Poly)Logarithmic Overhead", CCS,
+Section 3/4): a Harary graph H(n, k) on a pseudo-random permutation of the participants. Position ``p``
+is joined to ``p +- 1, ..., p +- floor(k/2)`` (mod n) and, for odd ``k`` and even ``n``, to ``p + n/2``;
+so every node has exactly ``k`` neighbours (``k`` odd with ``n`` odd is rounded up to ``k + 1``).
+``k >= n - 1`` gives the complete graph, i.e. the original protocol of Bonawitz et al. (2017, CCS).
+
+The permutation is derived from a public seed that every client recomputes from the round number and
+the full roster of advertised keys (:func:`graph_seed`), so the server cannot hand a client a
+neighbourhood of its choosing: a client refuses a neighbour list that differs from its own
+computation. (A server can still grind by excluding clients from the roster; Bell et al. assume the
+graph is random given the set of participants.)
+
+Safety rule (:func:`check_safe`). A client u shares its self-mask seed ``b_u`` and its masking key
+``s_u`` with its ``k`` neighbours, threshold ``t``. An honest client reveals, for a given peer and
+round, *either* its share of ``b_u`` (u survived) *or* its share of ``s_u`` (u dropped), never both.
+To unmask u's input the server needs ``t`` shares of each; with ``c`` corrupted neighbours of u (who
+reveal everything) it needs two *disjoint* sets of honest neighbours of sizes ``t - c`` each, which is
+impossible when ``2 (t - c) > k - c``, i.e. ``t > (k + c) / 2``. With no corrupted clients (the
+semi-honest-clients case that we check by default) this is ``t > k / 2``: the bound of Bonawitz et al.
+(2017, Section 4, where ``t > n/2`` is needed against a server that lies about who dropped) applied to
+the neighbourhood. Reconstruction needs ``t <= k``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+__all__ = ["check_safe", "graph_seed", "harary_neighbours", "min_safe_threshold"]
+
+
+def graph_seed(*, round: int, roster: Sequence[tuple[int, bytes, bytes]]) -> bytes:
+    """SHA-256 over the round and the sorted roster ``(node_id, enc_public, mask_public)``."""
+    h = hashlib.sha256(b"fedprivacy/v1/graph")
+    h.update(struct.pack(">Q", round))
+    for node_id, enc_pk, mask_pk in sorted(roster):
+        h.update(struct.pack(">Q", node_id))
+        h.update(enc_pk)
+        h.update(mask_pk)
+    return h.digest()
+
+
+def effective_degree(num_clients: int, degree: int) -> int:
+    """The degree actually used: ``min(degree, n - 1)``, rounded up to even when ``n`` is odd."""
+    if degree >= num_clients - 1:
+        return num_clients - 1
+    if degree % 2 == 1 and num_clients % 2 == 1:
+        return degree + 1
+    return degree
+
+
+def harary_neighbours(
+    ids: Sequence[int], *, degree: int, seed: bytes
+) -> dict[int, tuple[int, ...]]:
+    """Neighbour sets (sorted tuples) of the Harary graph H(n, degree) on a seeded permutation."""
+    ids = list(ids)
+    if len(set(ids)) != len(ids):
+        raise ValueError("node ids must be distinct")
+    n = len(ids)
+    if n < 2:
+        raise ValueError(f"need at least 2 clients, got {n}")
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise ValueError(f"degree must be an int >= 1, got {degree!r}")
+    k = effective_degree(n, degree)
+    if k == n - 1:
+        return {i: tuple(sorted(j for j in ids if j != i)) for i in ids}
+    order = sorted(ids, key=lambda i: hashlib.sha256(seed + struct.pack(">Q", i)).digest())
+    nb: dict[int, set[int]] = {i: set() for i in ids}
+    for p, i in enumerate(order):
+        for step in range(1, k // 2 + 1):
+            j = order[(p + step) % n]
+            nb[i].add(j)
+            nb[j].add(i)
+        if k % 2 == 1:
+            j = order[(p + n // 2) % n]
+            nb[i].add(j)
+            nb[j].add(i)
+    return {i: tuple(sorted(s)) for i, s in nb.items()}
+
+
+def min_safe_threshold(degree: int, *, corrupted: int = 0) -> int:
+    """Smallest ``t`` with ``t > (degree + corrupted) / 2``."""
+    return (degree + corrupted) // 2 + 1
+
+
+def check_safe(*, num_clients: int, degree: int, threshold: int, corrupted: int = 0) -> int:
+    """Refuse unsafe (degree, threshold); returns the effective degree.
+
+    Raises:
+        ValueError: with the violated rule, e.g. ``threshold must be > (degree + corrupted)/2 = 3.5``.
+    """
+    for name, v in (("num_clients", num_clients), ("degree", degree), ("threshold", threshold),
+                    ("corrupted", corrupted)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if num_clients < 3:
+        raise ValueError(f"num_clients must be >= 3 for secure aggregation, got {num_clients}")
+    k = effective_degree(num_clients, degree)
+    if k < 2:
+        raise ValueError(f"degree must be >= 2 (a single neighbour learns the input), got {degree}")
+    if corrupted < 0:
+        raise ValueError(f"corrupted must be >= 0, got {corrupted}")
+    if threshold > k:
+        raise ValueError(f"threshold must be <= degree={k} (else nothing can be reconstructed), "
+                         f"got {threshold}")
+    if 2 * threshold <= k + corrupted:
+        raise ValueError(
+            f"threshold must be > (degree + corrupted)/2 = {(k + corrupted) / 2} so that a server "
+            f"lying about dropouts cannot collect both the self-mask and the key shares of a live "
+            f"client (Bonawitz et al. 2017, Sec. 4); got threshold={threshold}"
+        )
+    return k

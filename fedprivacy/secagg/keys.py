@@ -1,0 +1,165 @@
+"""Key agreement, key derivation and share sealing for secure aggregation.
+
+Recipe (STYLE.md, convention 6; pyca/cryptography's own guidance):
+
+* key agreement: X25519 (RFC 7748), one fresh key pair per purpose per round;
+* key derivation: HKDF-SHA256 (RFC 5869) with ``info = b"fedprivacy/v1/<purpose>"`` and a ``salt`` that
+  binds the context (protocol round and the two node ids), so one X25519 secret never yields the same
+  key for two purposes or two rounds;
+* sealing: ChaCha20-Poly1305 (RFC 8439) with a fresh random 96-bit nonce per message and associated data
+  that binds purpose, round, sender and receiver. A ciphertext moved to another round, another sender or
+  another receiver fails authentication.
+
+Secrets are held in :class:`Secret`, whose ``repr``/``str`` never show the bytes, so that a key or seed
+cannot reach a log line or a metrics record by accident.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+__all__ = [
+    "INFO_PREFIX",
+    "KeyPair",
+    "Secret",
+    "SealError",
+    "context_bytes",
+    "derive_key",
+    "open_sealed",
+    "public_from_private",
+    "seal",
+]
+
+INFO_PREFIX = b"fedprivacy/v1/"
+NONCE_BYTES = 12
+KEY_BYTES = 32
+
+
+class SealError(ValueError):
+    """A sealed message failed authentication (tampered, replayed or misrouted)."""
+
+
+class Secret:
+    """Bytes that must never be printed, logged or serialised by accident."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: bytes) -> None:
+        if not isinstance(value, bytes | bytearray):
+            raise TypeError(f"secret must be bytes, got {type(value).__name__}")
+        self._value = bytes(value)
+
+    def reveal(self) -> bytes:
+        """The raw bytes; call only where they are consumed by a primitive."""
+        return self._value
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __repr__(self) -> str:
+        return f"Secret(<{len(self._value)} bytes redacted>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return secrets.compare_digest(self._value, other._value)
+
+    def __hash__(self) -> int:  # pragma: no cover - secrets are not dict keys
+        raise TypeError("Secret is not hashable")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("Secret must not be pickled")
+
+
+def _check_purpose(purpose: str) -> bytes:
+    if not isinstance(purpose, str):
+        raise TypeError(f"purpose must be a str, got {type(purpose).__name__}")
+    if not purpose or not all(c.isalnum() or c in "-_" for c in purpose):
+        raise ValueError(f"purpose must be a non-empty [A-Za-z0-9_-] label, got {purpose!r}")
+    return INFO_PREFIX + purpose.encode("ascii")
+
+
+def context_bytes(*, round: int, sender: int, receiver: int) -> bytes:
+    """Fixed-width encoding of (round, sender, receiver): 3 x unsigned 64-bit big-endian."""
+    for name, v in (("round", round), ("sender", sender), ("receiver", receiver)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if not 0 <= v < 2**64:
+            raise ValueError(f"{name} must be in [0, 2**64), got {v}")
+    return struct.pack(">QQQ", round, sender, receiver)
+
+
+class KeyPair:
+    """An X25519 key pair; the private half is a :class:`Secret` (32 raw bytes)."""
+
+    __slots__ = ("private", "public")
+
+    def __init__(self, private: Secret, public: bytes) -> None:
+        self.private = private
+        self.public = public
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        """A fresh key pair; the private key is 32 bytes from :func:`secrets.token_bytes`."""
+        raw = secrets.token_bytes(KEY_BYTES)
+        return cls(Secret(raw), public_from_private(raw))
+
+    def __repr__(self) -> str:
+        return f"KeyPair(public={self.public.hex()[:16]}..., private=<redacted>)"
+
+
+def public_from_private(private: bytes) -> bytes:
+    """The raw 32-byte X25519 public key of a raw 32-byte private key (RFC 7748, clamping inside)."""
+    key = X25519PrivateKey.from_private_bytes(bytes(private))
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def derive_key(private: Secret | bytes, peer_public: bytes, *, purpose: str, context: bytes) -> bytes:
+    """HKDF-SHA256(X25519(private, peer_public), salt=context, info=b"fedprivacy/v1/<purpose>").
+
+    Both ends of a pair derive the same 32 bytes when ``context`` is built symmetrically (the caller
+    orders the two node ids). Raises ValueError for a low-order peer point (all-zero shared secret,
+    RFC 7748 section 6.1), which ``cryptography`` rejects.
+    """
+    info = _check_purpose(purpose)
+    raw = private.reveal() if isinstance(private, Secret) else bytes(private)
+    if len(raw) != KEY_BYTES or len(peer_public) != KEY_BYTES:
+        raise ValueError(f"X25519 keys must be 32 bytes, got {len(raw)} and {len(peer_public)}")
+    shared = X25519PrivateKey.from_private_bytes(raw).exchange(
+        X25519PublicKey.from_public_bytes(bytes(peer_public))
+    )
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=context, info=info).derive(shared)
+
+
+def _ad(purpose: str, context: bytes) -> bytes:
+    return _check_purpose(purpose) + b"|" + context
+
+
+def seal(key: bytes, plaintext: bytes, *, purpose: str, context: bytes) -> bytes:
+    """ChaCha20-Poly1305 with a fresh random nonce; returns ``nonce || ciphertext || tag``."""
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    return nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, _ad(purpose, context))
+
+
+def open_sealed(key: bytes, sealed: bytes, *, purpose: str, context: bytes) -> bytes:
+    """Inverse of :func:`seal`; raises :class:`SealError` if authentication fails."""
+    if not isinstance(sealed, bytes | bytearray):
+        raise TypeError(f"sealed must be bytes, got {type(sealed).__name__}")
+    if len(sealed) < NONCE_BYTES + 16:
+        raise SealError(f"sealed message too short: {len(sealed)} bytes")
+    nonce, body = bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:])
+    try:
+        return ChaCha20Poly1305(key).decrypt(nonce, body, _ad(purpose, context))
+    except InvalidTag:
+        raise SealError(
+            "sealed message failed authentication (tampered, or from another round/sender/receiver)"
+        ) from None

@@ -1,0 +1,50 @@
+"""Run one SecAgg+ round in a single process (tests, benchmarks, the in-process engine).
+
+This is the reference driver of the state machines in :mod:`.protocol`: it passes each stage's
+messages between one :class:`ServerSession` and many :class:`ClientSession` objects and lets clients
+drop out before a chosen stage. It does no cryptography of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from fedprivacy.secagg.protocol import ClientSession, ServerSession, SetupRequest
+
+__all__ = ["STAGES", "run_round"]
+
+STAGES = ("advertise", "share", "masked", "unmask")
+
+
+def run_round(
+    setup: SetupRequest,
+    inputs: Mapping[int, np.ndarray],
+    *,
+    drop_before: Mapping[int, str] | None = None,
+) -> tuple[np.ndarray, ServerSession, dict[int, ClientSession]]:
+    """Run a round; ``drop_before[node] = stage`` makes ``node`` vanish before that stage.
+
+    Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``) and the clients.
+    Raises :class:`.protocol.RoundAborted` when too few clients remain.
+    """
+    drop_before = dict(drop_before or {})
+    for node, stage in drop_before.items():
+        if stage not in STAGES:
+            raise ValueError(f"drop_before[{node}] must be one of {STAGES}, got {stage!r}")
+
+    def alive(node: int, stage: str) -> bool:
+        d = drop_before.get(node)
+        return d is None or STAGES.index(stage) < STAGES.index(d)
+
+    server = ServerSession(setup)
+    clients = {i: ClientSession(node_id=i, setup=setup) for i in inputs}
+    adv = [c.advertise_keys() for i, c in clients.items() if alive(i, "advertise")]
+    roster = server.receive_keys(adv)
+    shared = [clients[i].share_keys(roster) for i in roster.node_ids if alive(i, "share")]
+    reqs = server.receive_shares(shared)
+    masked = [clients[i].masked_input(r, inputs[i]) for i, r in reqs.items() if alive(i, "masked")]
+    unmask_reqs = server.receive_masked(masked)
+    replies = [clients[i].unmask(r) for i, r in unmask_reqs.items() if alive(i, "unmask")]
+    return server.receive_unmask(replies), server, clients
