@@ -219,7 +219,9 @@ class InProcessGrid(Grid):
         self._ready: dict[str, tuple[Message, float, Message]] = {}
         self._app = client_app
         self._executor: SerialExecutor | PoolExecutor = (
-            SerialExecutor(client_app) if workers == 1 else PoolExecutor(client_app, workers=workers)
+            SerialExecutor(client_app)
+            if workers == 1
+            else PoolExecutor(client_app, workers=workers)
         )
 
     # ---- Grid interface -------------------------------------------------------------

@@ -1,0 +1,198 @@
+"""The in-process Grid honours Flower's Grid contract (ids, reply_to, errors, timeouts).
+
+Reference behaviour: flwr 1.42's InMemoryGrid + InMemoryLinkState + Simulation Engine
+(``flwr/superlink/grid/inmemory_grid.py``, ``flwr/server/superlink/linkstate``,
+``flwr/server/superlink/fleet/vce/vce_api.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid
+
+from server.inprocess import (
+    InProcessGrid,
+    _make_run,
+    _TaskIdentityScope,
+    load_app_spec,
+    parse_overrides,
+    resolve_run_config,
+    run_inprocess,
+)
+
+RUN_ID = 4242
+
+
+def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, **overrides: object) -> InProcessGrid:
+    from server.inprocess import _load_apps
+
+    spec = load_app_spec(toyapp_dir)
+    _, capp = _load_apps(spec, None, None)
+    cfg = resolve_run_config(dict(overrides), app_dir=toyapp_dir)
+    return InProcessGrid(
+        client_app=capp,
+        run=_make_run(spec, parse_overrides(dict(overrides)), RUN_ID),
+        run_config=cfg,
+        num_supernodes=n,
+        workers=workers,
+        node_id_seed=1,
+    )
+
+
+@pytest.fixture()
+def identity() -> Iterator[None]:
+    with _TaskIdentityScope(RUN_ID):
+        yield
+
+
+def _train_msgs(grid: Grid, rnd: int = 1) -> list[Message]:
+    content = RecordDict(
+        {"arrays": ArrayRecord([np.zeros(8)]), "config": ConfigRecord({"round": rnd})}
+    )
+    return [Message(content, nid, "train", group_id=str(rnd)) for nid in grid.get_node_ids()]
+
+
+def test_is_a_flower_grid_with_distinct_random_node_ids(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir, n=50)
+    ids = list(grid.get_node_ids())
+    assert isinstance(grid, Grid)
+    assert len(set(ids)) == 50
+    assert all(0 < i < 2**64 and i != SUPERLINK_NODE_ID for i in ids)
+    assert [n.node_id for n in grid.get_nodes()] == ids
+    assert grid.run.run_id == RUN_ID
+
+
+def test_reply_metadata_follows_flower_rules(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir)
+    msgs = _train_msgs(grid)
+    replies = list(grid.send_and_receive(msgs, timeout=30))
+
+    assert len(replies) == len(msgs)
+    ins_ids = [m.metadata.message_id for m in msgs]
+    assert all(uuid.UUID(i).version == 4 for i in ins_ids)
+    assert len(set(ins_ids)) == len(ins_ids)
+    for ins, rep in zip(msgs, replies, strict=True):
+        md, rmd = ins.metadata, rep.metadata
+        assert md.src_node_id == SUPERLINK_NODE_ID and md.run_id == RUN_ID
+        assert rmd.reply_to_message_id == md.message_id
+        assert rmd.message_id not in ("", md.message_id)
+        assert (rmd.src_node_id, rmd.dst_node_id) == (md.dst_node_id, SUPERLINK_NODE_ID)
+        assert rmd.group_id == "1" and rmd.message_type == "train" and rmd.run_id == RUN_ID
+        assert rmd.created_at >= md.created_at
+        assert 0 < rmd.ttl <= md.ttl
+        assert rmd.delivered_at != ""
+    # each client saw its own node_config: partition ids 0..3 in node order
+    pids = [int(r.content["metrics"]["partition-id"]) for r in replies]
+    assert pids == [grid.node_partition(m.metadata.dst_node_id) for m in msgs]
+    assert sorted(pids) == [0, 1, 2, 3]
+    assert {int(r.content["metrics"]["num-partitions"]) for r in replies} == {4}
+
+
+def test_push_then_pull_and_unknown_ids(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir)
+    msgs = _train_msgs(grid)
+    ids = list(grid.push_messages(msgs))
+    first = list(grid.pull_messages(ids[:2]))
+    rest = list(grid.pull_messages(ids[2:]))
+    again = list(grid.pull_messages(ids[:1] + ["not-an-id"]))
+
+    assert [r.metadata.reply_to_message_id for r in first] == ids[:2]
+    assert [r.metadata.reply_to_message_id for r in rest] == ids[2:]
+    # Flower answers an id it does not know (or whose reply was delivered) with an error
+    assert [r.error.code for r in again] == [ErrorCode.MESSAGE_UNAVAILABLE] * 2
+
+
+def test_invalid_destination_is_refused_without_an_id(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir)
+    good = _train_msgs(grid)[0]
+    bad = Message(RecordDict(), 999, "train", group_id="1")
+
+    ids = list(grid.push_messages([bad, good]))
+
+    assert ids == [good.metadata.message_id]
+
+
+def test_client_exception_becomes_flower_error_reply(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir, **{"fail-partition": 2})
+    msgs = _train_msgs(grid)
+    replies = list(grid.send_and_receive(msgs, timeout=30))
+
+    errors = [r for r in replies if r.has_error()]
+    assert len(replies) == 4 and len(errors) == 1
+    err = errors[0]
+    assert grid.node_partition(err.metadata.src_node_id) == 2
+    assert err.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    # Flower's reason format: "<class '...ClientAppException'>:<'...message...'>"
+    assert err.error.reason.startswith("<class 'flwr.clientapp.client_app.ClientAppException'>")
+    assert "toy client 2 fails on purpose" in err.error.reason
+
+
+def test_timeout_returns_what_arrived_and_keeps_the_rest(toyapp_dir: Path, identity: None) -> None:
+    # partition 1 sleeps past the timeout; the ServerApp gets partition 0's reply only,
+    # partitions 2 and 3 run later and can still be pulled, like on a SuperLink.
+    grid = _grid(toyapp_dir, **{"sleep-partition": 1, "sleep-seconds": 0.4})
+    msgs = sorted(_train_msgs(grid), key=lambda m: grid.node_partition(m.metadata.dst_node_id))
+
+    replies = list(grid.send_and_receive(msgs, timeout=0.2))
+    later = list(grid.pull_messages([m.metadata.message_id for m in msgs[1:]]))
+
+    assert [grid.node_partition(r.metadata.src_node_id) for r in replies] == [0]
+    assert sorted(grid.node_partition(r.metadata.src_node_id) for r in later) == [1, 2, 3]
+
+
+def test_node_state_persists_only_when_non_empty(toyapp_dir: Path, identity: None) -> None:
+    grid = _grid(toyapp_dir)
+    for rnd in (1, 2, 3):
+        replies = list(grid.send_and_receive(_train_msgs(grid, rnd), timeout=30))
+        assert {int(r.content["metrics"]["calls"]) for r in replies} == {rnd}
+    # evaluate leaves state untouched; the per-node store holds only the 4 train states
+    assert len(grid._node_state) == 4  # noqa: SLF001
+
+
+def test_pool_gives_the_same_replies_as_inline(toyapp_dir: Path, identity: None) -> None:
+    serial, pool = _grid(toyapp_dir, n=9), _grid(toyapp_dir, n=9, workers=2)
+    try:
+        for rnd in (1, 2):
+            a = list(serial.send_and_receive(_train_msgs(serial, rnd), timeout=30))
+            b = list(pool.send_and_receive(_train_msgs(pool, rnd), timeout=30))
+            assert [r.metadata.src_node_id for r in a] == [r.metadata.src_node_id for r in b]
+            for ra, rb in zip(a, b, strict=True):
+                np.testing.assert_array_equal(
+                    ra.content["arrays"].to_numpy_ndarrays()[0],
+                    rb.content["arrays"].to_numpy_ndarrays()[0],
+                )
+        assert pool.workers == 2
+    finally:
+        pool.close()
+
+
+def test_run_config_uses_flower_parser_and_refuses_unknown_keys(toyapp_dir: Path) -> None:
+    cfg = resolve_run_config("num-server-rounds=3 timeout=1.5 seed=9", app_dir=toyapp_dir)
+
+    assert cfg["num-server-rounds"] == 3 and cfg["timeout"] == 1.5 and cfg["seed"] == 9
+    assert cfg["dim"] == 8  # default kept
+    with pytest.raises(ValueError, match="no-such-key"):
+        resolve_run_config("no-such-key=1", app_dir=toyapp_dir)
+
+
+def test_run_inprocess_runs_the_apps_by_reference(toyapp_dir: Path) -> None:
+    result = run_inprocess(
+        run_config={"num-server-rounds": 3}, num_supernodes=5, app_dir=toyapp_dir
+    )
+    rounds = result.context.state["toy-results"]["rounds"]
+
+    # reference: mean of w + (pid+1)*0.01*round over pids 0..4, accumulated over rounds
+    expected, w = [], 0.0
+    for rnd in (1, 2, 3):
+        w = w + np.mean([(p + 1) * 0.01 * rnd for p in range(5)])
+        expected.append(f"mean={w:.12f}")
+    assert [r.split()[-1] for r in rounds] == expected
+    assert result.stats.messages == 15 and result.stats.replies == 15
+    assert result.run_config["num-server-rounds"] == 3
