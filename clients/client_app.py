@@ -1,0 +1,54 @@
+"""fedprivacy's Flower ClientApp (Message API): decode -> one library call -> encode."""
+
+from __future__ import annotations
+
+import functools
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.client import train_client
+from server import codec
+
+app = ClientApp()
+
+
+@functools.lru_cache(maxsize=4)
+def _config(items: tuple) -> RunConfig:
+    return RunConfig.from_mapping(dict(items))
+
+
+def _node(context: Context) -> tuple[RunConfig, int, int]:
+    cfg = _config(tuple(sorted(context.run_config.items())))
+    pid = int(context.node_config["partition-id"])
+    total = int(context.node_config["num-partitions"])
+    return cfg, pid, total
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which partition this node holds."""
+    _, pid, total = _node(context)
+    return codec.query_reply(msg, partition_id=pid, num_partitions=total)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training, Δ clipped (and noised in local mode); see :mod:`fedprivacy.fl.client`."""
+    cfg, pid, total = _node(context)
+    instr, weights = codec.decode_train(msg)
+    update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
+    return codec.train_reply(msg, update)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the received model on this node's own partition (not covered by ε)."""
+    from fedprivacy.fl.task import evaluate_local
+
+    cfg, pid, total = _node(context)
+    weights = codec.record_to_arrays(msg.content["arrays"])
+    num_classes = int(msg.content["config"]["num-classes"])
+    loss, acc, n = evaluate_local(cfg, weights, partition_id=pid, num_partitions=total, num_classes=num_classes)
+    return codec.evaluate_reply(msg, loss=loss, accuracy=acc, num_examples=n)

@@ -1,0 +1,293 @@
+"""One typed, validated run configuration for a fedprivacy run.
+
+Every run-config key lives in ``pyproject.toml [tool.flwr.app.config]`` in kebab-case; this module maps
+them once, in one place, to the literature's snake_case names (STYLE.md, convention 4) and checks every
+value before round 1. An unknown key or a bad value raises ``ValueError`` naming the kebab-case key, so a
+bad ``--run-config`` stops the run before any training.
+
+Decisions recorded here (see README "Configuration"):
+
+* ``target-epsilon = 0`` means "no budget". With ``target-epsilon > 0`` and ``noise-multiplier = 0`` the
+  server *calibrates* the smallest noise multiplier that keeps ``num-server-rounds`` rounds within
+  ``(target-epsilon, target-delta)``; with both set, the budget is enforced and the run stops cleanly
+  before the round that would overspend.
+* ``seed = -1`` draws all randomness from a secure source (deployment mode); ``seed >= 0`` is a seeded,
+  reproducible research mode that is *not* private against anyone who knows the seed, and every output
+  says so.
+* A fixed-size cohort (``sampling = "fixed"``) is sampling without replacement; it is only accounted under
+  replace-one adjacency (``neighbouring = "replace-one"``), so ``fixed`` with ``add-remove`` is refused.
+* ``privacy = "none"`` still clips updates to ``clip-norm`` (the modes share one code path and differ only
+  in where the noise is added); ``clip-norm = 0`` disables clipping and is only allowed without DP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PRIVACY_MODES = ("none", "central", "local", "distributed")
+PARTITIONERS = ("iid", "dirichlet", "pathological")
+MODELS = ("mlp", "mlp-large", "cnn")
+SAMPLINGS = ("poisson", "fixed")
+NEIGHBOURINGS = ("add-remove", "replace-one")
+ACCOUNTANTS = ("pld", "rdp", "prv")
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """The resolved configuration of one run (defaults mirror ``pyproject.toml``).
+
+    Field names are the snake_case form of the kebab-case run-config keys.
+    """
+
+    # rounds and data
+    num_server_rounds: int = 30
+    dataset: str = "digits"
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    classes_per_partition: int = 2
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    test_fraction: float = 0.2
+    # model and local training
+    model: str = "mlp"
+    hidden_units: int = 64
+    local_epochs: int = 2
+    learning_rate: float = 0.1
+    batch_size: int = 32
+    # user-level DP (DP-FedAvg)
+    privacy: str = "central"
+    clip_norm: float = 1.0
+    noise_multiplier: float = 0.5
+    target_epsilon: float = 0.0
+    target_delta: float = 1e-5
+    sampling: str = "poisson"
+    sample_rate: float = 1.0
+    cohort_size: int = 0
+    neighbouring: str = "add-remove"
+    accountant: str = "pld"
+    # sample-level DP-SGD on each client
+    dpsgd: bool = False
+    dpsgd_noise_multiplier: float = 1.0
+    dpsgd_max_grad_norm: float = 1.0
+    # secure aggregation
+    secagg: bool = False
+    secagg_threshold: int = 0
+    secagg_neighbours: int = 0
+    secagg_bits: int = 32
+    # run
+    seed: int = -1
+    output_dir: str = "outputs"
+    run_name: str = ""
+    resume: bool = False
+    client_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_values()
+        self._check_combinations()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_mapping(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Build a config from a Flower ``context.run_config`` (kebab-case keys).
+
+        Missing keys take the defaults; unknown keys and bad values raise ``ValueError`` naming the key.
+        """
+        if not isinstance(run_config, Mapping):
+            raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
+        names = {_key(f.name): f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in run_config.items():
+            field = names.get(str(key))
+            if field is None:
+                known = ", ".join(sorted(names))
+                raise ValueError(f"unknown run-config key {key!r}; known keys: {known}")
+            kwargs[field.name] = _coerce(str(key), value, field.type)
+        return cls(**kwargs)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The full config with kebab-case keys (round-trips through :meth:`from_mapping`)."""
+        return {_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def seeded(self) -> bool:
+        """True in the reproducible research mode (``seed >= 0``), which is not private."""
+        return self.seed >= 0
+
+    @property
+    def data_seed(self) -> int:
+        """Seed of data splitting/partitioning (not secret; -1 maps to 0 so all processes agree)."""
+        return max(self.seed, 0)
+
+    @property
+    def is_dp(self) -> bool:
+        return self.privacy != "none"
+
+    @property
+    def hf_name(self) -> str | None:
+        """The Hugging Face dataset name for ``dataset = "hf:<name>"``, else None."""
+        return self.dataset[3:] if self.dataset.startswith("hf:") else None
+
+    # ------------------------------------------------------------------ validation
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            _check_type(_key(f.name), value, f.type)
+
+    def _check_values(self) -> None:
+        _positive_int("num-server-rounds", self.num_server_rounds)
+        if self.dataset not in ("digits", "synthetic") and not (
+            self.dataset.startswith("hf:") and len(self.dataset) > 3
+        ):
+            raise ValueError(
+                f"dataset must be 'digits', 'synthetic' or 'hf:<name>', got {self.dataset!r}"
+            )
+        _choice("partitioner", self.partitioner, PARTITIONERS)
+        _positive("dirichlet-alpha", self.dirichlet_alpha)
+        _positive_int("classes-per-partition", self.classes_per_partition)
+        _non_negative("synthetic-alpha", self.synthetic_alpha)
+        _non_negative("synthetic-beta", self.synthetic_beta)
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
+        _choice("model", self.model, MODELS)
+        _positive_int("hidden-units", self.hidden_units)
+        _positive_int("local-epochs", self.local_epochs)
+        _positive("learning-rate", self.learning_rate)
+        _positive_int("batch-size", self.batch_size)
+        _choice("privacy", self.privacy, PRIVACY_MODES)
+        _non_negative("clip-norm", self.clip_norm)
+        _non_negative("noise-multiplier", self.noise_multiplier)
+        _non_negative("target-epsilon", self.target_epsilon)
+        if not 0.0 < self.target_delta < 1.0:
+            raise ValueError(f"target-delta must be in (0, 1), got {self.target_delta}")
+        _choice("sampling", self.sampling, SAMPLINGS)
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise ValueError(f"sample-rate must be in (0, 1], got {self.sample_rate}")
+        if self.cohort_size < 0:
+            raise ValueError(f"cohort-size must be >= 0, got {self.cohort_size}")
+        _choice("neighbouring", self.neighbouring, NEIGHBOURINGS)
+        _choice("accountant", self.accountant, ACCOUNTANTS)
+        _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)
+        _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
+        if self.secagg_threshold < 0:
+            raise ValueError(f"secagg-threshold must be >= 0 (0 = automatic), got {self.secagg_threshold}")
+        if self.secagg_neighbours < 0:
+            raise ValueError(
+                f"secagg-neighbours must be >= 0 (0 = automatic), got {self.secagg_neighbours}"
+            )
+        if not 16 <= self.secagg_bits <= 32:
+            raise ValueError(f"secagg-bits must be in [16, 32], got {self.secagg_bits}")
+        if self.seed < -1:
+            raise ValueError(f"seed must be -1 (secure randomness) or >= 0 (seeded), got {self.seed}")
+        if not self.output_dir:
+            raise ValueError("output-dir must not be empty")
+        if any(c in self.run_name for c in "/\\") or self.run_name in (".", ".."):
+            raise ValueError(f"run-name must be a plain folder name, got {self.run_name!r}")
+        _positive("client-timeout", self.client_timeout)
+
+    def _check_combinations(self) -> None:
+        if self.is_dp and self.clip_norm <= 0:
+            raise ValueError(
+                f"clip-norm must be > 0 when privacy={self.privacy!r}, got {self.clip_norm}"
+            )
+        if self.privacy in ("central", "local") and self.noise_multiplier == 0 and self.target_epsilon == 0:
+            raise ValueError(
+                f"noise-multiplier must be > 0 (or target-epsilon > 0 to calibrate it) when "
+                f"privacy={self.privacy!r}, got {self.noise_multiplier}"
+            )
+        if self.privacy == "distributed" and not self.secagg:
+            raise ValueError("privacy='distributed' needs secagg=true: the noise is only hidden by secure aggregation")
+        if self.privacy == "none" and self.target_epsilon > 0:
+            raise ValueError("target-epsilon must be 0 when privacy='none' (nothing is accounted)")
+        if self.sampling == "fixed":
+            if self.cohort_size < 1:
+                raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}")
+            if self.is_dp and self.neighbouring != "replace-one":
+                raise ValueError(
+                    "neighbouring must be 'replace-one' when sampling='fixed': a fixed-size cohort is "
+                    "sampling without replacement, which is only accounted under replace-one adjacency "
+                    f"(got {self.neighbouring!r})"
+                )
+        if self.resume and not self.run_name:
+            raise ValueError("run-name must be set when resume=true (the run folder to continue)")
+
+
+# ---------------------------------------------------------------------- helpers
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _check_type(key: str, value: Any, type_name: Any) -> None:
+    expected = _TYPES[str(type_name)]
+    if expected is float:
+        ok = isinstance(value, float | int) and not isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise TypeError(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    if expected is float and value != value:  # NaN
+        raise ValueError(f"{key} must be a number, got nan")
+
+
+def _coerce(key: str, value: Any, type_name: Any) -> Any:
+    """Convert a run-config value to the field type, or raise ValueError naming the key."""
+    expected = _TYPES[str(type_name)]
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif expected is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif isinstance(value, str):
+        return value
+    raise ValueError(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"{key} must be one of {', '.join(options)}; got {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{key} must be > 0, got {value}")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")
+
+
+def _positive_int(key: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{key} must be >= 1, got {value}")

@@ -1,0 +1,206 @@
+"""Aggregation of client updates: the one seam where secure aggregation plugs in.
+
+Every privacy mode goes through an :class:`Aggregator`. :class:`PlainAggregator` covers ``none``,
+``central`` and ``local``:
+
+1. updates with NaN or Inf are left out (the reason is returned, so the server can log it);
+2. each remaining update is clipped to ``clip_norm`` again on the server (idempotent for honest clients;
+   it makes the sensitivity ``C`` hold even against a client that skips its own clipping);
+3. the updates are summed in ascending partition-id order (float summation order is fixed, so results
+   do not depend on message arrival order);
+4. in ``central`` mode N(0, (σC)²) is added to every coordinate of the *sum* (Gaussian mechanism,
+   Dwork & Roth 2014, Thm. A.1; with sampling, McMahan et al. 2018, Alg. 1);
+5. the sum is divided by a fixed denominator (:func:`fedprivacy.fl.sampling.expected_cohort`).
+
+Leaving an update out does not change the accounting: under add-remove adjacency the mechanism is the
+noisy sum of whatever set of clipped vectors arrived, and its sensitivity is still ``C``.
+
+The ``distributed`` mode (secure aggregation with distributed discrete Gaussian noise) registers its own
+aggregator with :func:`register_aggregator` under the name ``"distributed"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fedprivacy.dp.rng import RandomSource
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientUpdate:
+    """One client's reply to a training round.
+
+    Attributes:
+        partition_id: the client's partition id (stable across transports).
+        delta: the (clipped, and in ``local`` mode noised) model update Δ = w_local − w_global.
+        num_examples: local examples used, or None when not disclosed (DP modes other than central).
+        train_loss: mean local training loss, or None when not disclosed.
+        metrics: further scalar metrics (e.g. ``dpsgd_steps``).
+    """
+
+    partition_id: int
+    delta: tuple[np.ndarray, ...]
+    num_examples: int | None = None
+    train_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregateResult:
+    """The released aggregate of one round.
+
+    Attributes:
+        mean_update: noisy sum divided by the fixed denominator (same shapes as the model weights).
+        aggregated: partition ids whose updates are in the sum, ascending.
+        dropped: partition id -> reason for every update left out.
+        noise_std: std of the noise the server added per coordinate of the sum (0 if none).
+        denominator: the fixed denominator used.
+    """
+
+    mean_update: tuple[np.ndarray, ...]
+    aggregated: tuple[int, ...]
+    dropped: dict[int, str]
+    noise_std: float
+    denominator: float
+
+
+class Aggregator(Protocol):
+    """Turns the round's client updates into the released mean update."""
+
+    name: str
+
+    def aggregate(
+        self,
+        updates: Sequence[ClientUpdate],
+        *,
+        like: Sequence[np.ndarray],
+        denominator: float,
+        rng: RandomSource,
+    ) -> AggregateResult: ...
+
+
+def non_finite_reason(delta: Sequence[np.ndarray], like: Sequence[np.ndarray]) -> str | None:
+    """Why an update cannot be summed (wrong structure, NaN or Inf), or None if it can."""
+    if len(delta) != len(like):
+        return f"update has {len(delta)} arrays, expected {len(like)}"
+    for i, (a, b) in enumerate(zip(delta, like, strict=True)):
+        if a.shape != b.shape:
+            return f"array {i} has shape {a.shape}, expected {b.shape}"
+        if not np.issubdtype(a.dtype, np.floating):
+            return f"array {i} has dtype {a.dtype}, expected a float dtype"
+        if not np.all(np.isfinite(a)):
+            bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+            return f"array {i} contains {bad} NaN/Inf values"
+    return None
+
+
+def global_l2_norm(arrays: Sequence[np.ndarray]) -> float:
+    return float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays)))
+
+
+def clip_to_norm(arrays: Sequence[np.ndarray], *, clip_norm: float) -> list[np.ndarray]:
+    """Global L2 clipping via :func:`fedprivacy.dp.clipping.clip_arrays` (float64 copies)."""
+    from fedprivacy.dp.clipping import clip_arrays
+
+    clipped, _ = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=clip_norm)
+    return [np.asarray(a, dtype=np.float64) for a in clipped]
+
+
+class PlainAggregator:
+    """Sum (optionally clipped and noised) updates in the clear, divide by a fixed denominator.
+
+    Args:
+        clip_norm: server-side clipping bound ``C`` (0 disables, only for privacy ``none``).
+        noise_std: std of the Gaussian noise added to each coordinate of the sum (``σ·C`` in central
+            mode, 0 otherwise).
+    """
+
+    name = "plain"
+
+    def __init__(self, *, clip_norm: float, noise_std: float) -> None:
+        if clip_norm < 0:
+            raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
+        if noise_std < 0:
+            raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+        self.clip_norm = float(clip_norm)
+        self.noise_std = float(noise_std)
+
+    def aggregate(
+        self,
+        updates: Sequence[ClientUpdate],
+        *,
+        like: Sequence[np.ndarray],
+        denominator: float,
+        rng: RandomSource,
+    ) -> AggregateResult:
+        if not denominator > 0:
+            raise ValueError(f"denominator must be > 0, got {denominator}")
+        total = [np.zeros(np.shape(a), dtype=np.float64) for a in like]
+        aggregated: list[int] = []
+        dropped: dict[int, str] = {}
+        seen: set[int] = set()
+        for update in sorted(updates, key=lambda u: u.partition_id):
+            pid = update.partition_id
+            if pid in seen:
+                dropped[pid] = "duplicate reply from this partition"
+                continue
+            seen.add(pid)
+            reason = non_finite_reason(update.delta, like)
+            if reason is not None:
+                dropped[pid] = reason
+                continue
+            delta = (
+                clip_to_norm(update.delta, clip_norm=self.clip_norm)
+                if self.clip_norm > 0
+                else [np.asarray(a, dtype=np.float64) for a in update.delta]
+            )
+            for acc, d in zip(total, delta, strict=True):
+                acc += d
+            aggregated.append(pid)
+        if self.noise_std > 0:
+            for acc in total:
+                acc += rng.normal(std=self.noise_std, size=acc.shape)
+        mean = tuple((acc / denominator).astype(np.asarray(ref).dtype) for acc, ref in zip(total, like, strict=True))
+        return AggregateResult(
+            mean_update=mean,
+            aggregated=tuple(aggregated),
+            dropped=dropped,
+            noise_std=self.noise_std,
+            denominator=float(denominator),
+        )
+
+
+AggregatorFactory = Callable[..., Any]
+_REGISTRY: dict[str, AggregatorFactory] = {}
+
+
+def register_aggregator(name: str, factory: AggregatorFactory) -> None:
+    """Register an aggregator factory ``factory(cfg, *, clip_norm, noise_multiplier) -> Aggregator``."""
+    if not name:
+        raise ValueError("name must not be empty")
+    _REGISTRY[name] = factory
+
+
+def make_aggregator(privacy: str, *, clip_norm: float, noise_multiplier: float, cfg: Any = None) -> Aggregator:
+    """The aggregator for a privacy mode.
+
+    ``none`` and ``local``: plain sum, no server noise. ``central``: plain sum + N(0, (σC)²).
+    ``distributed``: whatever :mod:`fedprivacy.secagg` registered; refused until it exists.
+    """
+    if privacy == "none":
+        return PlainAggregator(clip_norm=clip_norm, noise_std=0.0)
+    if privacy == "local":
+        return PlainAggregator(clip_norm=0.0, noise_std=0.0)
+    if privacy == "central":
+        return PlainAggregator(clip_norm=clip_norm, noise_std=noise_multiplier * clip_norm)
+    if privacy in _REGISTRY:
+        return _REGISTRY[privacy](cfg, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
+    raise ValueError(
+        f"privacy={privacy!r} is not available: no aggregator is registered for it "
+        "(distributed DP needs fedprivacy.secagg)"
+    )

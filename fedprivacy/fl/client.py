@@ -1,0 +1,146 @@
+"""What one sampled client does in a DP-FedAvg round (pure; the ClientApp only decodes and encodes).
+
+1. start from the global weights, train locally (:func:`fedprivacy.ml.train_local`, optionally DP-SGD);
+2. Δ = w_local − w_global, clipped to global L2 norm ``C`` (:func:`fedprivacy.dp.clip_arrays`);
+3. in ``local`` mode add N(0, (σC)²) per coordinate itself, from its own :class:`RandomSource`
+   (McMahan et al. 2018, Alg. 1, with the noise moved to the client);
+4. reply with Δ and, only when the server is trusted with them (privacy ``none``/``central``), the number
+   of examples, the training loss and DP-SGD step counts. Raw update norms are never sent: they are not
+   covered by ε.
+
+Randomness: ``RandomSource.seeded(seed).child("client", partition_id, round)`` in research mode, a fresh
+secure source otherwise; the torch seed of local training is drawn from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedprivacy.fl.aggregation import ClientUpdate
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+    from fedprivacy.dp.rng import RandomSource
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundInstructions:
+    """What the server tells a sampled client (travels as a flat ConfigRecord)."""
+
+    round: int
+    privacy: str
+    clip_norm: float
+    local_noise_std: float
+    learning_rate: float
+    local_epochs: int
+    batch_size: int
+    num_classes: int
+    seed: int  # -1 = secure randomness
+
+    def __post_init__(self) -> None:
+        if self.round < 1:
+            raise ValueError(f"round must be >= 1, got {self.round}")
+        if self.clip_norm < 0:
+            raise ValueError(f"clip_norm must be >= 0, got {self.clip_norm}")
+        if self.local_noise_std < 0:
+            raise ValueError(f"local_noise_std must be >= 0, got {self.local_noise_std}")
+        if self.privacy == "local" and (self.clip_norm <= 0 or self.local_noise_std <= 0):
+            raise ValueError("privacy='local' needs clip_norm > 0 and local_noise_std > 0")
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RoundInstructions:
+        types = {"round": int, "local_epochs": int, "batch_size": int, "num_classes": int, "seed": int,
+                 "privacy": str, "clip_norm": float, "local_noise_std": float, "learning_rate": float}
+        missing = sorted(set(types) - set(record))
+        if missing:
+            raise ValueError(f"round instructions miss {missing}")
+        return cls(**{k: t(record[k]) for k, t in types.items()})
+
+
+def client_rng(*, seed: int, partition_id: int, round: int) -> RandomSource:
+    """The client's randomness for one round (seeded research mode, or secure)."""
+    from fedprivacy.dp.rng import RandomSource
+
+    root = RandomSource.seeded(seed) if seed >= 0 else RandomSource.secure()
+    return root.child("client", partition_id, round)
+
+
+def privatize_update(
+    delta: Sequence[np.ndarray],
+    *,
+    privacy: str,
+    clip_norm: float,
+    local_noise_std: float,
+    rng: RandomSource,
+) -> list[np.ndarray]:
+    """Clip Δ to global L2 norm ``clip_norm`` (if > 0) and, in ``local`` mode, add N(0, std²).
+
+    Gaussian mechanism on the clipped update (Dwork & Roth 2014, Thm. A.1): any two clipped updates are
+    at most ``2C`` apart, which is the sensitivity the local-mode accounting uses.
+
+    Returns float64 arrays; raises ValueError if Δ contains NaN/Inf (nothing to release).
+    """
+    from fedprivacy.dp.clipping import clip_arrays
+
+    arrays = [np.asarray(a, dtype=np.float64) for a in delta]
+    if clip_norm > 0:
+        clipped, _norm = clip_arrays(arrays, clip_norm=clip_norm)
+        arrays = [np.asarray(a, dtype=np.float64) for a in clipped]
+    elif not all(np.all(np.isfinite(a)) for a in arrays):
+        raise ValueError("update contains NaN/Inf values")
+    if privacy == "local":
+        if local_noise_std <= 0:
+            raise ValueError(f"local_noise_std must be > 0 in local mode, got {local_noise_std}")
+        arrays = [a + rng.normal(std=local_noise_std, size=a.shape) for a in arrays]
+    return arrays
+
+
+def train_client(
+    cfg: RunConfig,
+    *,
+    partition_id: int,
+    num_partitions: int,
+    weights: Sequence[np.ndarray],
+    instructions: RoundInstructions,
+) -> ClientUpdate:
+    """Run one client's round: local training, Δ, clipping, optional local noise."""
+    from fedprivacy.fl import task
+
+    rng = client_rng(seed=instructions.seed, partition_id=partition_id, round=instructions.round)
+    train_seed = int(rng.child("train").integers(0, 2**31 - 1))
+    result = task.local_training(
+        cfg,
+        partition_id=partition_id,
+        num_partitions=num_partitions,
+        weights=weights,
+        instructions=instructions,
+        seed=train_seed,
+    )
+    delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
+             for w, g in zip(result.weights, weights, strict=True)]
+    released = privatize_update(
+        delta,
+        privacy=instructions.privacy,
+        clip_norm=instructions.clip_norm,
+        local_noise_std=instructions.local_noise_std,
+        rng=rng.child("noise"),
+    )
+    trusted = instructions.privacy in ("none", "central")
+    metrics: dict[str, float] = {}
+    if trusted and result.dpsgd_steps is not None:
+        metrics = {"dpsgd_steps": float(result.dpsgd_steps),
+                   "dpsgd_sample_rate": float(result.dpsgd_sample_rate or 0.0)}
+    return ClientUpdate(
+        partition_id=partition_id,
+        delta=tuple(a.astype(np.float32) for a in released),
+        num_examples=result.num_examples if trusted else None,
+        train_loss=result.loss if trusted else None,
+        metrics=metrics,
+    )

@@ -1,0 +1,148 @@
+"""The privacy plan of a run: what is released each round and how it is accounted.
+
+One place decides, from the validated config and the population size ``N``:
+
+* ``central`` (trusted server, DP-FedAvg; McMahan et al. 2018, Alg. 1): the server adds N(0, (σC)²) to
+  the sum of clipped updates. Unit: user (one client's whole data set). Event per round:
+  ``Gaussian(z=σ)`` under the sampling that ran: Poisson(q) with amplification under add-remove, or a
+  fixed cohort of m of N (without replacement, replace-one only).
+* ``local`` (untrusted server): each participating client adds N(0, (σC)²) to its own clipped update.
+  The server sees who took part, so there is *no* amplification by sampling, and the worst-case client
+  takes part every round. Any two clipped inputs are ≤ 2C apart, so the claim is about replace-one
+  adjacency of one client's input: ``Gaussian(z=σ)`` composed once per round, replace-one.
+* ``none``: nothing is accounted; ε is reported as ``null``.
+
+The denominator of the mean is fixed (:func:`fedprivacy.fl.sampling.expected_cohort`).
+
+Calibration: with ``target-epsilon > 0`` and ``noise-multiplier = 0`` the smallest σ with
+ε(σ, sampling, T rounds, δ) ≤ target is found by :func:`fedprivacy.accounting.calibration.
+calibrate_noise_multiplier` (never overshoots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fedprivacy.fl.sampling import expected_cohort
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrivacyPlan:
+    """What one round releases and how it is accounted (``event`` is None without DP)."""
+
+    mode: str
+    population: int
+    denominator: float
+    clip_norm: float
+    noise_multiplier: float
+    calibrated: bool
+    central_noise_std: float
+    local_noise_std: float
+    unit: str
+    neighbouring: str
+    sampling_description: str
+    event: Any
+    target_delta: float
+    target_epsilon: float
+
+    def describe(self) -> str:
+        if self.event is None:
+            return "privacy: none (no differential privacy; updates clipped only)"
+        origin = "calibrated" if self.calibrated else "configured"
+        where = "server adds it to the sum" if self.mode == "central" else "each client adds it"
+        return (
+            f"privacy: {self.mode} DP, unit={self.unit}, {self.neighbouring}, C={self.clip_norm:g}, "
+            f"σ={self.noise_multiplier:.4g} ({origin}, noise std {self.noise_multiplier * self.clip_norm:.4g}, "
+            f"{where}), sampling={self.sampling_description}, denominator={self.denominator:g}"
+        )
+
+
+def _sampling_object(cfg: RunConfig, population: int) -> Any:
+    from fedprivacy.accounting.events import FixedCohortSampling, NoSampling, PoissonSampling
+
+    if cfg.privacy == "local":
+        return NoSampling()
+    if cfg.sampling == "fixed":
+        return FixedCohortSampling(cohort=cfg.cohort_size, population=population)
+    if cfg.sample_rate >= 1.0:
+        return NoSampling()
+    return PoissonSampling(rate=cfg.sample_rate)
+
+
+def neighbouring_of(cfg: RunConfig) -> str:
+    return "replace-one" if cfg.privacy == "local" else cfg.neighbouring
+
+
+def plan_privacy(cfg: RunConfig, *, population: int) -> PrivacyPlan:
+    """Resolve the privacy plan; raises ValueError naming the run-config key that cannot be honoured."""
+    if population < 1:
+        raise ValueError(f"population must be >= 1, got {population}")
+    if cfg.sampling == "fixed" and cfg.cohort_size > population:
+        raise ValueError(f"cohort-size must be <= the number of clients ({population}), got {cfg.cohort_size}")
+    if cfg.is_dp and cfg.target_delta >= 1.0 / population:
+        raise ValueError(
+            f"target-delta must be < 1/population = {1.0 / population:.3g} for a meaningful user-level "
+            f"guarantee, got {cfg.target_delta}"
+        )
+    denominator = expected_cohort(sampling=cfg.sampling, population=population,
+                                  sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
+    sampling_desc = (f"poisson(q={cfg.sample_rate:g}, N={population})" if cfg.sampling == "poisson"
+                     else f"fixed cohort (m={cfg.cohort_size} of N={population}, without replacement)")
+    if cfg.privacy == "none":
+        return PrivacyPlan(mode="none", population=population, denominator=denominator,
+                           clip_norm=cfg.clip_norm, noise_multiplier=0.0, calibrated=False,
+                           central_noise_std=0.0, local_noise_std=0.0, unit="none",
+                           neighbouring=cfg.neighbouring, sampling_description=sampling_desc,
+                           event=None, target_delta=cfg.target_delta, target_epsilon=0.0)
+    if cfg.privacy not in ("central", "local"):
+        raise ValueError(
+            f"privacy={cfg.privacy!r} is not available yet in this build: it needs secure aggregation "
+            "(fedprivacy.secagg) wired into the round"
+        )
+    from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
+
+    sampling = _sampling_object(cfg, population)
+    neighbouring = Neighbouring.parse(neighbouring_of(cfg))
+    sigma = cfg.noise_multiplier
+    calibrated = False
+    if sigma == 0:
+        from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+
+        sigma = float(calibrate_noise_multiplier(
+            target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta, sampling=sampling,
+            steps=cfg.num_server_rounds, backend=cfg.accountant, neighbouring=neighbouring))
+        calibrated = True
+    event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=sigma), sampling=sampling, count=1)
+    unit = "user (all data of one client)"
+    if cfg.privacy == "local":
+        sampling_desc += "; local DP: no amplification (the server sees who takes part)"
+    return PrivacyPlan(
+        mode=cfg.privacy, population=population, denominator=denominator, clip_norm=cfg.clip_norm,
+        noise_multiplier=sigma, calibrated=calibrated,
+        central_noise_std=sigma * cfg.clip_norm if cfg.privacy == "central" else 0.0,
+        local_noise_std=sigma * cfg.clip_norm if cfg.privacy == "local" else 0.0,
+        unit=unit, neighbouring=neighbouring.value, sampling_description=sampling_desc, event=event,
+        target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
+    )
+
+
+def make_accountant(cfg: RunConfig, plan: PrivacyPlan) -> Any:
+    """A fresh accountant for the plan (None without DP); refuses an event it cannot account for."""
+    if plan.event is None:
+        return None
+    from fedprivacy.accounting.accountant import Accountant, Budget
+    from fedprivacy.accounting.events import Neighbouring
+
+    budget = Budget(epsilon=cfg.target_epsilon, delta=cfg.target_delta) if cfg.target_epsilon > 0 else None
+    accountant = Accountant(backend=cfg.accountant, neighbouring=Neighbouring.parse(plan.neighbouring),
+                            budget=budget, unit="user")
+    if not accountant.supports(plan.event):
+        raise ValueError(
+            f"accountant={cfg.accountant!r} cannot account for {plan.sampling_description} under "
+            f"{plan.neighbouring}; choose another accountant, sampling or neighbouring"
+        )
+    return accountant

@@ -1,0 +1,110 @@
+"""The ML side of a round, behind one small seam (lazy imports: torch loads only when training).
+
+Everything here calls :mod:`fedprivacy.ml`; the round logic in :mod:`fedprivacy.fl` never touches torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl.client import RoundInstructions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalResult:
+    weights: list[np.ndarray]
+    num_examples: int
+    loss: float
+    dpsgd_steps: int | None
+    dpsgd_sample_rate: float | None
+
+
+def _torch_threads() -> None:
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def test_set(cfg: RunConfig, *, num_partitions: int) -> Any:
+    from fedprivacy.ml.partition import load_test_set
+
+    return load_test_set(cfg, num_partitions)
+
+
+def num_classes_of(split: Any) -> int:
+    return max(2, int(np.max(split.y)) + 1)
+
+
+def initial_weights(cfg: RunConfig, *, input_shape: Sequence[int], num_classes: int, seed: int) -> list[np.ndarray]:
+    """Freshly initialised global model weights (torch init seeded by ``seed``)."""
+    from fedprivacy.ml.models import build_model, get_weights
+
+    _torch_threads()
+    model = build_model(cfg.model, input_shape=input_shape, num_classes=num_classes,
+                        hidden=cfg.hidden_units, seed=seed)
+    return get_weights(model)
+
+
+def evaluate_weights(cfg: RunConfig, weights: Sequence[np.ndarray], split: Any, *, num_classes: int) -> tuple[float, float]:
+    """(loss, accuracy) of ``weights`` on ``split``."""
+    from fedprivacy.ml.models import build_model, set_weights
+    from fedprivacy.ml.train import evaluate
+
+    _torch_threads()
+    model = build_model(cfg.model, input_shape=split.feature_shape, num_classes=num_classes,
+                        hidden=cfg.hidden_units, seed=0)
+    set_weights(model, weights)
+    loss, acc = evaluate(model, split)
+    return float(loss), float(acc)
+
+
+def local_training(
+    cfg: RunConfig,
+    *,
+    partition_id: int,
+    num_partitions: int,
+    weights: Sequence[np.ndarray],
+    instructions: RoundInstructions,
+    seed: int,
+) -> LocalResult:
+    """Train the global model on this client's partition; DP-SGD when ``cfg.dpsgd``."""
+    from fedprivacy.ml.models import build_model, get_weights, set_weights
+    from fedprivacy.ml.partition import load_partition
+    from fedprivacy.ml.train import DpsgdConfig, train_local
+
+    _torch_threads()
+    split = load_partition(cfg, partition_id, num_partitions)
+    model = build_model(cfg.model, input_shape=split.feature_shape, num_classes=instructions.num_classes,
+                        hidden=cfg.hidden_units, seed=0)
+    set_weights(model, weights)
+    dpsgd = (
+        DpsgdConfig(noise_multiplier=cfg.dpsgd_noise_multiplier, max_grad_norm=cfg.dpsgd_max_grad_norm,
+                    delta=cfg.target_delta, backend=cfg.accountant)
+        if cfg.dpsgd
+        else None
+    )
+    res = train_local(model, split, epochs=instructions.local_epochs, lr=instructions.learning_rate,
+                      batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd)
+    n = int(res.num_examples)
+    steps = int(res.steps) if cfg.dpsgd else None
+    rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None
+    return LocalResult(weights=get_weights(model), num_examples=n, loss=float(res.loss),
+                       dpsgd_steps=steps, dpsgd_sample_rate=rate)
+
+
+def evaluate_local(
+    cfg: RunConfig, weights: Sequence[np.ndarray], *, partition_id: int, num_partitions: int, num_classes: int
+) -> tuple[float, float, int]:
+    """(loss, accuracy, n) of ``weights`` on this client's own partition."""
+    from fedprivacy.ml.partition import load_partition
+
+    split = load_partition(cfg, partition_id, num_partitions)
+    loss, acc = evaluate_weights(cfg, weights, split, num_classes=num_classes)
+    return loss, acc, len(split)

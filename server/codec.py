@@ -1,0 +1,92 @@
+"""Wire format of fedprivacy's Flower messages (shared by the ServerApp and the ClientApp).
+
+train  (server -> client): ``arrays`` = global weights (ArrayRecord), ``config`` = RoundInstructions.
+train  (client -> server): ``update`` = Δ (ArrayRecord), ``metrics`` = MetricRecord with only what the
+                           privacy mode lets the client disclose (``num-examples``, ``train-loss``,
+                           ``dpsgd-steps``, ``dpsgd-sample-rate``; nothing in local mode).
+query  (server -> client): ``config`` = {"ask": "node"}; reply ``node`` = {partition-id, num-partitions}.
+evaluate (server -> client): ``arrays``; reply ``metrics`` = {loss, accuracy, num-examples}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.client import RoundInstructions
+
+_METRIC_KEYS = {"num_examples": "num-examples", "train_loss": "train-loss"}
+
+
+def arrays_to_record(arrays: Sequence[np.ndarray]) -> ArrayRecord:
+    return ArrayRecord.from_numpy_ndarrays([np.ascontiguousarray(a) for a in arrays])
+
+
+def record_to_arrays(record: ArrayRecord) -> list[np.ndarray]:
+    return [np.asarray(a) for a in record.to_numpy_ndarrays()]
+
+
+def train_message(node_id: int, instr: RoundInstructions, weights: Sequence[np.ndarray]) -> Message:
+    content = RecordDict({"arrays": arrays_to_record(weights), "config": ConfigRecord(instr.to_record())})
+    return Message(content=content, dst_node_id=node_id, message_type=MessageType.TRAIN,
+                   group_id=str(instr.round))
+
+
+def decode_train(msg: Message) -> tuple[RoundInstructions, list[np.ndarray]]:
+    return (RoundInstructions.from_record(dict(msg.content["config"])),
+            record_to_arrays(msg.content["arrays"]))
+
+
+def train_reply(msg: Message, update: ClientUpdate) -> Message:
+    metrics: dict[str, Any] = {}
+    if update.num_examples is not None:
+        metrics["num-examples"] = int(update.num_examples)
+    if update.train_loss is not None and np.isfinite(update.train_loss):
+        metrics["train-loss"] = float(update.train_loss)
+    for key, value in update.metrics.items():
+        metrics[key.replace("_", "-")] = float(value)
+    content = RecordDict({"update": arrays_to_record(update.delta), "metrics": MetricRecord(metrics)})
+    return Message(content, reply_to=msg)
+
+
+def decode_train_reply(reply: Message, partition_id: int) -> ClientUpdate:
+    delta = record_to_arrays(reply.content["update"])
+    metrics: Mapping[str, Any] = dict(reply.content["metrics"]) if "metrics" in reply.content else {}
+    extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
+             if k not in ("num-examples", "train-loss")}
+    n = metrics.get("num-examples")
+    loss = metrics.get("train-loss")
+    return ClientUpdate(partition_id=partition_id, delta=tuple(delta),
+                        num_examples=None if n is None else int(n),
+                        train_loss=None if loss is None else float(loss), metrics=extra)
+
+
+def query_message(node_id: int) -> Message:
+    return Message(content=RecordDict({"config": ConfigRecord({"ask": "node"})}), dst_node_id=node_id,
+                   message_type=MessageType.QUERY)
+
+
+def query_reply(msg: Message, *, partition_id: int, num_partitions: int) -> Message:
+    node = ConfigRecord({"partition-id": int(partition_id), "num-partitions": int(num_partitions)})
+    return Message(RecordDict({"node": node}), reply_to=msg)
+
+
+def decode_query_reply(reply: Message) -> tuple[int, int]:
+    node = reply.content["node"]
+    return int(node["partition-id"]), int(node["num-partitions"])
+
+
+def evaluate_message(node_id: int, weights: Sequence[np.ndarray], *, num_classes: int, round: int) -> Message:
+    content = RecordDict({"arrays": arrays_to_record(weights),
+                          "config": ConfigRecord({"num-classes": int(num_classes), "round": int(round)})})
+    return Message(content=content, dst_node_id=node_id, message_type=MessageType.EVALUATE,
+                   group_id=str(round))
+
+
+def evaluate_reply(msg: Message, *, loss: float, accuracy: float, num_examples: int) -> Message:
+    metrics = MetricRecord({"loss": float(loss), "accuracy": float(accuracy), "num-examples": int(num_examples)})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,100 @@
+"""The ServerApp's core, callable from Python: discover nodes, then run the transport-free loop.
+
+:func:`run_server` is what ``server_app.py``'s ``@app.main`` calls; tests, benchmarks and the
+in-process engine call it directly with any :class:`flwr.serverapp.Grid`.
+
+Node discovery: one ``query`` message to every node returns its ``partition-id`` / ``num-partitions``
+(its ``node_config``). From then on everything is keyed by partition id and done in partition-id order,
+so results do not depend on the transport's random node ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.client import RoundInstructions
+from fedprivacy.fl.loop import run_federated
+from server import codec
+
+NODE_WAIT_SECONDS = 60.0
+
+
+def _error_text(reply: Any) -> str:
+    err = reply.error
+    return f"client error (code {err.code}): {err.reason}"
+
+
+def discover_partitions(grid: Grid, *, timeout: float, log: Callable[[str], None] = print) -> dict[int, int]:
+    """Map partition id -> node id by querying every node; checks ids are exactly 0..N-1."""
+    deadline = time.monotonic() + NODE_WAIT_SECONDS
+    node_ids = sorted(grid.get_node_ids())
+    while not node_ids and time.monotonic() < deadline:
+        time.sleep(1.0)
+        node_ids = sorted(grid.get_node_ids())
+    if not node_ids:
+        raise RuntimeError(f"no client node connected within {NODE_WAIT_SECONDS:.0f} s")
+    replies = list(grid.send_and_receive([codec.query_message(n) for n in node_ids], timeout=timeout))
+    mapping: dict[int, int] = {}
+    totals: set[int] = set()
+    for reply in replies:
+        src = reply.metadata.src_node_id
+        if reply.has_error():
+            raise RuntimeError(f"node {src} failed the partition query: {_error_text(reply)}")
+        pid, total = codec.decode_query_reply(reply)
+        if pid in mapping:
+            raise RuntimeError(f"two nodes claim partition-id {pid}")
+        mapping[pid] = src
+        totals.add(total)
+    if len(totals) != 1:
+        raise RuntimeError(f"nodes disagree on num-partitions: {sorted(totals)}")
+    (total,) = totals
+    if sorted(mapping) != list(range(total)):
+        missing = sorted(set(range(total)) - set(mapping))
+        raise RuntimeError(f"partitions {missing} of {total} did not answer the partition query")
+    return mapping
+
+
+def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):
+    """A transport for :func:`fedprivacy.fl.loop.run_federated`: one train message per sampled client."""
+
+    def exchange(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
+                 ) -> tuple[list[ClientUpdate], dict[int, str]]:
+        pid_of = {nodes[pid]: pid for pid in cohort}
+        messages = [codec.train_message(nodes[pid], instr, weights) for pid in cohort]
+        replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
+        updates: list[ClientUpdate] = []
+        failures: dict[int, str] = {}
+        for reply in replies:
+            pid = pid_of.get(reply.metadata.src_node_id)
+            if pid is None:
+                continue
+            if reply.has_error():
+                failures[pid] = _error_text(reply)
+                continue
+            try:
+                updates.append(codec.decode_train_reply(reply, pid))
+            except (KeyError, ValueError, TypeError) as exc:
+                failures[pid] = f"malformed reply: {exc}"
+        answered = {u.partition_id for u in updates} | set(failures)
+        for pid in cohort:
+            if pid not in answered:
+                failures[pid] = f"no reply within client-timeout ({timeout:g} s)"
+        updates.sort(key=lambda u: u.partition_id)
+        return updates, failures
+
+    return exchange
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Validate the config, discover partitions, run all rounds; returns the results dict."""
+    cfg = RunConfig.from_mapping(run_config)
+    nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
+    exchange = make_exchange(grid, nodes, timeout=cfg.client_timeout)
+    return run_federated(cfg, population=len(nodes), exchange=exchange, log=log)

@@ -1,0 +1,23 @@
+"""fedprivacy's Flower ServerApp (Message API): validate the config, then hand over to the loop."""
+
+from __future__ import annotations
+
+from logging import INFO
+
+from flwr.app import Context
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid, ServerApp
+
+from server.loop import run_server
+
+app = ServerApp()
+
+
+def _log(line: str) -> None:
+    flwr_log(INFO, line)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run DP-FedAvg as configured in ``[tool.flwr.app.config]`` / ``--run-config``."""
+    run_server(grid, context.run_config, log=_log)

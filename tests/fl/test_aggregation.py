@@ -1,0 +1,98 @@
+"""Aggregation: fixed denominator, server re-clipping, NaN/Inf filter, central noise, order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from fedprivacy.dp.rng import RandomSource
+from fedprivacy.fl.aggregation import ClientUpdate, PlainAggregator, make_aggregator
+
+LIKE = [np.zeros((3, 2), np.float32), np.zeros(4, np.float32)]
+
+
+def _update(pid: int, scale: float) -> ClientUpdate:
+    return ClientUpdate(partition_id=pid, delta=(np.full((3, 2), scale, np.float32), np.full(4, scale, np.float32)))
+
+
+def test_mean_uses_fixed_denominator_not_reply_count() -> None:
+    # Arrange: two tiny updates (norm < C) and a denominator of 10 (expected cohort)
+    ups = [_update(0, 0.1), _update(1, 0.2)]
+    # Act
+    res = PlainAggregator(clip_norm=5.0, noise_std=0.0).aggregate(ups, like=LIKE, denominator=10.0,
+                                                                   rng=RandomSource.seeded(0))
+    # Assert: (0.1 + 0.2) / 10, not / 2
+    np.testing.assert_allclose(res.mean_update[0], np.full((3, 2), 0.03), rtol=1e-6)
+    assert res.aggregated == (0, 1) and res.dropped == {} and res.denominator == 10.0
+
+
+def test_server_reclips_each_update_to_clip_norm() -> None:
+    big = _update(0, 100.0)
+    res = PlainAggregator(clip_norm=1.0, noise_std=0.0).aggregate([big], like=LIKE, denominator=1.0,
+                                                                   rng=RandomSource.seeded(0))
+    norm = np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in res.mean_update))
+    assert norm == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_updates_are_left_out_with_a_reason(bad: float) -> None:
+    poisoned = _update(1, 0.1)
+    poisoned.delta[1][2] = bad
+    res = PlainAggregator(clip_norm=1.0, noise_std=0.0).aggregate(
+        [_update(0, 0.1), poisoned], like=LIKE, denominator=2.0, rng=RandomSource.seeded(0))
+    assert res.aggregated == (0,)
+    assert "NaN/Inf" in res.dropped[1]
+    assert all(np.all(np.isfinite(a)) for a in res.mean_update)
+
+
+def test_wrong_shapes_and_duplicates_are_left_out() -> None:
+    wrong = ClientUpdate(partition_id=2, delta=(np.zeros((2, 3), np.float32), np.zeros(4, np.float32)))
+    res = PlainAggregator(clip_norm=1.0, noise_std=0.0).aggregate(
+        [_update(0, 0.1), _update(0, 0.2), wrong], like=LIKE, denominator=1.0, rng=RandomSource.seeded(0))
+    assert res.aggregated == (0,)
+    assert "shape" in res.dropped[2] and "duplicate" in res.dropped[0]
+
+
+def test_result_does_not_depend_on_reply_order() -> None:
+    rng_vals = RandomSource.seeded(4)
+    ups = [ClientUpdate(partition_id=i, delta=tuple(rng_vals.child(i).normal(std=0.3, size=a.shape).astype(np.float32)
+                                                   for a in LIKE)) for i in range(6)]
+    agg = PlainAggregator(clip_norm=1.0, noise_std=0.7)
+    a = agg.aggregate(ups, like=LIKE, denominator=3.0, rng=RandomSource.seeded(1))
+    b = agg.aggregate(ups[::-1], like=LIKE, denominator=3.0, rng=RandomSource.seeded(1))
+    for x, y in zip(a.mean_update, b.mean_update, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_central_noise_has_std_sigma_c_on_the_sum() -> None:
+    # sigma * C = 2.0 on the sum, denominator 4 -> std 0.5 on the mean; 200k coordinates
+    like = [np.zeros(200_000, np.float32)]
+    agg = make_aggregator("central", clip_norm=1.0, noise_multiplier=2.0)
+    res = agg.aggregate([], like=like, denominator=4.0, rng=RandomSource.seeded(2))
+    sample = res.mean_update[0].astype(np.float64)
+    assert abs(sample.mean()) < 5 * 0.5 / np.sqrt(sample.size)
+    assert sample.std() == pytest.approx(0.5, rel=0.01)  # sd of the sd estimate ~0.16%
+    assert res.noise_std == 2.0
+
+
+def test_modes_place_noise_where_documented() -> None:
+    assert make_aggregator("none", clip_norm=1.0, noise_multiplier=0.0).noise_std == 0.0
+    local = make_aggregator("local", clip_norm=1.0, noise_multiplier=3.0)
+    assert local.noise_std == 0.0 and local.clip_norm == 0.0  # clients already clipped and noised
+    with pytest.raises(ValueError, match="distributed"):
+        make_aggregator("distributed", clip_norm=1.0, noise_multiplier=1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(vals=st.lists(arrays(np.float32, 6, elements=st.floats(-1e3, 1e3, width=32)), min_size=1, max_size=8),
+       c=st.floats(0.01, 10), denom=st.floats(0.5, 20))
+def test_noiseless_mean_norm_is_at_most_m_c_over_denominator(vals: list, c: float, denom: float) -> None:
+    like = [np.zeros(6, np.float32)]
+    ups = [ClientUpdate(partition_id=i, delta=(v,)) for i, v in enumerate(vals)]
+    res = PlainAggregator(clip_norm=c, noise_std=0.0).aggregate(ups, like=like, denominator=denom,
+                                                                 rng=RandomSource.seeded(0))
+    norm = float(np.linalg.norm(res.mean_update[0].astype(np.float64)))
+    assert norm <= len(vals) * c / denom * (1 + 1e-5)
