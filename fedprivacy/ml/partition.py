@@ -1,0 +1,275 @@
+"""Partition a training split among simulated clients, with flwr-datasets' partitioners.
+
+Partitioners (``partitioner=``):
+
+* ``"iid"``: the training indices are permuted with the seed, then split into ``num_partitions``
+  contiguous, near-equal shards (``flwr_datasets.partitioner.IidPartitioner``). Works for any
+  ``num_partitions <= len(train)``; e.g. 1000 partitions of digits' 1437 training examples give
+  partitions of 1 or 2 examples.
+* ``"dirichlet"``: per class, proportions ~ Dirichlet(alpha) across partitions (Hsu et al. 2019,
+  "Measuring the Effects of Non-Identical Data Distribution"), via ``DirichletPartitioner`` with
+  ``self_balancing=False``. Every partition gets at least ``min_partition_size`` examples (default 1:
+  a client with no data cannot train); flwr-datasets resamples up to 10 times and then raises.
+* ``"pathological"``: each partition holds examples of ``classes_per_partition`` classes
+  (McMahan et al. 2017's non-IID split), via ``PathologicalPartitioner``. Class assignment is
+  ``"first-deterministic"`` (partition i gets class ``i mod C`` plus random others) when
+  ``num_partitions >= C`` and ``"deterministic"`` otherwise, so that every class is used.
+* ``"natural"``: the data set's own clients (``Split.groups``, e.g. Synthetic's client k is partition
+  k); ``num_partitions`` must equal the number of groups.
+
+Every training index lands in exactly one partition; a configuration that would leave an example out
+or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
+splitting, not privacy noise) and cached per process: a simulation asks for partition i many times.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedprivacy.ml.data import Split, load_dataset
+
+__all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "DataSpec", "data_spec"]
+
+PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
+
+
+def _label_dataset(y: np.ndarray, order: np.ndarray | None = None) -> Any:
+    """A tiny ``datasets.Dataset`` with the labels and the original index of every example."""
+    import datasets
+
+    idx = np.arange(len(y), dtype=np.int64) if order is None else order
+    return datasets.Dataset.from_dict({"label": y[idx].tolist(), "idx": idx.tolist()})
+
+
+def _collect(partitioner: Any, num_partitions: int) -> list[np.ndarray]:
+    out = []
+    for pid in range(num_partitions):
+        part = partitioner.load_partition(partition_id=pid)
+        out.append(np.asarray(part["idx"], dtype=np.int64))
+    return out
+
+
+def _partition_indices(
+    y: np.ndarray,
+    groups: np.ndarray | None,
+    *,
+    num_partitions: int,
+    partitioner: str,
+    seed: int,
+    alpha: float,
+    classes_per_partition: int,
+    min_partition_size: int,
+) -> list[np.ndarray]:
+    n = len(y)
+    if partitioner == "natural":
+        if groups is None:
+            raise ValueError(
+                "partitioner 'natural' needs a data set with client ids (e.g. synthetic)"
+            )
+        ids = np.unique(groups)
+        if len(ids) != num_partitions:
+            raise ValueError(
+                f"num_partitions must equal the data set's {len(ids)} natural clients for "
+                f"partitioner 'natural', got {num_partitions}"
+            )
+        return [np.flatnonzero(groups == g).astype(np.int64) for g in ids]
+
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+    )
+
+    rng = np.random.Generator(np.random.PCG64(seed))
+    if partitioner == "iid":
+        p: Any = IidPartitioner(num_partitions=num_partitions)
+        p.dataset = _label_dataset(y, rng.permutation(n).astype(np.int64))
+    elif partitioner == "dirichlet":
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0 for partitioner 'dirichlet', got {alpha}")
+        p = DirichletPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            alpha=float(alpha),
+            min_partition_size=min_partition_size,
+            self_balancing=False,
+            shuffle=True,
+            seed=seed % (2**32),
+        )
+        p.dataset = _label_dataset(y)
+    elif partitioner == "pathological":
+        num_classes = len(np.unique(y))
+        if not 1 <= classes_per_partition <= num_classes:
+            raise ValueError(
+                f"classes_per_partition must be in [1, {num_classes}], got {classes_per_partition}"
+            )
+        if num_partitions >= num_classes:
+            mode = "first-deterministic"
+        elif num_partitions + classes_per_partition - 1 >= num_classes:
+            mode = "deterministic"
+        else:
+            raise ValueError(
+                f"pathological partitioning of {num_classes} classes into {num_partitions} partitions "
+                f"of {classes_per_partition} classes would drop classes: need num_partitions + "
+                f"classes_per_partition - 1 >= {num_classes}"
+            )
+        p = PathologicalPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            num_classes_per_partition=classes_per_partition,
+            class_assignment_mode=mode,
+            shuffle=True,
+            seed=seed % (2**32),
+        )
+        p.dataset = _label_dataset(y)
+    else:
+        raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {partitioner!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flwr-datasets' resampling chatter
+        parts = _collect(p, num_partitions)
+    sizes = np.array([len(q) for q in parts])
+    if sizes.min(initial=1) < 1:
+        raise ValueError(
+            f"partitioner {partitioner!r} left {int((sizes == 0).sum())} of {num_partitions} "
+            "partitions empty; use fewer partitions or a larger alpha / classes_per_partition"
+        )
+    covered = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    if len(covered) != n or len(np.unique(covered)) != n:
+        raise ValueError(
+            f"partitioner {partitioner!r} covered {len(np.unique(covered))} of {n} training examples"
+        )
+    return parts
+
+
+def partition(
+    train: Split,
+    *,
+    num_partitions: int,
+    partitioner: str = "iid",
+    seed: int = 0,
+    alpha: float = 0.5,
+    classes_per_partition: int = 2,
+    min_partition_size: int = 1,
+) -> list[np.ndarray]:
+    """Split the indices of ``train`` into ``num_partitions`` disjoint index arrays.
+
+    Args:
+        train: the training split.
+        num_partitions: number of partitions, in [1, len(train)].
+        partitioner: ``"iid"``, ``"dirichlet"``, ``"pathological"`` or ``"natural"`` (module docstring).
+        seed: partitioning seed (deterministic; not privacy randomness).
+        alpha: Dirichlet concentration (dirichlet only); small alpha = more skew.
+        classes_per_partition: classes per partition (pathological only).
+        min_partition_size: minimum examples per partition (dirichlet only), >= 1.
+
+    Returns:
+        A list of ``num_partitions`` int64 arrays of indices into ``train``; together they hold every
+        index exactly once.
+    """
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, int | np.integer):
+        raise TypeError(f"num_partitions must be an int, got {type(num_partitions).__name__}")
+    if not 1 <= num_partitions <= len(train):
+        raise ValueError(
+            f"num_partitions must be in [1, {len(train)}] (one example each at most), "
+            f"got {num_partitions}"
+        )
+    if min_partition_size < 1:
+        raise ValueError(f"min_partition_size must be >= 1, got {min_partition_size}")
+    return _partition_indices(
+        train.y,
+        train.groups,
+        num_partitions=int(num_partitions),
+        partitioner=partitioner,
+        seed=int(seed),
+        alpha=float(alpha),
+        classes_per_partition=int(classes_per_partition),
+        min_partition_size=int(min_partition_size),
+    )
+
+
+# ----------------------------------------------------------------------------- config-level helpers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """The data part of a run config (hashable: the cache key of the partitioning)."""
+
+    dataset: str = "digits"
+    seed: int = 0
+    test_fraction: float = 0.2
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    classes_per_partition: int = 2
+
+
+def data_spec(cfg: Any) -> DataSpec:
+    """Extract a :class:`DataSpec` from a run config (any object with the attributes below).
+
+    Reads ``dataset``, ``data_seed`` (else ``seed``; None -> 0, because every client process must derive
+    the *same* partition), ``test_fraction``, ``partitioner``, ``dirichlet_alpha`` and
+    ``classes_per_partition``; a missing attribute takes the DataSpec default.
+    """
+    if isinstance(cfg, DataSpec):
+        return cfg
+    defaults = DataSpec()
+    seed = getattr(cfg, "data_seed", None)
+    if seed is None:
+        seed = getattr(cfg, "seed", None)
+    return DataSpec(
+        dataset=str(getattr(cfg, "dataset", defaults.dataset)),
+        seed=0 if seed is None else int(seed),
+        test_fraction=float(getattr(cfg, "test_fraction", defaults.test_fraction)),
+        partitioner=str(getattr(cfg, "partitioner", defaults.partitioner)),
+        dirichlet_alpha=float(getattr(cfg, "dirichlet_alpha", defaults.dirichlet_alpha)),
+        classes_per_partition=int(
+            getattr(cfg, "classes_per_partition", defaults.classes_per_partition)
+        ),
+    )
+
+
+def _splits(spec: DataSpec, num_partitions: int) -> tuple[Split, Split]:
+    return load_dataset(
+        spec.dataset, seed=spec.seed, test_fraction=spec.test_fraction, num_clients=num_partitions
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _partitions_cached(spec: DataSpec, num_partitions: int) -> tuple[np.ndarray, ...]:
+    train, _ = _splits(spec, num_partitions)
+    parts = partition(
+        train,
+        num_partitions=num_partitions,
+        partitioner=spec.partitioner,
+        seed=spec.seed,
+        alpha=spec.dirichlet_alpha,
+        classes_per_partition=spec.classes_per_partition,
+    )
+    for part in parts:
+        part.setflags(write=False)
+    return tuple(parts)
+
+
+def load_partition(cfg: Any, partition_id: int, num_partitions: int) -> Split:
+    """The training data of client ``partition_id`` out of ``num_partitions`` (cached per process).
+
+    Args:
+        cfg: a run config or :class:`DataSpec` (see :func:`data_spec` for the attributes read).
+        partition_id: in [0, num_partitions).
+        num_partitions: total number of partitions (for synthetic: the number of generated clients).
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
+    spec = data_spec(cfg)
+    train, _ = _splits(spec, num_partitions)
+    return train.subset(_partitions_cached(spec, int(num_partitions))[partition_id])
+
+
+def load_test_set(cfg: Any, num_partitions: int = 1) -> Split:
+    """The server's held-out test set (synthetic: pooled from ``num_partitions`` generated clients)."""
+    spec = data_spec(cfg)
+    return _splits(spec, num_partitions)[1]
