@@ -1,0 +1,49 @@
+"""Privacy accounting: events, a ledger-keeping accountant with PLD/RDP/PRV backends, calibration.
+
+Pure: imports only the standard library, numpy, scipy and dp-accounting (``prv_accountant`` lazily, for
+the PRV cross-check). See ``events`` for the units and ``backends`` for the theorems used.
+"""
+
+from fedprivacy.accounting.accountant import (
+    Accountant,
+    Budget,
+    LedgerEntry,
+    PrivacyBudgetExhausted,
+    epsilon_for,
+)
+from fedprivacy.accounting.backends import BACKENDS, get_backend, to_dp_event
+from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+from fedprivacy.accounting.events import (
+    DiscreteGaussianEvent,
+    ExponentialEvent,
+    FixedCohortSampling,
+    GaussianEvent,
+    LaplaceEvent,
+    Neighbouring,
+    NoSampling,
+    PoissonSampling,
+    PrivacyEvent,
+    event_from_dict,
+)
+
+__all__ = [
+    "BACKENDS",
+    "Accountant",
+    "Budget",
+    "DiscreteGaussianEvent",
+    "ExponentialEvent",
+    "FixedCohortSampling",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "LedgerEntry",
+    "Neighbouring",
+    "NoSampling",
+    "PoissonSampling",
+    "PrivacyBudgetExhausted",
+    "PrivacyEvent",
+    "calibrate_noise_multiplier",
+    "epsilon_for",
+    "event_from_dict",
+    "get_backend",
+    "to_dp_event",
+]
