@@ -333,7 +333,7 @@ def build_results(
                                    "rng_mode": rng_mode, "rng": rng.describe()}
     else:
         eps = accountant.epsilon(delta=cfg.target_delta)
-        steps = len(accountant.ledger)
+        steps = accountant.steps
         privacy = {
             "mode": plan.mode,
             "unit": plan.unit,
