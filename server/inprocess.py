@@ -161,6 +161,8 @@ class EngineStats:
     batches: int = 0
     client_seconds: float = 0.0
     by_type: dict[str, int] = field(default_factory=dict)
+    # one entry per send_and_receive: (message type of the first message, messages, seconds)
+    exchanges: list[tuple[str, int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -304,11 +306,15 @@ class InProcessGrid(Grid):
     ) -> Iterable[Message]:
         """Push, deliver and return the replies that arrive within ``timeout`` seconds."""
         start = time.monotonic()
-        ids = list(self.push_messages(messages))
+        batch = list(messages)
         del messages
+        ids = list(self.push_messages(batch))
         deadline = None if timeout is None else start + timeout
         self._deliver(ids, deadline=deadline)
         replies = self._collect(ids, cutoff=deadline)
+        self.stats.exchanges.append(
+            (batch[0].metadata.message_type if batch else "", len(batch), time.monotonic() - start)
+        )
         missing = len(ids) - len(replies)
         if missing and timeout is None:
             log(

@@ -156,21 +156,25 @@ class PoolExecutor:
     """Runs the jobs of one batch in ``workers`` forked processes."""
 
     def __init__(self, app: ClientApp, *, workers: int, chunks_per_worker: int = 2) -> None:
-        global _WORKER_APP
         if workers < 2:
             raise ValueError(f"workers must be >= 2 for a pool, got {workers}")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError("the in-process engine's pool needs the 'fork' start method")
         self.workers = workers
+        self._app = app
         self._chunks = workers * chunks_per_worker
-        _WORKER_APP = app
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _start(self) -> None:
+        """Fork the workers (they inherit the ClientApp and every cache the parent filled)."""
+        global _WORKER_APP
+        _WORKER_APP = self._app
         self._pool = cf.ProcessPoolExecutor(
-            max_workers=workers,
+            max_workers=self.workers,
             mp_context=multiprocessing.get_context("fork"),
             initializer=_init_worker,
         )
-        # Start the workers now, before the ServerApp runs any torch code in this process.
-        list(self._pool.map(_noop, range(workers)))
+        list(self._pool.map(_noop, range(self.workers)))
 
     def run(
         self,
@@ -187,14 +191,27 @@ class PoolExecutor:
         n = len(jobs)
         if n == 0:
             return {}, []
-        k = min(self._chunks, n)
-        index_chunks = [list(range(c, n, k)) for c in range(k)]
-        futures = {
-            self._pool.submit(_run_chunk, [jobs[i] for i in idx]): idx for idx in index_chunks
-        }
+        done: dict[int, Outcome] = {}
+        first = 0
+        if self._pool is None:
+            category = jobs[0].message.metadata.message_type.split(".")[0]
+            if category != "train" or n < 2:
+                # Cheap set-up exchanges (e.g. a partition query) run inline; the pool is forked
+                # at the first train batch, after its first job ran here and warmed the caches
+                # (imports, data partitions) that the workers then share copy-on-write.
+                return SerialExecutor(self._app).run(jobs, deadline=deadline, on_late=on_late)
+            done[0] = run_job(self._app, jobs[0])
+            first = 1
+            self._start()
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("worker pool failed to start")
+        rest = list(range(first, n))
+        k = min(self._chunks, len(rest))
+        index_chunks = [rest[c::k] for c in range(k)]
+        futures = {pool.submit(_run_chunk, [jobs[i] for i in idx]): idx for idx in index_chunks}
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         finished, pending = cf.wait(futures, timeout=timeout)
-        done: dict[int, Outcome] = {}
         for fut in finished:
             for i, outcome in zip(futures[fut], fut.result(), strict=True):
                 done[i] = outcome
@@ -211,7 +228,9 @@ class PoolExecutor:
     def close(self) -> None:
         """Stop the worker processes."""
         global _WORKER_APP
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         _WORKER_APP = None
 
 

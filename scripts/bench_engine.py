@@ -1,0 +1,405 @@
+"""Benchmark the in-process engine against a single-process torch loop and Flower's Ray engine.
+
+Every measurement runs in its own child process (this script re-invoked with ``--child``), so
+start-up time and peak memory are those of a fresh command. Peak memory is the peak of the summed
+PSS (proportional set size, from ``/proc/<pid>/smaps_rollup``) over the child's whole process tree,
+sampled every 0.2 s, so forked workers and Ray's processes are counted once for shared pages.
+
+Workload (issue 7): plain FedAvg (privacy ``none``), digits, 1000 clients, a fixed cohort of 100 per
+round, 1 local epoch; a ~10k-parameter MLP (hidden 128) and a ~100k one (``mlp-large``, hidden 288).
+
+- ``loop``: the same per-client work in a plain Python loop, no Flower: for each sampled client
+  :func:`fedprivacy.fl.client.train_client` (local training, Δ, clipping), then the mean of the
+  updates and the test-set evaluation, exactly what one round of the apps computes.
+- ``engine``: ``server.inprocess.run_inprocess`` with the real apps, ``workers`` 1 and 2.
+- ``flower``: the same apps on Flower's Ray engine via ``server.inprocess.run_flower_simulation``.
+
+Reported per row: median steady-state seconds per round (rounds 2..R; for the engine and Flower
+from ``results.json``, which includes evaluation and checkpointing, and, for the engine, the time of
+the ``train`` exchange alone), seconds from command to the end of round 1, peak memory, and the
+ratio to the loop measured in this same run.
+
+Usage: ``python scripts/bench_engine.py --json PATH [--rounds R] [--quick] [--skip-flower]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODELS = {"10k": ("mlp", 128), "100k": ("mlp-large", 288)}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, []))
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakMemory:
+    """Samples the summed PSS of this process tree in a daemon thread."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            total = sum(_pss_kb(p) for p in _descendants(me))
+            self.peak_kb = max(self.peak_kb, total)
+            self._stop.wait(interval)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kb / 1024.0
+
+
+# --------------------------------------------------------------------------- children
+
+
+def _run_config(spec: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    model, hidden = MODELS[spec["model"]]
+    cfg = {
+        "num-server-rounds": spec["rounds"],
+        "dataset": spec.get("dataset", "digits"),
+        "model": model,
+        "hidden-units": hidden,
+        "local-epochs": 1,
+        "privacy": spec.get("privacy", "none"),
+        "sampling": "fixed",
+        "cohort-size": spec["cohort"],
+        "neighbouring": "replace-one",
+        "seed": 1,
+        "output-dir": out_dir,
+    }
+    cfg.update(spec.get("extra", {}))
+    return cfg
+
+
+class _Round1Timer(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.at is None and "round   1/" in record.getMessage():
+            self.at = time.time()
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    mem = PeakMemory()
+    import torch
+
+    torch.set_num_threads(1)
+    out_dir = tempfile.mkdtemp(prefix="bench_engine_")
+    cfg = _run_config(spec, out_dir)
+    kind = spec["kind"]
+    result: dict[str, Any] = {
+        "kind": kind,
+        **{k: spec[k] for k in ("model", "cohort", "population")},
+    }
+    if kind == "loop":
+        result.update(_loop(spec, cfg))
+    else:
+        timer = _Round1Timer()
+        logging.getLogger("flwr").addHandler(timer)
+        if kind == "engine":
+            from server.inprocess import run_inprocess
+
+            res = run_inprocess(
+                run_config=cfg,
+                num_supernodes=spec["population"],
+                workers=spec["workers"],
+                app_dir=REPO,
+            )
+            path = res.results_path
+            train = [s for (t, _n, s) in res.stats.exchanges if t == "train"]
+            result["workers"] = spec["workers"]
+            result["train_exchange_seconds"] = train
+            result["startup_seconds"] = res.startup_seconds
+        else:
+            from server.inprocess import run_flower_simulation
+
+            run_flower_simulation(run_config=cfg, num_supernodes=spec["population"], app_dir=REPO)
+            found = sorted(Path(out_dir).rglob("results.json"))
+            path = found[-1] if found else None
+        if path is None:
+            raise RuntimeError("the run wrote no results.json")
+        rows = json.loads(Path(path).read_text())["rounds"]
+        result["round_seconds"] = [float(r["seconds"]) for r in rows]
+        result["test_accuracy"] = [float(r["test_accuracy"]) for r in rows]
+        if timer.at is not None:
+            result["command_to_round1_seconds"] = timer.at - float(spec["t0"])
+    result["peak_memory_mb"] = mem.stop()
+    return result
+
+
+def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
+    """The same local training as the apps, in a plain loop (no Flower, no messages)."""
+    import numpy as np
+
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl import task
+    from fedprivacy.fl.client import RoundInstructions, train_client
+    from server.inprocess import resolve_run_config
+
+    cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=REPO))
+    n = spec["population"]
+    test = task.test_set(cfg, num_partitions=n)
+    num_classes = task.num_classes_of(test)
+    weights = task.initial_weights(
+        cfg, input_shape=test.feature_shape, num_classes=num_classes, seed=1
+    )
+    rng = np.random.default_rng(1)  # cohort choice only (benchmark, not privacy noise)
+    round_s, train_s, acc = [], [], []
+    t_round1 = None
+    for rnd in range(1, spec["rounds"] + 1):
+        t0 = time.perf_counter()
+        cohort = sorted(rng.choice(n, size=spec["cohort"], replace=False).tolist())
+        instr = RoundInstructions(
+            round=rnd,
+            privacy="none",
+            clip_norm=cfg.clip_norm,
+            local_noise_std=0.0,
+            learning_rate=cfg.learning_rate,
+            local_epochs=1,
+            batch_size=cfg.batch_size,
+            num_classes=num_classes,
+            seed=1,
+        )
+        updates = [
+            train_client(cfg, partition_id=p, num_partitions=n, weights=weights, instructions=instr)
+            for p in cohort
+        ]
+        t1 = time.perf_counter()
+        mean = [np.mean([u.delta[i] for u in updates], axis=0) for i in range(len(weights))]
+        weights = [w + m.astype(w.dtype) for w, m in zip(weights, mean, strict=True)]
+        _, a = task.evaluate_weights(cfg, weights, test, num_classes=num_classes)
+        round_s.append(time.perf_counter() - t0)
+        train_s.append(t1 - t0)
+        acc.append(a)
+        if t_round1 is None:
+            t_round1 = time.time()
+    return {
+        "round_seconds": round_s,
+        "train_seconds": train_s,
+        "test_accuracy": acc,
+        "command_to_round1_seconds": (t_round1 or 0.0) - float(spec["t0"]),
+    }
+
+
+def _spawn(spec: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    spec = {**spec, "t0": time.time()}
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {**spec, "error": f"timed out after {timeout:.0f} s"}
+    wall = time.time() - spec["t0"]
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("BENCH-RESULT "):
+            out = json.loads(line[len("BENCH-RESULT ") :])
+            out["command_seconds"] = wall
+            return out
+    return {**spec, "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _steady(xs: list[float] | None) -> float | None:
+    if not xs:
+        return None
+    tail = xs[1:] if len(xs) > 1 else xs
+    return statistics.median(tail)
+
+
+def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    loops = {(r["model"], r["population"]): r for r in rows if r.get("kind") == "loop"}
+    for r in rows:
+        r["steady_round_seconds"] = _steady(r.get("round_seconds"))
+        if r.get("kind") == "engine":
+            r["steady_train_exchange_seconds"] = _steady(r.get("train_exchange_seconds"))
+        if r.get("kind") == "loop":
+            r["steady_train_seconds"] = _steady(r.get("train_seconds"))
+        base = loops.get((r.get("model"), r.get("population")))
+        if base and r.get("steady_round_seconds") and base.get("steady_round_seconds"):
+            r["ratio_vs_loop"] = r["steady_round_seconds"] / base["steady_round_seconds"]
+            if r.get("steady_train_exchange_seconds") and base.get("steady_train_seconds"):
+                r["train_ratio_vs_loop"] = (
+                    r["steady_train_exchange_seconds"] / base["steady_train_seconds"]
+                )
+    return rows
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--population", type=int, default=1000)
+    parser.add_argument("--cohort", type=int, default=100)
+    parser.add_argument("--models", default="10k,100k")
+    parser.add_argument("--skip-flower", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--skip-privacy", action="store_true")
+    parser.add_argument("--flower-timeout", type=float, default=240.0)
+    parser.add_argument("--quick", action="store_true", help="10k model, 3 rounds, no Flower/scale")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child is not None:
+        out = _child(json.loads(args.child))
+        print("BENCH-RESULT " + json.dumps(out), flush=True)
+        return 0
+
+    if args.quick:
+        args.models, args.rounds = "10k", 3
+        args.skip_flower = args.skip_scale = args.skip_privacy = True
+    base = {"rounds": args.rounds, "population": args.population, "cohort": args.cohort}
+    rows: list[dict[str, Any]] = []
+
+    def run(spec: dict[str, Any], timeout: float = 900.0) -> None:
+        label = " ".join(f"{k}={v}" for k, v in spec.items() if k not in ("rounds",))
+        print(f"... {label}", flush=True)
+        rows.append(_spawn(spec, timeout=timeout))
+        if "error" in rows[-1]:
+            print(f"    error: {rows[-1]['error'][-300:]}", flush=True)
+
+    for model in args.models.split(","):
+        run({**base, "kind": "loop", "model": model})
+        run({**base, "kind": "engine", "model": model, "workers": 1})
+        run({**base, "kind": "engine", "model": model, "workers": 2})
+        if not args.skip_flower:
+            run({**base, "kind": "flower", "model": model}, timeout=args.flower_timeout)
+    if not args.skip_privacy:
+        for privacy, extra in (
+            ("central", {"noise-multiplier": 1.0}),
+            ("local", {"noise-multiplier": 1.0}),
+            ("distributed", {"noise-multiplier": 1.0, "secagg": True}),
+        ):
+            run(
+                {
+                    **base,
+                    "kind": "engine",
+                    "model": "100k",
+                    "workers": 1,
+                    "privacy": privacy,
+                    "extra": extra,
+                }
+            )
+    if not args.skip_scale:
+        run(
+            {
+                "rounds": 3,
+                "population": 10_000,
+                "cohort": 1000,
+                "kind": "engine",
+                "model": "10k",
+                "workers": 2,
+                "dataset": "synthetic",
+            },
+            timeout=1200.0,
+        )
+
+    rows = _summarise(rows)
+    nonedp = {
+        r["model"]: r["steady_round_seconds"]
+        for r in rows
+        if r.get("kind") == "engine"
+        and r.get("privacy", "none") == "none"
+        and r.get("workers") == 1
+        and r.get("population") == args.population
+    }
+    for r in rows:
+        if r.get("kind") == "engine" and r.get("privacy") and nonedp.get(r["model"]):
+            if r.get("steady_round_seconds"):
+                r["ratio_vs_none"] = r["steady_round_seconds"] / nonedp[r["model"]]
+
+    print()
+    print(
+        f"{'kind':8} {'model':5} {'pop':>6} {'cohort':>6} {'w':>2} {'privacy':11} "
+        f"{'round s':>8} {'train s':>8} {'x loop':>7} {'to r1 s':>8} {'peak MB':>8}"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r.get('kind', '?'):8} {r.get('model', '?'):5} error: {r['error'][-120:]}")
+            continue
+        train = r.get("steady_train_exchange_seconds", r.get("steady_train_seconds"))
+        print(
+            f"{r['kind']:8} {r['model']:5} {r['population']:>6} {r['cohort']:>6} "
+            f"{r.get('workers', 1):>2} {r.get('privacy', 'none'):11} "
+            f"{_fmt(r.get('steady_round_seconds')):>8} {_fmt(train):>8} "
+            f"{_fmt(r.get('ratio_vs_loop'), '.2f'):>7} "
+            f"{_fmt(r.get('command_to_round1_seconds'), '.1f'):>8} "
+            f"{_fmt(r.get('peak_memory_mb'), '.0f'):>8}"
+        )
+    report = {
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "workload": {**base, "models": {k: list(v) for k, v in MODELS.items()}},
+        "rows": rows,
+    }
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
