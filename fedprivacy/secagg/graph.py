@@ -12,15 +12,17 @@ neighbourhood of its choosing: a client refuses a neighbour list that differs fr
 computation. (A server can still grind by excluding clients from the roster; Bell et al. assume the
 graph is random given the set of participants.)
 
-Safety rule (:func:`check_safe`). A client u shares its self-mask seed ``b_u`` and its masking key
-``s_u`` with its ``k`` neighbours, threshold ``t``. An honest client reveals, for a given peer and
-round, *either* its share of ``b_u`` (u survived) *or* its share of ``s_u`` (u dropped), never both.
-To unmask u's input the server needs ``t`` shares of each; with ``c`` corrupted neighbours of u (who
-reveal everything) it needs two *disjoint* sets of honest neighbours of sizes ``t - c`` each, which is
-impossible when ``2 (t - c) > k - c``, i.e. ``t > (k + c) / 2``. With no corrupted clients (the
-semi-honest-clients case that we check by default) this is ``t > k / 2``: the bound of Bonawitz et al.
-(2017, Section 4, where ``t > n/2`` is needed against a server that lies about who dropped) applied to
-the neighbourhood. Reconstruction needs ``t <= k``.
+Safety rule (:func:`check_safe`). A client u Shamir-shares its self-mask seed ``b_u`` and its masking
+key ``s_u`` among ``k + 1`` holders, its ``k`` neighbours and itself, threshold ``t``. An honest holder
+reveals, for a given peer and round, *either* its share of ``b_u`` (u survived) *or* its share of ``s_u``
+(u dropped), never both; u itself, being alive, only ever reveals its share of ``b_u``. To unmask a live
+u the server needs ``t`` shares of each. With ``c`` corrupted neighbours (who reveal everything) it
+needs ``t - 1 - c`` honest neighbours for ``b_u`` (u gives one) and a disjoint set of ``t - c`` honest
+neighbours for ``s_u``, out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c) > k - c``, i.e.
+``t > (k + 1 + c) / 2``. For the complete graph (``k = n - 1``) and ``c = 0`` this is ``t > n / 2``,
+the bound of Bonawitz et al. (2017, Sec. 4) against a server that lies about who dropped out; we
+enforce it for the neighbourhood (semi-honest clients by default, ``corrupted`` raises it).
+Reconstruction needs ``t <= k + 1``.
 """
 
 from __future__ import annotations
@@ -82,15 +84,15 @@ def harary_neighbours(
 
 
 def min_safe_threshold(degree: int, *, corrupted: int = 0) -> int:
-    """Smallest ``t`` with ``t > (degree + corrupted) / 2``."""
-    return (degree + corrupted) // 2 + 1
+    """Smallest ``t`` with ``t > (degree + 1 + corrupted) / 2``."""
+    return (degree + 1 + corrupted) // 2 + 1
 
 
 def check_safe(*, num_clients: int, degree: int, threshold: int, corrupted: int = 0) -> int:
     """Refuse unsafe (degree, threshold); returns the effective degree.
 
     Raises:
-        ValueError: with the violated rule, e.g. ``threshold must be > (degree + corrupted)/2 = 3.5``.
+        ValueError: with the violated rule, e.g. ``threshold must be > (degree+1+corrupted)/2 = 4.0``.
     """
     for name, v in (("num_clients", num_clients), ("degree", degree), ("threshold", threshold),
                     ("corrupted", corrupted)):
@@ -103,12 +105,12 @@ def check_safe(*, num_clients: int, degree: int, threshold: int, corrupted: int 
         raise ValueError(f"degree must be >= 2 (a single neighbour learns the input), got {degree}")
     if corrupted < 0:
         raise ValueError(f"corrupted must be >= 0, got {corrupted}")
-    if threshold > k:
-        raise ValueError(f"threshold must be <= degree={k} (else nothing can be reconstructed), "
-                         f"got {threshold}")
-    if 2 * threshold <= k + corrupted:
+    if threshold > k + 1:
+        raise ValueError(f"threshold must be <= degree+1={k + 1} share holders (else nothing can be "
+                         f"reconstructed), got {threshold}")
+    if 2 * threshold <= k + 1 + corrupted:
         raise ValueError(
-            f"threshold must be > (degree + corrupted)/2 = {(k + corrupted) / 2} so that a server "
+            f"threshold must be > (degree+1+corrupted)/2 = {(k + 1 + corrupted) / 2} so that a server "
             f"lying about dropouts cannot collect both the self-mask and the key shares of a live "
             f"client (Bonawitz et al. 2017, Sec. 4); got threshold={threshold}"
         )

@@ -23,10 +23,12 @@ def run_round(
     inputs: Mapping[int, np.ndarray],
     *,
     drop_before: Mapping[int, str] | None = None,
+    transcript: list[object] | None = None,
 ) -> tuple[np.ndarray, ServerSession, dict[int, ClientSession]]:
     """Run a round; ``drop_before[node] = stage`` makes ``node`` vanish before that stage.
 
-    Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``) and the clients.
+    If ``transcript`` is a list, every message the server sends or receives is appended to it (what a
+    curious server sees). Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``) and the clients.
     Raises :class:`.protocol.RoundAborted` when too few clients remain.
     """
     drop_before = dict(drop_before or {})
@@ -38,13 +40,18 @@ def run_round(
         d = drop_before.get(node)
         return d is None or STAGES.index(stage) < STAGES.index(d)
 
+    seen = transcript if transcript is not None else []
     server = ServerSession(setup)
     clients = {i: ClientSession(node_id=i, setup=setup) for i in inputs}
     adv = [c.advertise_keys() for i, c in clients.items() if alive(i, "advertise")]
+    seen.extend(adv)
     roster = server.receive_keys(adv)
     shared = [clients[i].share_keys(roster) for i in roster.node_ids if alive(i, "share")]
+    seen.extend(shared)
     reqs = server.receive_shares(shared)
     masked = [clients[i].masked_input(r, inputs[i]) for i, r in reqs.items() if alive(i, "masked")]
+    seen.extend(masked)
     unmask_reqs = server.receive_masked(masked)
     replies = [clients[i].unmask(r) for i, r in unmask_reqs.items() if alive(i, "unmask")]
+    seen.extend(replies)
     return server.receive_unmask(replies), server, clients

@@ -10,18 +10,20 @@ Every message is a frozen dataclass of ints, bytes, lists and numpy arrays, so i
    masks), and a fresh 32-byte self-mask seed ``b``; it sends ``(c_pk, s_pk)``.
 2. Share keys: the server broadcasts the roster U1. Each client recomputes the public graph
    (:mod:`.graph`; the seed hashes round and roster), refuses an unsafe (k, t), Shamir-shares ``b`` and
-   ``s_sk`` (threshold t) to its k neighbours and seals each pair of shares to its neighbour with
+   ``s_sk`` (threshold t) among its k neighbours and itself (it keeps its own share of ``b``, so that
+   t survivors suffice) and seals each pair of shares to its neighbour with
    ChaCha20-Poly1305 under HKDF(X25519(c_sk, c_pk'), info="fedprivacy/v1/share-seal"), associated data
    (round, sender, receiver). U2 = clients whose sealed shares arrived.
 3. Masked input: the server forwards to each client the ciphertexts addressed to it from U2. The client
-   opens them (refusing tampered or replayed ones), needs at least t, and uploads
+   opens them (refusing tampered or replayed ones), needs at least t holders of its shares (the
+   senders and itself), and uploads
    ``y = x + PRG(b) + sum_{j in P} sgn(i, j) PRG(HKDF(X25519(s_sk, s_pk_j), info="fedprivacy/v1/mask"))``
    mod 2^b, where P are the peers whose shares it received and sgn = +1 if i < j else -1, so the pairwise
    masks cancel in the sum. U3 = clients whose masked vector arrived (the server checks length, dtype,
    range).
 4. Unmask: the server sends the survivor list U3 and the dropped list D = U2 \\ U3. A client reveals,
    for each peer in P, its share of ``b`` if the peer survived and its share of ``s_sk`` if it dropped,
-   and never both for one peer in one round. The server reconstructs, removes the self masks of U3
+   and never both for one peer in one round; it adds its own share of its own ``b``. The server reconstructs, removes the self masks of U3
    and the pairwise masks between U3 and D, and obtains ``sum_{i in U3} x_i mod 2^b`` exactly.
 
 Dropouts: clients may vanish at any stage. The round completes exactly as long as at least
@@ -34,7 +36,7 @@ Threat model and security argument:
 
 * Server: may be malicious in the ways listed below; clients refuse and the round aborts. Clients:
   honest-but-curious, up to ``corrupted`` of them may collude with the server (the safety check uses
-  ``t > (k + corrupted)/2``, see :func:`.graph.check_safe`).
+  ``t > (k + 1 + corrupted)/2``, see :func:`.graph.check_safe`).
 * Key authenticity: without a PKI a server can substitute public keys (man in the middle); like
   Bonawitz et al.'s semi-honest variant we assume the roster is relayed faithfully (deploy with
   signed keys to remove this assumption).
@@ -282,6 +284,7 @@ class ClientSession:
         self._held_seed_shares: dict[int, bytes] = {}  # peer -> encoded share of the peer's b
         self._held_key_shares: dict[int, bytes] = {}  # peer -> encoded share of the peer's s_sk
         self._peers: tuple[int, ...] = ()
+        self._own_seed_share = b""
         self._revealed: dict[int, str] = {}  # peer -> "seed" | "key"
 
     def __repr__(self) -> str:
@@ -331,18 +334,20 @@ class ClientSession:
         neighbours = harary_neighbours(ids, degree=s.degree, seed=gseed)[self.node_id]
         enc_pub = {i: e for i, e, _ in roster}
         mask_pub = {i: m for i, _, m in roster}
-        xs = [_x(j) for j in neighbours]
+        xs = [_x(j) for j in neighbours] + [_x(self.node_id)]
         seed_int = int.from_bytes(self._seed.reveal(), "big")
         key_int = int.from_bytes(self._mask.private.reveal(), "big")
         b_shares, k_shares = shamir.split_many([seed_int, key_int], threshold=s.threshold, xs=xs)
+        own_seed_share = shamir.encode_share(b_shares[-1])  # the own key share is discarded
         cts = []
-        for j, bs, ks in zip(neighbours, b_shares, k_shares, strict=True):
+        for j, bs, ks in zip(neighbours, b_shares[:-1], k_shares[:-1], strict=True):
             key = derive_key(self._enc.private, enc_pub[j], purpose=_SHARE_SEAL,
                              context=_pair_context(s.round, self.node_id, j))
             plaintext = shamir.encode_share(bs) + shamir.encode_share(ks)
             cts.append(seal(key, plaintext, purpose=_SHARE_SEAL,
                             context=context_bytes(round=s.round, sender=self.node_id, receiver=j)))
         # commit state
+        self._own_seed_share = own_seed_share
         self._neighbours = neighbours
         self._enc_publics = enc_pub
         self._mask_publics = mask_pub
@@ -367,9 +372,9 @@ class ClientSession:
         for j in senders:
             if j not in nb:
                 raise ProtocolViolation(f"ciphertext from {j}, which is not a neighbour")
-        if len(senders) < s.threshold:
-            raise ProtocolViolation(f"only {len(senders)} neighbours hold shares, fewer than "
-                                    f"threshold {s.threshold}: refusing to upload")
+        if len(senders) + 1 < s.threshold:
+            raise ProtocolViolation(f"only {len(senders) + 1} holders of this client's shares, fewer "
+                                    f"than threshold {s.threshold}: refusing to upload")
         seed_shares, key_shares = {}, {}
         for j, ct in zip(senders, request.ciphertexts, strict=True):
             key = derive_key(self._enc.private, self._enc_publics[j], purpose=_SHARE_SEAL,
@@ -429,8 +434,9 @@ class ClientSession:
             plan[j] = kind
         resp = UnmaskResponse(
             round=s.round, node_id=self.node_id,
-            seed_owners=[j for j in self._peers if plan[j] == "seed"],
-            seed_shares=[self._held_seed_shares[j] for j in self._peers if plan[j] == "seed"],
+            seed_owners=[self.node_id] + [j for j in self._peers if plan[j] == "seed"],
+            seed_shares=[self._own_seed_share]
+            + [self._held_seed_shares[j] for j in self._peers if plan[j] == "seed"],
             key_owners=[j for j in self._peers if plan[j] == "key"],
             key_shares=[self._held_key_shares[j] for j in self._peers if plan[j] == "key"],
         )
@@ -491,7 +497,10 @@ class ServerSession:
                 raise ProtocolViolation(f"node {m.node_id} advertised malformed keys")
             roster[m.node_id] = (bytes(m.enc_public), bytes(m.mask_public))
         self._need(len(roster), "key advertisement")
-        check_safe(num_clients=len(roster), degree=s.degree, threshold=s.threshold)
+        try:
+            check_safe(num_clients=len(roster), degree=s.degree, threshold=s.threshold)
+        except ValueError as exc:
+            raise self._abort(f"unsafe for the {len(roster)} clients present: {exc}") from None
         ids = sorted(roster)
         entries = [(i, *roster[i]) for i in ids]
         self._neighbours = harary_neighbours(ids, degree=s.degree,
@@ -575,9 +584,12 @@ class ServerSession:
             _check_round(s.round, m.round, "UnmaskResponse")
             if m.node_id not in surv or m.node_id in seen:
                 raise ProtocolViolation(f"unexpected or repeated unmask reply from {m.node_id}")
-            peers = set(self._peers[m.node_id])
+            holders = set(self._peers[m.node_id])
             for owners, shares, table in ((m.seed_owners, m.seed_shares, seed_pts),
                                           (m.key_owners, m.key_shares, key_pts)):
+                peers = holders | {m.node_id} if table is seed_pts else holders
+                if len(set(owners)) != len(owners):
+                    raise ProtocolViolation(f"node {m.node_id} repeats a share owner")
                 if len(owners) != len(shares):
                     raise ProtocolViolation(f"node {m.node_id}: owners and shares differ in length")
                 for o, sh in zip(owners, shares, strict=True):

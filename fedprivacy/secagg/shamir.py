@@ -34,13 +34,14 @@ PRIME = 2**521 - 1
 SHARE_BYTES = 66  # ceil(521 / 8)
 
 
-def _check_xs(xs: Sequence[int]) -> list[int]:
+def _check_xs(xs: Sequence[int], *, allow_zero: bool = False) -> list[int]:
     out = []
+    low = 0 if allow_zero else 1
     for x in xs:
         if isinstance(x, bool) or not isinstance(x, int):
             raise TypeError(f"share abscissae must be ints, got {type(x).__name__}")
-        if not 0 < x < PRIME:
-            raise ValueError(f"share abscissae must be in [1, p), got {x}")
+        if not low <= x < PRIME:
+            raise ValueError(f"share abscissae must be in [{low}, p), got {x}")
         out.append(x)
     if len(set(out)) != len(out):
         raise ValueError("share abscissae must be distinct")
@@ -89,7 +90,7 @@ def split(secret: int, *, threshold: int, xs: Sequence[int]) -> list[int]:
 
 def lagrange_weights(xs: Sequence[int], *, at: int = 0) -> list[int]:
     """Weights ``w_i`` with ``f(at) = sum_i w_i f(xs[i])`` for every polynomial of degree < len(xs)."""
-    xs = _check_xs(xs)
+    xs = _check_xs(xs, allow_zero=True)
     at %= PRIME
     nums, dens = [], []
     for i, xi in enumerate(xs):
