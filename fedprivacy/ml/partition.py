@@ -15,7 +15,8 @@ Partitioners (``partitioner=``):
   ``"first-deterministic"`` (partition i gets class ``i mod C`` plus random others) when
   ``num_partitions >= C`` and ``"deterministic"`` otherwise, so that every class is used.
 * ``"natural"``: the data set's own clients (``Split.groups``, e.g. Synthetic's client k is partition
-  k); ``num_partitions`` must equal the number of groups.
+  k); ``num_partitions`` must equal the number of groups. :func:`load_partition` always uses it for
+  ``"synthetic"`` (see :class:`DataSpec`).
 
 Every training index lands in exactly one partition; a configuration that would leave an example out
 or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
@@ -197,7 +198,12 @@ def partition(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataSpec:
-    """The data part of a run config (hashable: the cache key of the partitioning)."""
+    """The data part of a run config (hashable: the cache key of the partitioning).
+
+    ``partitioner`` applies to digits and Hugging Face data; ``"synthetic"`` always uses its natural
+    partition (partition k = generated client k), whatever ``partitioner`` says, because pooling and
+    re-splitting it would destroy the heterogeneity it exists for.
+    """
 
     dataset: str = "digits"
     seed: int = 0
@@ -205,14 +211,22 @@ class DataSpec:
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
     classes_per_partition: int = 2
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
 
 
 def data_spec(cfg: Any) -> DataSpec:
     """Extract a :class:`DataSpec` from a run config (any object with the attributes below).
 
-    Reads ``dataset``, ``data_seed`` (else ``seed``; None -> 0, because every client process must derive
-    the *same* partition), ``test_fraction``, ``partitioner``, ``dirichlet_alpha`` and
-    ``classes_per_partition``; a missing attribute takes the DataSpec default.
+    Reads ``dataset``, ``data_seed`` (else ``seed``), ``test_fraction``, ``partitioner``,
+    ``dirichlet_alpha``, ``classes_per_partition``, ``synthetic_alpha`` and ``synthetic_beta``; a
+    missing attribute takes the DataSpec default. A seed that is None or negative (RunConfig's
+    ``seed = -1``, secure mode) becomes data seed 0: every client process must derive the *same*
+    split and partition, and the data split is not privacy randomness.
     """
     if isinstance(cfg, DataSpec):
         return cfg
@@ -222,20 +236,29 @@ def data_spec(cfg: Any) -> DataSpec:
         seed = getattr(cfg, "seed", None)
     return DataSpec(
         dataset=str(getattr(cfg, "dataset", defaults.dataset)),
-        seed=0 if seed is None else int(seed),
+        seed=0 if seed is None or int(seed) < 0 else int(seed),
         test_fraction=float(getattr(cfg, "test_fraction", defaults.test_fraction)),
         partitioner=str(getattr(cfg, "partitioner", defaults.partitioner)),
         dirichlet_alpha=float(getattr(cfg, "dirichlet_alpha", defaults.dirichlet_alpha)),
         classes_per_partition=int(
             getattr(cfg, "classes_per_partition", defaults.classes_per_partition)
         ),
+        synthetic_alpha=float(getattr(cfg, "synthetic_alpha", defaults.synthetic_alpha)),
+        synthetic_beta=float(getattr(cfg, "synthetic_beta", defaults.synthetic_beta)),
     )
 
 
 def _splits(spec: DataSpec, num_partitions: int) -> tuple[Split, Split]:
-    return load_dataset(
-        spec.dataset, seed=spec.seed, test_fraction=spec.test_fraction, num_clients=num_partitions
-    )
+    if spec.dataset == "synthetic":
+        return load_dataset(
+            "synthetic",
+            seed=spec.seed,
+            test_fraction=spec.test_fraction,
+            num_clients=num_partitions,
+            alpha=spec.synthetic_alpha,
+            beta=spec.synthetic_beta,
+        )
+    return load_dataset(spec.dataset, seed=spec.seed, test_fraction=spec.test_fraction)
 
 
 @functools.lru_cache(maxsize=8)
@@ -244,7 +267,7 @@ def _partitions_cached(spec: DataSpec, num_partitions: int) -> tuple[np.ndarray,
     parts = partition(
         train,
         num_partitions=num_partitions,
-        partitioner=spec.partitioner,
+        partitioner="natural" if spec.dataset == "synthetic" else spec.partitioner,
         seed=spec.seed,
         alpha=spec.dirichlet_alpha,
         classes_per_partition=spec.classes_per_partition,

@@ -49,6 +49,9 @@ class DpsgdConfig:
         secure_mode: use Opacus' secure RNG (needs ``torchcsprng``; unseedable). Default False: noise
             from torch's PRNG, NOT for deployment.
         backend: fedprivacy accountant backend used for the reported epsilon ("pld", "rdp", "prv").
+        compute_epsilon: report this call's epsilon in ``TrainResult.dpsgd_epsilon`` (a PLD evaluation
+            takes ~1-3 s, cached per (q, steps)); set False when the server composes the per-example
+            privacy from ``steps`` and ``dpsgd_sample_rate`` itself.
     """
 
     noise_multiplier: float
@@ -56,6 +59,7 @@ class DpsgdConfig:
     delta: float = 1e-5
     secure_mode: bool = False
     backend: str = "pld"
+    compute_epsilon: bool = True
 
     def __post_init__(self) -> None:
         for name in ("noise_multiplier", "max_grad_norm", "delta"):
@@ -80,7 +84,8 @@ class TrainResult:
         num_examples: training examples of the client (the FedAvg weight).
         loss: mean training loss over the last epoch (NaN if no example was seen).
         steps: optimizer steps taken.
-        dpsgd_epsilon: per-example epsilon of this call's DP-SGD steps at ``dpsgd_delta``; None without DP.
+        dpsgd_epsilon: per-example epsilon of this call's DP-SGD steps at ``dpsgd_delta``; None without
+            DP or with ``compute_epsilon=False``.
         dpsgd_delta: the delta of ``dpsgd_epsilon``.
         dpsgd_sample_rate: Poisson sampling rate q used by DP-SGD.
         dpsgd_noise_multiplier: sigma used by DP-SGD.
@@ -286,13 +291,16 @@ def _train_dpsgd(
                     seen += len(yb)
     sample_rate = 1.0 / len(loader)
     model.load_state_dict(work.state_dict())
-    eps, label = dpsgd_epsilon(
-        noise_multiplier=cfg.noise_multiplier,
-        sample_rate=sample_rate,
-        steps=steps,
-        delta=cfg.delta,
-        backend=cfg.backend,
-    )
+    eps: float | None = None
+    label: str | None = None
+    if cfg.compute_epsilon:
+        eps, label = dpsgd_epsilon(
+            noise_multiplier=cfg.noise_multiplier,
+            sample_rate=sample_rate,
+            steps=steps,
+            delta=cfg.delta,
+            backend=cfg.backend,
+        )
     return TrainResult(
         num_examples=n,
         loss=loss_sum / seen if seen else float("nan"),

@@ -106,14 +106,22 @@ def test_load_partition_pieces_rebuild_the_training_split() -> None:
 
 
 def test_load_partition_reads_a_run_config_like_object() -> None:
-    class Cfg:
+    class Cfg:  # the attributes fedprivacy.config.RunConfig has
         dataset = "synthetic"
-        seed = None  # secure-mode runs: the data seed falls back to 0 in every process
+        seed = -1  # secure-mode runs: the data seed falls back to 0 in every process
         test_fraction = 0.2
-        partitioner = "natural"
+        partitioner = "iid"  # synthetic always uses its natural partition
+        synthetic_alpha = 0.5
+        synthetic_beta = 0.0
 
     part = load_partition(Cfg(), 2, 5)
-    train, _ = make_synthetic(num_clients=5, seed=0, test_fraction=0.2)
+    train, test = make_synthetic(num_clients=5, seed=0, test_fraction=0.2, alpha=0.5, beta=0.0)
     np.testing.assert_array_equal(part.x, train.x[train.groups == 2])
+    np.testing.assert_array_equal(load_test_set(Cfg(), 5).x, test.x)
     with pytest.raises(ValueError, match="partition_id"):
         load_partition(Cfg(), 5, 5)
+
+
+def test_data_spec_rejects_negative_seed() -> None:
+    with pytest.raises(ValueError, match="seed must be"):
+        DataSpec(seed=-1)

@@ -139,6 +139,14 @@ def test_dpsgd_is_reproducible_given_seed(digits) -> None:
         np.testing.assert_array_equal(wa, wb)
 
 
+def test_dpsgd_epsilon_can_be_left_to_the_server(digits) -> None:
+    train, _ = digits
+    cfg = DpsgdConfig(noise_multiplier=1.0, max_grad_norm=1.0, compute_epsilon=False)
+    result = train_local(_mlp(), train.subset(np.arange(50)), batch_size=10, seed=0, dpsgd=cfg)
+    assert result.dpsgd_epsilon is None and result.privacy_unit == "example"
+    assert result.steps == 5 and result.dpsgd_sample_rate == pytest.approx(0.2)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
