@@ -1,0 +1,120 @@
+"""Run fedprivacy's own Flower apps (``server.server_app:app``, ``clients.client_app:app``) for a spec.
+
+Engines: ``inprocess`` (``server.inprocess.run_inprocess``, the fast path) and ``ray`` (the same
+apps on Flower's Ray simulation engine via ``server.inprocess.run_flower_simulation``). The figures
+come from the ``results.json`` the ServerApp writes (per round: ``test_accuracy``, ``epsilon``,
+``seconds``, where ``seconds`` spans the round and its central evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import task
+from benchmarks.spec import BenchSpec, make_record
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
+    """fedprivacy run-config overrides (pyproject ``[tool.flwr.app.config]`` keys) for ``spec``."""
+    privacy = spec.mode if spec.mode in ("central", "local", "distributed") else "none"
+    cfg: dict[str, Any] = {
+        "num-server-rounds": spec.rounds,
+        "dataset": spec.dataset,
+        "partitioner": task.partitioner_for(spec.dataset),
+        "test-fraction": task.TEST_FRACTION,
+        "model": task.MODEL,
+        "hidden-units": spec.hidden,
+        "local-epochs": spec.local_epochs,
+        "learning-rate": spec.lr,
+        "batch-size": spec.batch_size,
+        "privacy": privacy,
+        "clip-norm": spec.clip_norm,
+        "noise-multiplier": spec.noise_multiplier if privacy != "none" else 0.0,
+        "target-epsilon": 0.0,
+        "target-delta": spec.delta,
+        "sampling": "poisson",
+        "sample-rate": spec.sample_rate,
+        "accountant": "pld",
+        "dpsgd": spec.mode == "dpsgd",
+        "secagg": privacy == "distributed" or bool(spec.option("secagg", False)),
+        "seed": spec.seed,
+        "output-dir": output_dir,
+        "run-name": spec.key(),
+    }
+    if spec.mode == "dpsgd":
+        cfg["dpsgd-noise-multiplier"] = float(spec.option("dpsgd_noise_multiplier", 1.0))
+        cfg["dpsgd-max-grad-norm"] = float(spec.option("dpsgd_max_grad_norm", 1.0))
+    return cfg
+
+
+def record_from_results(spec: BenchSpec, results: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Turn a fedprivacy ``results.json`` into a benchmark record."""
+    rows = list(results.get("rounds", []))
+    privacy = results.get("privacy", {}) or {}
+    eps = privacy.get("epsilon")
+    note = ""
+    if spec.mode == "dpsgd" and rows and rows[-1].get("dpsgd_epsilon") is not None:
+        eps = rows[-1]["dpsgd_epsilon"]
+        note = "epsilon is per-example (DP-SGD), not per-user"
+    status = results.get("status", "completed")
+    return make_record(
+        spec,
+        params=task.params_for(spec),
+        test_accuracy=rows[-1]["test_accuracy"] if rows else None,
+        accuracy_by_round=[r["test_accuracy"] for r in rows],
+        epsilon_by_round=[r.get("epsilon") for r in rows],
+        epsilon=eps,
+        epsilon_note=("no privacy" if spec.mode == "none" else
+                      f"fedprivacy {privacy.get('accountant', 'pld')} accountant, "
+                      f"{privacy.get('sampling', 'Poisson')}"),
+        rounds=len(rows),
+        round_seconds=[float(r["seconds"]) for r in rows],
+        status="ok" if status == "completed" else str(status),
+        note=note,
+        **extra,
+    )
+
+
+def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
+    if spec.framework != "fedprivacy":
+        raise ValueError(f"framework must be 'fedprivacy', got {spec.framework!r}")
+    import server.inprocess as engine
+
+    with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-") as out:
+        run_config = run_config_for(spec, output_dir=out)
+        t0 = time.perf_counter()
+        if spec.engine == "inprocess":
+            res = engine.run_inprocess(run_config=run_config, num_supernodes=spec.num_clients,
+                                       workers=spec.workers, app_dir=REPO,
+                                       node_id_seed=spec.seed)
+            path = res.results_path
+            startup = res.startup_seconds
+        elif spec.engine == "ray":
+            from benchmarks.flower_baselines.run import ray_backend_config
+
+            engine.run_flower_simulation(run_config=run_config, num_supernodes=spec.num_clients,
+                                         app_dir=REPO, backend_config=ray_backend_config())
+            found = sorted(Path(out).rglob("results.json"))
+            path = found[-1] if found else None
+            startup = None
+        else:
+            raise ValueError(f"engine must be 'inprocess' or 'ray', got {spec.engine!r}")
+        wall = time.perf_counter() - t0
+        if path is None or not Path(path).is_file():
+            return make_record(spec, status="failed", wall_seconds=wall,
+                               note="the ServerApp wrote no results.json")
+        results = json.loads(Path(path).read_text())
+    rec = record_from_results(spec, results, wall_seconds=wall)
+    first = rec["round_seconds"][0] if rec["round_seconds"] else 0.0
+    rec["startup_seconds"] = (startup + first) if startup is not None else None
+    if spec.engine == "ray":
+        rec["startup_seconds"] = wall - sum(rec["round_seconds"][1:])
+    if spec.engine == "inprocess":
+        rec["note"] = (rec["note"] + "; " if rec["note"] else "") + f"workers={spec.workers}"
+    return rec

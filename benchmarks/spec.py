@@ -1,0 +1,177 @@
+"""One benchmark configuration and the record a run of it produces.
+
+A ``BenchSpec`` fixes everything that must be equal between the rows that are compared: data set,
+population, cohort, model width, local training and the DP parameters. The runners
+(``benchmarks.torch_loop``, ``benchmarks.flower_baselines``, ``benchmarks.fedprivacy_runner``) all
+take a spec and return a ``RunRecord`` as a plain dict, so that the worker process can ship it as
+JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+FRAMEWORKS = ("fedprivacy", "flower", "torch")
+# fedprivacy modes (DESIGN.md) plus "dpsgd" (sample-level DP-SGD on each client, no user-level noise)
+# and Flower's own combinations.
+MODES = ("none", "central", "local", "distributed", "dpsgd", "secagg+central")
+DATASETS = ("digits", "synthetic")
+ENGINES = ("inprocess", "ray", "loop")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchSpec:
+    """One configuration of the sweep.
+
+    Attributes:
+        dataset: "digits" or "synthetic".
+        framework: "fedprivacy", "flower" or "torch" (the single-process reference loop).
+        mode: privacy mode, see ``MODES``.
+        engine: "inprocess" (fedprivacy's engine), "ray" (Flower's simulation engine) or "loop".
+        num_clients: population size N.
+        clients_per_round: expected cohort qN (Poisson in fedprivacy, fixed in Flower's FedAvg).
+        rounds: server rounds to run.
+        hidden: width of the MLP's hidden layer (sets the parameter count).
+        lr, local_epochs, batch_size: local SGD.
+        clip_norm: L2 clip C of each client's update (user-level DP).
+        noise_multiplier: sigma; the noise std on the sum is sigma * C.
+        target_epsilon: if set, the sweep resolved ``noise_multiplier`` from it (for the record).
+        delta: delta at which epsilon is reported.
+        seed: seed for data, partitions, model init and sampling (seeded research mode).
+        workers: processes for fedprivacy's in-process engine.
+        label: free text shown in the table (e.g. "100k params").
+    """
+
+    dataset: str
+    framework: str
+    mode: str
+    engine: str
+    num_clients: int
+    clients_per_round: int
+    rounds: int
+    hidden: int
+    lr: float = 0.1
+    local_epochs: int = 1
+    batch_size: int = 32
+    clip_norm: float = 1.0
+    noise_multiplier: float = 0.0
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    seed: int = 0
+    workers: int = 1
+    label: str = ""
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {FRAMEWORKS}, got {self.framework!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        for name in ("num_clients", "clients_per_round", "rounds", "hidden", "local_epochs",
+                     "batch_size", "workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round must be <= num_clients, got {self.clients_per_round} > "
+                f"{self.num_clients}"
+            )
+        if self.noise_multiplier < 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.clip_norm <= 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+
+    @property
+    def sample_rate(self) -> float:
+        return self.clients_per_round / self.num_clients
+
+    @property
+    def is_private(self) -> bool:
+        return self.mode != "none"
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """Look up a free-form option from ``extra``."""
+        return dict(self.extra).get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["extra"] = [list(kv) for kv in self.extra]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BenchSpec:
+        kw = dict(d)
+        kw["extra"] = tuple((str(k), v) for k, v in kw.get("extra", ()))
+        return cls(**kw)
+
+    def key(self) -> str:
+        """A short identifier for logs and file names."""
+        tag = f"{self.dataset}-{self.framework}-{self.engine}-{self.mode}-h{self.hidden}"
+        if self.target_epsilon is not None:
+            tag += f"-eps{self.target_epsilon:g}"
+        return tag
+
+
+def steady_state_seconds(round_seconds: Sequence[float], *, warmup: int = 1) -> float | None:
+    """Median seconds of a round after the first ``warmup`` rounds (start-up, JIT, actor spawn).
+
+    With fewer than ``warmup + 1`` rounds the median of all rounds is returned; ``None`` if empty.
+    """
+    values = [float(s) for s in round_seconds]
+    if not values:
+        return None
+    steady = values[warmup:] if len(values) > warmup else values
+    return float(statistics.median(steady))
+
+
+def count_parameters(*, input_dim: int, hidden: int, num_classes: int) -> int:
+    """Parameters of the benchmark MLP: Linear(in, h) -> ReLU -> Linear(h, classes)."""
+    return input_dim * hidden + hidden + hidden * num_classes + num_classes
+
+
+def make_record(spec: BenchSpec, **values: Any) -> dict[str, Any]:
+    """The JSON record a runner returns for ``spec``; missing figures are ``None``."""
+    record: dict[str, Any] = {
+        "dataset": spec.dataset,
+        "mode": spec.mode,
+        "framework": spec.framework,
+        "engine": spec.engine,
+        "label": spec.label,
+        "num_clients": spec.num_clients,
+        "clients_per_round": spec.clients_per_round,
+        "hidden": spec.hidden,
+        "params": None,
+        "noise_multiplier": spec.noise_multiplier if spec.is_private else 0.0,
+        "clip_norm": spec.clip_norm,
+        "target_epsilon": spec.target_epsilon,
+        "delta": spec.delta,
+        "epsilon": None,
+        "epsilon_note": "",
+        "test_accuracy": None,
+        "rounds": 0,
+        "seconds_per_round": None,
+        "round_seconds": [],
+        "accuracy_by_round": [],
+        "epsilon_by_round": [],
+        "startup_seconds": None,
+        "wall_seconds": None,
+        "peak_memory_mb": None,
+        "status": "ok",
+        "note": "",
+        "spec": spec.to_dict(),
+    }
+    record.update(values)
+    if record["seconds_per_round"] is None and record["round_seconds"]:
+        record["seconds_per_round"] = steady_state_seconds(record["round_seconds"])
+    return record
