@@ -165,7 +165,7 @@ def test_pairwise_masks_cancel_mod_2b(n: int, bits: int, dim: int, seed: bytes) 
     pair = {(i, j): hashlib.sha256(seed + bytes([i, j])).digest()
             for i in range(n) for j in range(i + 1, n)}
     total = np.zeros(dim, dtype=np.uint32)
-    inputs = [np.arange(dim, dtype=np.uint32) * (i + 1) % (2**bits) for i in range(n)]
+    inputs = [(np.arange(dim, dtype=np.uint64) * (i + 1) % (2**bits)).astype(np.uint32) for i in range(n)]
     for i in range(n):
         y = inputs[i].copy()
         add = [pair[(i, j)] for j in range(i + 1, n)]
