@@ -128,7 +128,7 @@ class RandomSource:
         labels: the ``child`` labels leading to this source (empty for a root source).
     """
 
-    __slots__ = ("_gen", "_ks", "labels", "mode", "seed")
+    __slots__ = ("_gen", "_ks", "_pool", "_pool_pos", "labels", "mode", "seed")
 
     def __init__(
         self,
@@ -143,6 +143,8 @@ class RandomSource:
         self.labels = _labels
         self._gen: np.random.Generator | None = None
         self._ks: _Keystream | None = None
+        self._pool = b""  # small-request byte pool for randbelow (secure mode)
+        self._pool_pos = 0
         if _mode == "secure":
             self._ks = _Keystream(_key if _key is not None else secrets.token_bytes(32))
         elif _mode == "seeded":
@@ -249,9 +251,18 @@ class RandomSource:
         nbytes = (k + 7) // 8
         mask = (1 << k) - 1
         while True:  # acceptance probability > 1/2
-            v = int.from_bytes(self.random_bytes(nbytes), "little") & mask
+            v = int.from_bytes(self._small_bytes(nbytes), "little") & mask
             if v < n:
                 return v
+
+    def _small_bytes(self, k: int) -> bytes:
+        """``k`` fresh random bytes, served from a 4 KiB pool to save per-call overhead."""
+        if self._pool_pos + k > len(self._pool):
+            self._pool = self.random_bytes(max(4096, k))
+            self._pool_pos = 0
+        out = self._pool[self._pool_pos : self._pool_pos + k]
+        self._pool_pos += k
+        return out
 
     def integers(self, low: int, high: int, size: Size = None) -> Any:
         """Exactly uniform int64 values in ``[low, high)``.
