@@ -80,6 +80,7 @@ __all__ = [
     "AppSpec",
     "EngineStats",
     "FaultPlan",
+    "FlwrRunResult",
     "FaultRule",
     "InProcessGrid",
     "InProcessResult",
@@ -127,7 +128,12 @@ def parse_overrides(run_config: Mapping[str, Any] | str | None) -> dict[str, Any
     if run_config is None:
         return {}
     if isinstance(run_config, str):
-        return dict(parse_config_args([run_config]) if run_config.strip() else {})
+        import click
+
+        try:
+            return dict(parse_config_args([run_config]) if run_config.strip() else {})
+        except click.ClickException as exc:
+            raise ValueError(f"run_config {run_config!r}: {exc.format_message()}") from exc
     if isinstance(run_config, Mapping):
         return flatten_dict(dict(run_config))
     raise TypeError(f"run_config must be a mapping or a string, got {type(run_config).__name__}")
@@ -718,6 +724,15 @@ def _superlink_pids() -> set[int]:
     return pids
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlwrRunResult:
+    """Exit code and (if captured) console output of ``flwr run``."""
+
+    returncode: int
+    output: str | None
+    seconds: float
+
+
 def run_flwr_cli(  # pylint: disable=too-many-arguments
     *,
     run_config: str = "",
@@ -726,12 +741,14 @@ def run_flwr_cli(  # pylint: disable=too-many-arguments
     federation_config: str = "client-resources-num-cpus=1",
     timeout: float | None = None,
     stream: bool = True,
-) -> int:
+    capture: bool = False,
+) -> FlwrRunResult:
     """Run ``flwr run <app_dir> --stream`` on Flower's Ray engine as a subprocess.
 
     Runtime dependency installation and telemetry are disabled. If ``flwr run``
     started a detached local SuperLink, that SuperLink (and only it: the processes
-    that did not exist before) is stopped afterwards. Returns ``flwr run``'s exit code.
+    that did not exist before) is stopped afterwards; a SuperLink that was already
+    running is left alone (``flwr run`` reuses it).
     """
     import os
 
@@ -746,13 +763,23 @@ def run_flwr_cli(  # pylint: disable=too-many-arguments
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     before = _superlink_pids()
+    start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, check=False)
-        code = proc.returncode
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            timeout=timeout,
+            check=False,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+            text=True,
+        )
     finally:
         for pid in sorted(_superlink_pids() - before):
             _stop_process_group(pid)
-    return code
+    return FlwrRunResult(
+        returncode=proc.returncode, output=proc.stdout, seconds=time.monotonic() - start
+    )
 
 
 def _stop_process_group(pid: int, grace: float = 10.0) -> None:
@@ -785,3 +812,100 @@ def _stop_process_group(pid: int, grace: float = 10.0) -> None:
             os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# --------------------------------------------------------------------------- CLI helper
+
+ENGINES = ("inprocess", "flower")
+
+
+def _absolute_output_dir(overrides: dict[str, Any], fused: Mapping[str, Any]) -> dict[str, Any]:
+    """Pin a relative ``output-dir`` to this working directory (Flower's processes may run elsewhere)."""
+    out = fused.get("output-dir")
+    if isinstance(out, str) and out and not Path(out).is_absolute():
+        return {**overrides, "output-dir": str(Path(out).absolute())}
+    return overrides
+
+
+def _config_string(overrides: Mapping[str, Any]) -> str:
+    """Render overrides in ``flwr run --run-config`` syntax (TOML values)."""
+    parts = []
+    for key, value in overrides.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = repr(value)
+        else:
+            text = str(value)
+            if '"' in text and "'" in text:
+                raise ValueError(f"run-config value of {key!r} cannot hold both quote kinds")
+            text = f"'{text}'" if '"' in text else f'"{text}"'
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def simulate(  # pylint: disable=too-many-arguments
+    *,
+    engine: str,
+    num_supernodes: int,
+    run_config: Mapping[str, Any] | str = "",
+    workers: int = 1,
+    app_dir: str | Path = ".",
+    faults: FaultPlan | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run the app on the chosen engine; return a JSON-ready summary (used by ``fedprivacy simulate``).
+
+    Both engines read the same ``--run-config`` syntax; a relative ``output-dir`` is made
+    absolute so that the results land in this working directory with either engine.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    spec = load_app_spec(app_dir)
+    overrides = parse_overrides(run_config)
+    fused = fuse_dicts(spec.default_config, overrides)  # refuses unknown keys up front
+    overrides = _absolute_output_dir(overrides, fused)
+    wall0 = time.time()
+    summary: dict[str, Any] = {"engine": engine, "num_supernodes": num_supernodes}
+    if engine == "inprocess":
+        res = run_inprocess(
+            run_config=overrides,
+            num_supernodes=num_supernodes,
+            workers=workers,
+            faults=faults,
+            app_dir=app_dir,
+        )
+        summary.update(
+            workers=res.workers,
+            seconds=res.seconds,
+            startup_seconds=res.startup_seconds,
+            messages=res.stats.messages,
+            replies=res.stats.replies,
+            errors=res.stats.errors,
+            dropped=res.stats.dropped,
+            results_path=None if res.results_path is None else str(res.results_path),
+        )
+    else:
+        if faults is not None or workers != 1:
+            raise ValueError("faults and workers apply to the inprocess engine only")
+        out = run_flwr_cli(
+            run_config=_config_string(overrides),
+            num_supernodes=num_supernodes,
+            app_dir=app_dir,
+            timeout=timeout,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"flwr run exited with code {out.returncode}")
+        path = _find_results(fuse_dicts(spec.default_config, overrides), wall0)
+        summary.update(seconds=out.seconds, results_path=None if path is None else str(path))
+    if summary.get("results_path"):
+        import json
+
+        results = json.loads(Path(summary["results_path"]).read_text(encoding="utf-8"))
+        rows = results.get("rounds", [])
+        summary["rounds"] = len(rows)
+        if rows:
+            summary["final"] = {
+                k: rows[-1].get(k) for k in ("round", "test_accuracy", "epsilon", "delta")
+            }
+    return summary

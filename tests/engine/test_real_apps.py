@@ -1,0 +1,129 @@
+"""fedprivacy's own apps (server.server_app:app, clients.client_app:app) on the in-process engine.
+
+Also the equivalence with Flower's Ray engine (``flwr run``), marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.inprocess import (
+    FaultPlan,
+    FaultRule,
+    _config_string,
+    run_flwr_cli,
+    run_inprocess,
+    simulate,
+)
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+
+pytest.importorskip("server.server_app")
+pytest.importorskip("clients.client_app")
+
+# Metrics that must agree between runs; "seconds" is wall time and may not.
+_COMPARED = (
+    "round",
+    "clients_sampled",
+    "clients_aggregated",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "epsilon",
+    "delta",
+)
+
+
+def _config(tmp_path: Path, name: str, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "num-server-rounds": 2,
+        "privacy": "central",
+        "noise-multiplier": 1.0,
+        "sample-rate": 1.0,
+        "local-epochs": 1,
+        "seed": 1,
+        "output-dir": str(tmp_path),
+        "run-name": name,
+        "client-timeout": 60.0,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def _rows(results_path: Path | str | None) -> list[dict[str, Any]]:
+    assert results_path is not None, "the ServerApp wrote no results.json"
+    rows = json.loads(Path(results_path).read_text())["rounds"]
+    return [{k: r.get(k) for k in _COMPARED} for r in rows]
+
+
+def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) -> None:
+    one = run_inprocess(
+        run_config=_config(tmp_path, "w1"), num_supernodes=5, workers=1, app_dir=REPO_DIR
+    )
+    two = run_inprocess(
+        run_config=_config(tmp_path, "w2"), num_supernodes=5, workers=2, app_dir=REPO_DIR
+    )
+
+    rows = _rows(one.results_path)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["clients_sampled"] == 5 and r["clients_aggregated"] == 5 for r in rows)
+    assert 0 < rows[0]["epsilon"] < rows[1]["epsilon"]
+    assert rows == _rows(two.results_path)
+    # one partition query per node, then 5 train messages per round
+    assert one.stats.by_type.get("query") == 5 and one.stats.by_type.get("train") == 10
+
+
+def test_dropout_and_crash_do_not_stop_the_round(tmp_path: Path) -> None:
+    plan = FaultPlan(
+        rules=(
+            FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(1,)),
+            FaultRule(action="raise", message_type="train", rounds=(2,), partition_ids=(3,)),
+        )
+    )
+    res = run_inprocess(
+        run_config=_config(tmp_path, "faults", **{"client-timeout": 5.0}),
+        num_supernodes=5,
+        faults=plan,
+        app_dir=REPO_DIR,
+    )
+
+    r1, r2 = _rows(res.results_path)
+    assert (r1["clients_sampled"], r1["clients_aggregated"]) == (5, 5)
+    assert (r2["clients_sampled"], r2["clients_aggregated"]) == (5, 3)
+    assert res.stats.dropped == 1 and res.stats.errors == 1
+
+
+def test_simulate_summary(tmp_path: Path) -> None:
+    out = simulate(
+        engine="inprocess",
+        num_supernodes=4,
+        run_config=_config_string(_config(tmp_path, "sim", **{"num-server-rounds": 1})),
+        app_dir=REPO_DIR,
+    )
+
+    assert out["engine"] == "inprocess" and out["rounds"] == 1
+    assert out["final"]["round"] == 1 and out["final"]["epsilon"] > 0
+    assert Path(out["results_path"]).is_file()
+
+
+@pytest.mark.slow
+def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
+    """Seeded mode: same per-round metrics and the same ε as `flwr run` (Ray engine)."""
+    inproc = run_inprocess(
+        run_config=_config(tmp_path, "inprocess"), num_supernodes=4, app_dir=REPO_DIR
+    )
+    ray = run_flwr_cli(
+        run_config=_config_string(_config(tmp_path, "ray")),
+        num_supernodes=4,
+        app_dir=REPO_DIR,
+        timeout=600,
+        capture=True,
+    )
+
+    assert ray.returncode == 0, ray.output
+    ray_rows = _rows(tmp_path / "ray" / "results.json")
+    assert ray_rows == _rows(inproc.results_path)
