@@ -202,6 +202,19 @@ def discrete_gaussian_pmf(x: Any, *, sigma: float) -> np.ndarray:
     return np.exp(-(xs**2) / (2 * sig * sig)) / norm
 
 
+def _acceptance(sigma: float, t: int) -> float:
+    """Probability that one proposal of :func:`sample_discrete_gaussian` is accepted (for sizing)."""
+    if t > 10_000:
+        return 0.75  # the limit is ~0.760 as sigma grows
+    r = math.exp(-1.0 / t)
+    k = np.arange(0, 40 * t + 10, dtype=np.float64)
+    # |Y| = k proposed with prob (1-r) r^k from ±G (minus the rejected "−0" half at k = 0)
+    p_abs = (1 - r) * r**k
+    p_abs[0] *= 0.5
+    acc = np.exp(-((k - sigma * sigma / t) ** 2) / (2 * sigma * sigma))
+    return max(0.05, float((p_abs * acc).sum()))
+
+
 def sample_discrete_gaussian(
     *, sigma: float, size: int | tuple[int, ...], rng: RandomSource | None = None
 ) -> np.ndarray:
@@ -232,10 +245,10 @@ def sample_discrete_gaussian(
     shift = var / t
     out = np.empty(n, dtype=np.int64)
     filled = 0
-    p_est = 0.3 if t == 1 else 0.45 if t == 2 else 0.6  # overall acceptance, refined as we go
+    p_est = _acceptance(sig, t)  # overall acceptance, refined as we go
     while filled < n:
         need = n - filled
-        m = int(need / p_est * 1.02) + 64
+        m = int(need / p_est * 1.01 + 6 * math.sqrt(need)) + 64
         lap = src.laplace(scale=float(t), size=m)  # ±t·E, E ~ Exp(1)
         neg = lap < 0
         g = np.abs(lap)
