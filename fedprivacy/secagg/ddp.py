@@ -1,0 +1,151 @@
+"""Client encoding and server decoding for the distributed discrete Gaussian (privacy mode ``distributed``).
+
+Kairouz, Liu & Steinke 2021 (ICML), Algorithm 1 "DDGauss", per client:
+
+1. clip the flattened update to L2 norm ``C``;
+2. scale by ``s`` (integer units per unit; ``1/gamma`` in the paper);
+3. randomised Hadamard rotation with a public per-round seed (:mod:`.rotation`), zero-padded to
+   ``m = 2^ceil(log2 d)``;
+4. conditional stochastic rounding: round (unbiasedly) until the L2 norm is at most
+   :func:`fedprivacy.accounting.distributed.rounded_l2_norm_bound` (each try succeeds w.p. >= 1-beta);
+5. add discrete Gaussian noise ``N_Z(0, sigma_c^2)`` per coordinate, ``sigma_c = sigma / sqrt(t_min)``
+   with ``sigma = z C s`` the target noise of the sum, so any ``t_min`` or more survivors together add
+   at least variance ``sigma^2`` (:func:`fedprivacy.dp.discrete.sample_discrete_gaussian`);
+6. reduce mod ``2^b`` (modular clipping) and hand the residues to secure aggregation.
+
+The server unmasks the sum mod ``2^b``, lifts it to ``[-2^(b-1), 2^(b-1))``, rotates back and divides
+by ``s``. It never sees a sum without the clients' noise. The privacy of a completed round is
+computed by :func:`fedprivacy.accounting.distributed.distributed_round` from the survivors actually
+present.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedprivacy.accounting.distributed import (
+    DistributedRound,
+    distributed_round,
+    rounded_l2_norm_bound,
+)
+from fedprivacy.dp.discrete import sample_discrete_gaussian
+from fedprivacy.dp.rng import RandomSource
+from fedprivacy.secagg.quantize import (
+    Headroom,
+    check_headroom,
+    from_ring,
+    stochastic_round,
+    to_ring,
+)
+from fedprivacy.secagg.rotation import inverse_rotate, padded_dim, rotate
+
+__all__ = ["DistributedDPConfig", "decode_sum", "encode_update"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistributedDPConfig:
+    """Parameters of the distributed discrete Gaussian for one model of ``dim`` parameters.
+
+    Attributes:
+        dim: number of float parameters (before padding).
+        clip_norm: L2 clip norm ``C``.
+        noise_multiplier: ``z``; the sum of >= ``min_survivors`` clients carries std >= ``z C``.
+        min_survivors: ``t_min``, the fewest clients whose noise is in a released sum (the SecAgg
+            threshold or more).
+        scale: integer units per unit (``1/gamma``).
+        modulus_bits: ``b``.
+        beta: conditional-rounding parameter (KLS use ``exp(-1/2)``); 0 disables conditioning.
+        max_clients: the most clients that can be summed (headroom check).
+        wrap_probability: allowed probability that the aggregate wraps (accuracy only).
+    """
+
+    dim: int
+    clip_norm: float
+    noise_multiplier: float
+    min_survivors: int
+    scale: float
+    modulus_bits: int = 32
+    beta: float = math.exp(-0.5)
+    max_clients: int
+    wrap_probability: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        for name in ("clip_norm", "noise_multiplier", "scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        if not 1 <= self.min_survivors <= self.max_clients:
+            raise ValueError(f"min_survivors must be in [1, max_clients={self.max_clients}], "
+                             f"got {self.min_survivors}")
+        if not 0 <= self.beta < 1:
+            raise ValueError(f"beta must be in [0, 1), got {self.beta}")
+        self.headroom()  # refuses configurations whose sum could wrap
+
+    @property
+    def padded_dim(self) -> int:
+        return padded_dim(self.dim)
+
+    @property
+    def local_sigma(self) -> float:
+        """Per-client discrete Gaussian std in integer units: ``z C s / sqrt(t_min)``."""
+        return self.noise_multiplier * self.clip_norm * self.scale / math.sqrt(self.min_survivors)
+
+    @property
+    def norm_bound(self) -> float:
+        """L2 bound of a rounded client vector (integer units)."""
+        return rounded_l2_norm_bound(l2_norm=self.clip_norm * self.scale, dim=self.padded_dim,
+                                     beta=self.beta)
+
+    def headroom(self) -> Headroom:
+        """:func:`~fedprivacy.secagg.quantize.check_headroom` for ``max_clients`` rotated, noisy inputs."""
+        return check_headroom(num_clients=self.max_clients, clip_norm=self.clip_norm, scale=self.scale,
+                              modulus_bits=self.modulus_bits, dim=self.padded_dim, rotated=True,
+                              noise_variance_total=self.max_clients * self.local_sigma**2,
+                              failure_probability=self.wrap_probability)
+
+    def privacy(self, *, num_survivors: int, neighbouring: str = "add-remove",
+                corrupted: int = 0) -> DistributedRound:
+        """The zCDP of a completed round with ``num_survivors`` noisy inputs."""
+        return distributed_round(clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+                                 beta=self.beta, local_sigma=self.local_sigma,
+                                 num_survivors=num_survivors, neighbouring=neighbouring,
+                                 corrupted=corrupted)
+
+
+def encode_update(
+    update: np.ndarray, *, config: DistributedDPConfig, rotation_seed: bytes, rng: RandomSource,
+    max_tries: int = 1000,
+) -> np.ndarray:
+    """Steps 1-6 above: a flat float update -> uint32 residues mod ``2^b`` of length ``padded_dim``."""
+    x = np.asarray(update, dtype=np.float64).reshape(-1)
+    if x.shape[0] != config.dim:
+        raise ValueError(f"update must have {config.dim} entries, got {x.shape[0]}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("update must be finite")
+    norm = float(np.linalg.norm(x))
+    if norm > config.clip_norm:
+        x = x * (config.clip_norm / norm)
+    r = rotate(x * config.scale, seed=rotation_seed)
+    bound_sq = config.norm_bound**2
+    for _ in range(max_tries):
+        q = stochastic_round(r, rng=rng)
+        if float(np.dot(q.astype(np.float64), q.astype(np.float64))) <= bound_sq:
+            break
+    else:  # probability <= beta**max_tries
+        raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={config.beta})")
+    q += sample_discrete_gaussian(sigma=config.local_sigma, size=q.shape[0], rng=rng)
+    return to_ring(q, modulus_bits=config.modulus_bits)
+
+
+def decode_sum(total: np.ndarray, *, config: DistributedDPConfig, rotation_seed: bytes) -> np.ndarray:
+    """The unmasked sum mod ``2^b`` -> the noisy float sum of the clipped updates (length ``dim``)."""
+    t = np.asarray(total)
+    if t.dtype != np.uint32 or t.shape != (config.padded_dim,):
+        raise ValueError(f"total must be uint32 of shape ({config.padded_dim},)")
+    lifted = from_ring(t, modulus_bits=config.modulus_bits).astype(np.float64)
+    return inverse_rotate(lifted, seed=rotation_seed, dim=config.dim) / config.scale
