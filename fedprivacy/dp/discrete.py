@@ -247,7 +247,7 @@ def sample_discrete_gaussian(
     filled = 0
     p_est = _acceptance(sig, t)  # overall acceptance, refined as we go
     while filled < n:
-        need = n - filled
+        need = min(n - filled, 1 << 16)  # cache-sized passes
         m = int(need / p_est * 1.01 + 6 * math.sqrt(need)) + 64
         lap = src.laplace(scale=float(t), size=m)  # ±t·E, E ~ Exp(1)
         neg = lap < 0
