@@ -149,10 +149,10 @@ def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
     Raises:
         ValueError: wrong number of arrays, a shape mismatch or a non-finite value.
     """
-    state = model.state_dict()
+    state = model.state_dict()  # detached tensors sharing storage with the model's parameters
     if len(weights) != len(state):
         raise ValueError(f"weights must hold {len(state)} arrays, got {len(weights)}")
-    new_state = {}
+    sources = []
     for (key, ref), arr in zip(state.items(), weights, strict=True):
         a = np.asarray(arr)
         if tuple(a.shape) != tuple(ref.shape):
@@ -161,5 +161,7 @@ def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
             )
         if not np.all(np.isfinite(a)):
             raise ValueError(f"weights for {key!r} contain NaN or Inf")
-        new_state[key] = torch.tensor(a, dtype=ref.dtype)
-    model.load_state_dict(new_state, strict=True)
+        sources.append(torch.from_numpy(np.array(a, copy=True)).to(ref.dtype))
+    with torch.no_grad():  # checked everything first: a rejected call leaves the model unchanged
+        for ref, src in zip(state.values(), sources, strict=True):
+            ref.copy_(src)

@@ -212,8 +212,9 @@ def train_local(
     x, y = _tensors(split)
     n = len(split)
     bs = min(batch_size, n)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
+    # Plain SGD (w <- w - lr * grad, no momentum or weight decay) written out: torch.optim.SGD's
+    # per-call construction and profiling hooks cost more than the step itself on tiny partitions.
+    params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     model.train()
     steps = 0
     loss_sum, seen = 0.0, 0
@@ -222,10 +223,10 @@ def train_local(
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n, bs):
             idx = perm[start : start + bs]
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                torch._foreach_add_(params, grads, alpha=-lr)
             steps += 1
             loss_sum += float(loss.detach()) * len(idx)
             seen += len(idx)

@@ -34,6 +34,28 @@ def test_centralised_mlp_reaches_90_percent_with_default_lr(digits) -> None:
     assert result.dpsgd_epsilon is None and result.privacy_unit is None
 
 
+def test_training_equals_torch_sgd_on_the_same_batches(digits) -> None:
+    train, _ = digits
+    small = train.subset(np.arange(100))
+    ours, ref = _mlp(2), _mlp(2)
+    train_local(ours, small, epochs=2, lr=0.3, batch_size=16, seed=11)
+
+    gen = torch.Generator().manual_seed(
+        11
+    )  # train_local's documented shuffling: randperm per epoch
+    opt = torch.optim.SGD(ref.parameters(), lr=0.3)
+    x, y = torch.from_numpy(np.array(small.x)), torch.from_numpy(np.array(small.y))
+    for _ in range(2):
+        perm = torch.randperm(100, generator=gen)
+        for start in range(0, 100, 16):
+            idx = perm[start : start + 16]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
+            opt.step()
+    for a, b in zip(get_weights(ours), get_weights(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_training_is_deterministic_given_seed(digits) -> None:
     train, _ = digits
     a, b, c = _mlp(), _mlp(), _mlp()
