@@ -18,13 +18,16 @@ Threat model and caveats:
   The polar method is exact in distribution up to double rounding; the largest Gaussian it can emit
   is about 8.6 std (probability of a larger true value < 1e-17).
 * ``integers``, ``random_bits`` and ``randbelow`` are exact: rejection sampling, no modulo bias.
-* A ``RandomSource`` is not thread-safe; give each thread its own (``child``).
+* A ``RandomSource`` is not thread-safe; give each thread its own (``child``). A secure source
+  used in a forked child process re-keys itself from ``secrets`` on first use, so parent and child
+  never share keystream.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -129,7 +132,7 @@ class RandomSource:
         labels: the ``child`` labels leading to this source (empty for a root source).
     """
 
-    __slots__ = ("_gen", "_ks", "_pool", "_pool_pos", "labels", "mode", "seed")
+    __slots__ = ("_gen", "_ks", "_pid", "_pool", "_pool_pos", "labels", "mode", "seed")
 
     def __init__(
         self,
@@ -146,14 +149,14 @@ class RandomSource:
         self._ks: _Keystream | None = None
         self._pool = b""  # small-request byte pool for randbelow (secure mode)
         self._pool_pos = 0
+        self._pid = os.getpid()
         if _mode == "secure":
             self._ks = _Keystream(_key if _key is not None else secrets.token_bytes(32))
-        elif _mode == "seeded":
-            assert _seed is not None  # internal invariant, not input checking
+        elif _mode == "seeded" and _seed is not None:
             ss = np.random.SeedSequence(entropy=_seed, spawn_key=_label_words(_labels))
             self._gen = np.random.Generator(np.random.PCG64(ss))
         else:  # pragma: no cover - internal
-            raise ValueError(f"mode must be 'secure' or 'seeded', got {_mode!r}")
+            raise ValueError(f"mode must be 'secure' or 'seeded' (with a seed), got {_mode!r}")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -205,14 +208,29 @@ class RandomSource:
         return f"RandomSource<{self.describe()}>"
 
     # ------------------------------------------------------------------ raw bits
+    def _keystream(self) -> _Keystream | None:
+        """The secure keystream, re-keyed from ``secrets`` if this process is a fork of its owner.
+
+        Without this, a forked worker would replay the parent's keystream (identical noise/masks).
+        """
+        if self._ks is not None and os.getpid() != self._pid:
+            self._ks = _Keystream(secrets.token_bytes(32))
+            self._pool, self._pool_pos, self._pid = b"", 0, os.getpid()
+        return self._ks
+
+    def _generator(self) -> np.random.Generator:
+        if self._gen is None:  # pragma: no cover - internal invariant
+            raise RuntimeError("no numpy generator in secure mode")
+        return self._gen
+
     def _words(self, n: int) -> np.ndarray:
         """``n`` uniformly random uint64 words."""
-        if self._ks is not None:
+        ks = self._keystream()
+        if ks is not None:
             out = np.empty(n, dtype=np.uint64)
-            self._ks.fill(out)
+            ks.fill(out)
             return out
-        assert self._gen is not None
-        return self._gen.integers(0, 2**64 - 1, size=n, dtype=np.uint64, endpoint=True)
+        return self._generator().integers(0, 2**64 - 1, size=n, dtype=np.uint64, endpoint=True)
 
     def random_bytes(self, n: int) -> bytes:
         """``n`` uniformly random bytes."""
@@ -220,12 +238,12 @@ class RandomSource:
             raise TypeError(f"n must be an int, got {type(n).__name__}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        if self._ks is not None:
+        ks = self._keystream()
+        if ks is not None:
             buf = np.empty(int(n), dtype=np.uint8)
-            self._ks.fill(buf)
+            ks.fill(buf)
             return buf.tobytes()
-        assert self._gen is not None
-        return self._gen.bytes(int(n))
+        return self._generator().bytes(int(n))
 
     def random_bits(self, *, bits: int, size: Size = None) -> Any:
         """Uniform uint64 values in ``[0, 2**bits)``, ``1 <= bits <= 64`` (exact: masking)."""
@@ -258,6 +276,7 @@ class RandomSource:
 
     def _small_bytes(self, k: int) -> bytes:
         """``k`` fresh random bytes, served from a 4 KiB pool to save per-call overhead."""
+        self._keystream()  # drops a pool inherited through fork
         if self._pool_pos + k > len(self._pool):
             self._pool = self.random_bytes(max(4096, k))
             self._pool_pos = 0

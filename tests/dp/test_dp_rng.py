@@ -1,5 +1,7 @@
 """RandomSource: modes, reproducibility, exactness of integers and distribution checks."""
 
+import os
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -158,3 +160,27 @@ def test_errors_name_the_parameter() -> None:
         RandomSource.seeded(1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="child labels"):
         src.child(1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_secure_source_rekeys_in_a_forked_child() -> None:
+    src = RandomSource.secure()
+    src.randbelow(1000)  # fills the small-request pool before the fork
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report its next draws, then exit without running pytest teardown
+        os.close(r)
+        os.write(w, src.random_bytes(32) + src.randbelow(2**64).to_bytes(8, "little"))
+        os._exit(0)
+    os.close(w)
+    child = b""
+    while len(child) < 40:
+        chunk = os.read(r, 40 - len(child))
+        if not chunk:
+            break
+        child += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    parent = src.random_bytes(32) + src.randbelow(2**64).to_bytes(8, "little")
+    assert len(child) == 40
+    assert child[:32] != parent[:32] and child[32:] != parent[32:]
