@@ -760,6 +760,8 @@ def run_flwr_cli(  # pylint: disable=too-many-arguments
     if stream:
         cmd.append("--stream")
     env = dict(os.environ)
+    # flwr spawns `flower-superlink` / `flwr-simulation` by name: find them beside this Python.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     before = _superlink_pids()
