@@ -18,8 +18,9 @@ Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggre
 reference implementation in tensorflow_privacy/distributed_discrete_gaussian): the same rejection
 scheme as Algorithm 3, but the discrete Laplace proposal (a difference of two geometrics) and the
 acceptance test are computed in float64 from the RandomSource's uniforms. Its distribution differs
-from the exact one only by floating-point rounding of ``exp`` and ``log`` (relative error ~1e-16
-per probability); it is what secure aggregation uses.
+from the exact one only through floating point: 53-bit uniforms and rounded ``exp``/``log`` move each
+decision probability by ~2^-53 in absolute terms, and proposals are truncated at ~36.7·t (mass
+< 1e-16). It is what secure aggregation uses.
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ def sample_discrete_gaussian(
     2. accept ``Y`` iff ``U < exp(−(|Y| − σ²/t)² / (2σ²))`` with ``U`` uniform on [0, 1).
 
     How it differs from :func:`sample_discrete_gaussian_exact`: steps 1–2 use float64 ``log``/``exp``
-    and 53-bit uniforms, so each probability is off by rounding (~1e-16 relative) — the approach of
-    the reference implementation. The exponentials and uniforms come from ``rng``
+    and 53-bit uniforms, so each decision probability is off by rounding (~2^-53 absolute), as in the
+    reference implementation; the privacy analysis (CKS 2020, Theorem 4) assumes the exact law. The exponentials and uniforms come from ``rng``
     (secure by default), never from numpy's global generator.
     """
     sig = float(sigma) if not isinstance(sigma, bool) else math.nan

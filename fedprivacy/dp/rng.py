@@ -41,7 +41,7 @@ Size = int | Sequence[int] | None
 
 _TWO_POW_M53 = 2.0**-53
 _CHUNK_BYTES = 1 << 22  # keystream is produced in 4 MiB pieces into a preallocated buffer
-_ZEROS = bytes(_CHUNK_BYTES)
+_ZEROS = memoryview(bytes(_CHUNK_BYTES))  # sliced without copying
 _NORMAL_CHUNK = 1 << 16  # Gaussians produced per pass of the polar method
 
 
@@ -115,7 +115,7 @@ class _Keystream:
         pos = 0
         while pos < total:
             k = min(_CHUNK_BYTES, total - pos)
-            self._enc.update_into(_ZEROS[:k] if k < _CHUNK_BYTES else _ZEROS, view[pos : pos + k])
+            self._enc.update_into(_ZEROS[:k], view[pos : pos + k])
             pos += k
 
 
@@ -323,9 +323,10 @@ class RandomSource:
         bound = np.uint64(r)  # r < 2**64 here
         out = np.empty(n, dtype=np.uint64)
         filled = 0
-        while filled < n:  # acceptance probability > 1/2 per draw
+        accept = r / float(1 << k)  # > 1/2
+        while filled < n:
             need = n - filled
-            w = self._words(2 * need + 16)
+            w = self._words(int(need / accept * 1.01 + 6 * math.sqrt(need)) + 16)
             w &= mask
             w = w[w < bound]
             take = min(len(w), need)
