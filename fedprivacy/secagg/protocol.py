@@ -392,8 +392,9 @@ class ClientSession:
             seed = _pair_seed(self._mask.private, self._mask_publics[j], round_=s.round,
                               me=self.node_id, peer=j)
             (add if self.node_id < j else sub).append(seed)
-        y = np.array(vector, dtype=np.uint32, copy=True)
-        apply_masks(y, add=add, subtract=sub, modulus_bits=s.modulus_bits)
+        y = np.empty(s.dim, dtype=np.uint32)
+        apply_masks(np.ascontiguousarray(vector), add=add, subtract=sub,
+                    modulus_bits=s.modulus_bits, out=y)
         self._held_seed_shares = seed_shares
         self._held_key_shares = key_shares
         self._peers = peers

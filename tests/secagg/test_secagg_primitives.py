@@ -184,6 +184,22 @@ def test_apply_masks_matches_expand_across_chunks() -> None:
     assert np.array_equal(y, expand_mask(a, dim=dim) - expand_mask(b, dim=dim))
 
 
+def test_apply_masks_with_many_seeds_of_both_signs_matches_reference() -> None:
+    dim = 3 * CHUNK_WORDS // 2
+    add = [bytes([i]) * 32 for i in range(11)]
+    sub = [bytes([100 + i]) * 32 for i in range(9)]
+    ref = np.full(dim, 5, dtype=np.uint64)
+    for s in add:
+        ref += expand_mask(s, dim=dim)
+    for s in sub:
+        ref += 2**32 - expand_mask(s, dim=dim).astype(np.uint64)
+    base = np.full(dim, 5, dtype=np.uint32)
+    y = np.empty(dim, dtype=np.uint32)
+    apply_masks(base, add=add, subtract=sub, modulus_bits=30, out=y)
+    assert np.array_equal(y, (ref % 2**30).astype(np.uint32))
+    assert np.all(base == 5)
+
+
 def test_prg_refuses_short_seed() -> None:
     with pytest.raises(ValueError, match="256 bits"):
         expand_mask(b"x" * 4, dim=4)
