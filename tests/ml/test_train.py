@@ -169,6 +169,19 @@ def test_dpsgd_epsilon_can_be_left_to_the_server(digits) -> None:
     assert result.steps == 5 and result.dpsgd_sample_rate == pytest.approx(0.2)
 
 
+def test_secure_mode_goes_to_opacus_secure_rng(digits) -> None:
+    try:
+        import torchcsprng  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torchcsprng is installed; this test checks the missing-package path")
+    train, _ = digits
+    cfg = DpsgdConfig(noise_multiplier=1.0, max_grad_norm=1.0, secure_mode=True)
+    with pytest.raises(ImportError, match="torchcsprng"):
+        train_local(_mlp(), train.subset(np.arange(10)), seed=None, dpsgd=cfg)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
