@@ -108,6 +108,12 @@ class _Keystream:
         # A fresh random key per source, so a fixed all-zero initial counter block is safe.
         self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a secure RandomSource cannot be pickled: its key must stay in this process; "
+            "create a source per process (RandomSource.secure()) instead"
+        )
+
     def fill(self, buf: np.ndarray) -> None:
         """Overwrite the C-contiguous array ``buf`` with keystream bytes."""
         view = buf.reshape(-1).view(np.uint8).data

@@ -184,3 +184,23 @@ def test_secure_source_rekeys_in_a_forked_child() -> None:
     parent = src.random_bytes(32) + src.randbelow(2**64).to_bytes(8, "little")
     assert len(child) == 40
     assert child[:32] != parent[:32] and child[32:] != parent[32:]
+
+
+def test_secure_draws_never_repeat_across_chunks_and_calls() -> None:
+    # a reused keystream (e.g. restarting the counter per chunk) would repeat values exactly
+    src = RandomSource._from_key(KEY)
+    z = np.concatenate([src.normal(std=1.0, size=150_000), src.normal(std=1.0, size=150_000)])
+    assert len(np.unique(z)) == len(z)
+    w = np.concatenate([src.random_bits(bits=64, size=600_000), src.random_bits(bits=64, size=10)])
+    assert len(np.unique(w)) == len(w)
+
+
+def test_secure_source_refuses_pickling_but_seeded_round_trips() -> None:
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(RandomSource.secure())
+    s = RandomSource.seeded(9).child("x")
+    t = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(s.uniform(5), t.uniform(5))
+    assert t.describe() == s.describe()
