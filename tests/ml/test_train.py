@@ -120,6 +120,22 @@ def test_dpsgd_runs_through_opacus_and_reports_a_matching_epsilon(digits) -> Non
         assert result.dpsgd_epsilon == pytest.approx(ref_pld.get_epsilon(1e-5), rel=1e-2)
 
 
+def test_without_fedprivacy_accounting_epsilon_comes_from_opacus_rdp(monkeypatch) -> None:
+    from fedprivacy.ml import train as train_module
+
+    monkeypatch.setattr(train_module, "_fedprivacy_epsilon_for", lambda: None)
+    train_module._dpsgd_epsilon_cached.cache_clear()
+    eps, label = train_module.dpsgd_epsilon(
+        noise_multiplier=0.9, sample_rate=0.01, steps=300, delta=1e-6
+    )
+    train_module._dpsgd_epsilon_cached.cache_clear()
+
+    ref = rdp.RdpAccountant(orders=RDPAccountant.DEFAULT_ALPHAS)
+    ref.compose(_dpa_event(0.01, 0.9, 300))
+    assert label == "opacus-rdp"
+    assert eps == pytest.approx(ref.get_epsilon(1e-6), rel=1e-4)
+
+
 def test_dpsgd_clips_per_example_gradients() -> None:
     # One full-batch step (q = 1): the update is lr * (sum of clipped per-example gradients + noise) / B,
     # so its norm is at most lr * (C + ||noise|| / B) with ||noise|| ~ sigma * C * sqrt(d), even though
