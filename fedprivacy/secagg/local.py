@@ -46,12 +46,15 @@ def run_round(
     adv = [c.advertise_keys() for i, c in clients.items() if alive(i, "advertise")]
     seen.extend(adv)
     roster = server.receive_keys(adv)
+    seen.append(roster)
     shared = [clients[i].share_keys(roster) for i in roster.node_ids if alive(i, "share")]
     seen.extend(shared)
     reqs = server.receive_shares(shared)
+    seen.extend(reqs.values())
     masked = [clients[i].masked_input(r, inputs[i]) for i, r in reqs.items() if alive(i, "masked")]
     seen.extend(masked)
     unmask_reqs = server.receive_masked(masked)
+    seen.extend(unmask_reqs.values())
     replies = [clients[i].unmask(r) for i, r in unmask_reqs.items() if alive(i, "unmask")]
     seen.extend(replies)
     return server.receive_unmask(replies), server, clients
