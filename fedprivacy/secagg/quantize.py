@@ -30,7 +30,15 @@ import numpy as np
 
 from fedprivacy.dp.rng import RandomSource
 
-__all__ = ["Headroom", "check_headroom", "from_ring", "stochastic_round", "to_ring"]
+__all__ = [
+    "Headroom",
+    "check_headroom",
+    "decode_fixed_point",
+    "encode_fixed_point",
+    "from_ring",
+    "stochastic_round",
+    "to_ring",
+]
 
 
 def _bits(modulus_bits: int) -> int:
@@ -139,3 +147,26 @@ def check_headroom(
         )
     return Headroom(bound=bound, limit=limit,
                     failure_probability=failure_probability if random_terms else 0.0)
+
+
+def encode_fixed_point(
+    x: np.ndarray, *, clip_norm: float, scale: float, modulus_bits: int, rng: RandomSource
+) -> np.ndarray:
+    """Clip ``x`` to L2 norm ``clip_norm``, scale by ``scale``, round stochastically, reduce mod 2^b.
+
+    Each coordinate of the decoded sum of ``n`` such encodings differs from the sum of the clipped
+    inputs by less than ``n / scale`` (every rounding moves a coordinate by less than 1), and the
+    error is unbiased. Call :func:`check_headroom` for the cohort size first.
+    """
+    v = np.asarray(x, dtype=np.float64).reshape(-1)
+    if not clip_norm > 0 or not scale > 0:
+        raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
+    norm = float(np.linalg.norm(v))
+    if norm > clip_norm:
+        v = v * (clip_norm / norm)
+    return to_ring(stochastic_round(v * scale, rng=rng), modulus_bits=modulus_bits)
+
+
+def decode_fixed_point(total: np.ndarray, *, scale: float, modulus_bits: int) -> np.ndarray:
+    """The float sum from the unmasked ring sum of :func:`encode_fixed_point` encodings."""
+    return from_ring(total, modulus_bits=modulus_bits).astype(np.float64) / scale

@@ -257,3 +257,23 @@ def test_no_secret_in_reprs_of_sessions_and_messages() -> None:
     text = " ".join([repr(c), repr(server), repr(resp), str(resp), repr(c._mask), repr(c._seed)])
     for h in secrets_hex:
         assert h not in text and h[:16] not in text
+
+
+def test_secure_sum_equals_plain_sum_within_the_stated_quantisation_error() -> None:
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg.quantize import check_headroom, decode_fixed_point, encode_fixed_point
+
+    n, dim, bits, clip = 7, 300, 32, 1.0
+    scale = 2.0**24
+    check_headroom(num_clients=n, clip_norm=clip, scale=scale, modulus_bits=bits)
+    data = RandomSource.seeded(4)
+    floats = {i: (data.uniform(size=dim) - 0.5) * (3.0 if i == 2 else 0.01) for i in range(n)}
+    rng = RandomSource.seeded(5)
+    enc = {i: encode_fixed_point(f, clip_norm=clip, scale=scale, modulus_bits=bits,
+                                 rng=rng.child(i)) for i, f in floats.items()}
+    setup = SetupRequest(round=1, threshold=4, degree=n - 1, modulus_bits=bits, dim=dim)
+    total, server, _ = run_round(setup, enc, drop_before={6: "masked"})
+    got = decode_fixed_point(total, scale=scale, modulus_bits=bits)
+    clipped = [f * min(1.0, clip / np.linalg.norm(f)) for f in floats.values()]
+    plain = sum(clipped[i] for i in server.u3)
+    assert np.max(np.abs(got - plain)) < len(server.u3) / scale
