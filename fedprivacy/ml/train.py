@@ -190,7 +190,7 @@ def train_local(
         lr: SGD learning rate.
         batch_size: mini-batch size (DP-SGD: expected batch size; capped at n).
         seed: seed of the shuffling / Poisson sampling and (non-secure mode) DP-SGD noise;
-            None = torch's global RNG.
+            None = a fresh non-deterministic seed (still torch's PRNG; see the module docstring).
         dpsgd: DP-SGD settings; None trains without sample-level DP.
 
     Returns:
