@@ -191,7 +191,8 @@ def _flower(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any
     mask_s = time.perf_counter() - t0
     upload = int(vec[0].astype(np.int64).nbytes)  # Flower ships int64 ndarrays
     # server: combine t shares for each survivor's seed and each dropped key, regenerate masks
-    ndrop = int(round(args.dropout * n))
+    # clients lost in the unmask stage still uploaded: nobody's key must be reconstructed
+    ndrop = 0 if args.stage == "unmask" else int(round(args.dropout * n))
     shares_seed = create_shares(rd_seed, t, k + 1)
     shares_key = create_shares(sk_bytes, t, k + 1)
     acc = np.zeros(d, dtype=np.int64)
