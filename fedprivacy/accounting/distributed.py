@@ -34,6 +34,13 @@ backend composes it as ``RDP(alpha) = alpha rho``; the ``pld`` backend refuses i
 not imply the Gaussian's privacy-loss distribution). The sensitivity already includes the
 neighbouring relation (replace-one doubles ``Delta_2`` and ``Delta_1``).
 
+Neighbouring relation. As in KLS 2021 (and the distributed-DP literature: Kairouz et al. 2021,
+"Practical and Private (Deep) Learning without Sampling or Shuffling"), neighbouring rounds differ in
+one client's *update* while every participating client's noise share is present in both:
+"zero-out" (the update replaced by 0) is accounted with ``Delta_2`` (passed as ``add-remove``), and
+replace-one with ``2 Delta_2``. The variant where a removed client's noise share also disappears is
+not covered by KLS's theorem and is not claimed.
+
 Per round, ``n`` is the number of clients whose noise is in the released sum: the survivors actually
 present (minus clients assumed to collude with the server, who know their own noise). A round that
 aborts releases nothing: :func:`round_event` returns ``None`` and nothing is spent.
@@ -79,7 +86,11 @@ def rounded_l2_norm_bound(*, l2_norm: float, dim: int, beta: float) -> float:
     trivial = l2_norm + math.sqrt(dim)
     if beta == 0:
         return trivial
-    sq = l2_norm**2 + dim / 4.0 + math.sqrt(2.0 * math.log(1.0 / beta)) * (l2_norm + math.sqrt(dim) / 2.0)
+    sq = (
+        l2_norm**2
+        + dim / 4.0
+        + math.sqrt(2.0 * math.log(1.0 / beta)) * (l2_norm + math.sqrt(dim) / 2.0)
+    )
     return min(trivial, math.sqrt(sq))
 
 
@@ -144,7 +155,9 @@ def distributed_round(
     """
     n = num_survivors - corrupted
     if n < 1:
-        raise ValueError(f"num_survivors - corrupted must be >= 1, got {num_survivors} - {corrupted}")
+        raise ValueError(
+            f"num_survivors - corrupted must be >= 1, got {num_survivors} - {corrupted}"
+        )
     if not clip_norm > 0 or not scale > 0:
         raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
     factor = 2.0 if Neighbouring.parse(neighbouring) is Neighbouring.REPLACE_ONE else 1.0
@@ -155,9 +168,16 @@ def distributed_round(
     sigma = math.sqrt(n) * local_sigma
     term2 = (l2 / sigma) ** 2 + 2.0 * tau * l1 / sigma + tau**2 * dim
     term3 = (l2 / sigma + tau * math.sqrt(dim)) ** 2
-    return DistributedRound(num_noisy_clients=n, local_sigma=local_sigma, total_sigma=sigma,
-                            l2_sensitivity=l2, l1_sensitivity=l1, dim=dim, tau=tau,
-                            rho=0.5 * min(term2, term3))
+    return DistributedRound(
+        num_noisy_clients=n,
+        local_sigma=local_sigma,
+        total_sigma=sigma,
+        l2_sensitivity=l2,
+        l1_sensitivity=l1,
+        dim=dim,
+        tau=tau,
+        rho=0.5 * min(term2, term3),
+    )
 
 
 def round_event(result: DistributedRound | None) -> PrivacyEvent | None:
@@ -169,7 +189,9 @@ def round_event(result: DistributedRound | None) -> PrivacyEvent | None:
     if result is None:
         return None
     return PrivacyEvent(
-        mechanism=DiscreteGaussianEvent(sigma=1.0 / math.sqrt(2.0 * result.rho), l2_sensitivity=1.0),
+        mechanism=DiscreteGaussianEvent(
+            sigma=1.0 / math.sqrt(2.0 * result.rho), l2_sensitivity=1.0
+        ),
         sampling=NoSampling(),
     )
 
@@ -189,7 +211,8 @@ def zcdp_epsilon(*, rho: float, delta: float) -> float:
     best = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))  # Bun & Steinke 2016, Prop. 1.3
     for i in range(1, 4001):
         alpha = 1.0 + 10.0 ** (-3.0 + 7.0 * i / 4000.0)
-        eps = alpha * rho + (math.log(1.0 / delta) + (alpha - 1) * math.log(1 - 1 / alpha)
-                             - math.log(alpha)) / (alpha - 1)
+        eps = alpha * rho + (
+            math.log(1.0 / delta) + (alpha - 1) * math.log(1 - 1 / alpha) - math.log(alpha)
+        ) / (alpha - 1)
         best = min(best, eps)
     return max(best, 0.0)
