@@ -169,7 +169,7 @@ def _flower(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any
     k = min(args.neighbours, n - 1)
     t = min_safe_threshold(k)
     clipping_range, target_range, mod_range = 8.0, 1 << 22, 1 << 32  # Flower's defaults
-    dims = [(d,)]
+    dims: list[tuple[int, ...]] = [(d,)]
     my_sk = ec.generate_private_key(ec.SECP384R1())
     peers = [ec.generate_private_key(ec.SECP384R1()).public_key() for _ in range(k)]
     rd_seed = secrets.token_bytes(32)
@@ -182,7 +182,7 @@ def _flower(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any
     q = quantize([floats[0]], clipping_range, target_range)
     quant_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    vec: list[NDArray[Any]] = parameters_addition(q, pseudo_rand_gen(rd_seed, mod_range, dims))
+    vec: list[NDArray] = parameters_addition(q, pseudo_rand_gen(rd_seed, mod_range, dims))
     for j, pk in enumerate(peers):
         key = generate_shared_key(my_sk, pk)
         pm = pseudo_rand_gen(key, mod_range, dims)
@@ -195,7 +195,7 @@ def _flower(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any
     ndrop = 0 if args.stage == "unmask" else int(round(args.dropout * n))
     shares_seed = create_shares(rd_seed, t, k + 1)
     shares_key = create_shares(sk_bytes, t, k + 1)
-    acc = np.zeros(d, dtype=np.int64)
+    acc: np.ndarray = np.zeros(d, dtype=np.int64)
     t0 = time.perf_counter()
     for _ in range(n - ndrop):
         seed = combine_shares(shares_seed[:t])
