@@ -16,6 +16,7 @@ cannot reach a log line or a metrics record by accident.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import struct
 
@@ -32,6 +33,7 @@ __all__ = [
     "SealError",
     "context_bytes",
     "derive_key",
+    "load_private",
     "open_sealed",
     "public_from_private",
     "seal",
@@ -80,6 +82,7 @@ class Secret:
         raise TypeError("Secret must not be pickled")
 
 
+@functools.lru_cache(maxsize=64)
 def _check_purpose(purpose: str) -> bytes:
     if not isinstance(purpose, str):
         raise TypeError(f"purpose must be a str, got {type(purpose).__name__}")
@@ -123,7 +126,17 @@ def public_from_private(private: bytes) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def derive_key(private: Secret | bytes, peer_public: bytes, *, purpose: str, context: bytes) -> bytes:
+def load_private(private: Secret | bytes) -> X25519PrivateKey:
+    """An X25519 private-key object (to reuse across many exchanges without re-parsing)."""
+    raw = private.reveal() if isinstance(private, Secret) else bytes(private)
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"X25519 private keys must be 32 bytes, got {len(raw)}")
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def derive_key(
+    private: Secret | bytes | X25519PrivateKey, peer_public: bytes, *, purpose: str, context: bytes
+) -> bytes:
     """HKDF-SHA256(X25519(private, peer_public), salt=context, info=b"fedprivacy/v1/<purpose>").
 
     Both ends of a pair derive the same 32 bytes when ``context`` is built symmetrically (the caller
@@ -131,12 +144,10 @@ def derive_key(private: Secret | bytes, peer_public: bytes, *, purpose: str, con
     RFC 7748 section 6.1), which ``cryptography`` rejects.
     """
     info = _check_purpose(purpose)
-    raw = private.reveal() if isinstance(private, Secret) else bytes(private)
-    if len(raw) != KEY_BYTES or len(peer_public) != KEY_BYTES:
-        raise ValueError(f"X25519 keys must be 32 bytes, got {len(raw)} and {len(peer_public)}")
-    shared = X25519PrivateKey.from_private_bytes(raw).exchange(
-        X25519PublicKey.from_public_bytes(bytes(peer_public))
-    )
+    key = private if isinstance(private, X25519PrivateKey) else load_private(private)
+    if len(peer_public) != KEY_BYTES:
+        raise ValueError(f"X25519 public keys must be 32 bytes, got {len(peer_public)}")
+    shared = key.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=context, info=info).derive(shared)
 
 

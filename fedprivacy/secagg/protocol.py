@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedprivacy.secagg import shamir
 from fedprivacy.secagg.graph import check_safe, graph_seed, harary_neighbours
@@ -79,6 +80,7 @@ from fedprivacy.secagg.keys import (
     Secret,
     context_bytes,
     derive_key,
+    load_private,
     open_sealed,
     public_from_private,
     seal,
@@ -242,8 +244,8 @@ def _pair_context(round_: int, a: int, b: int) -> bytes:
     return context_bytes(round=round_, sender=lo, receiver=hi)
 
 
-def _pair_seed(mask_private: Secret | bytes, peer_mask_public: bytes, *, round_: int, me: int,
-               peer: int) -> bytes:
+def _pair_seed(mask_private: Secret | bytes | X25519PrivateKey, peer_mask_public: bytes, *,
+               round_: int, me: int, peer: int) -> bytes:
     return derive_key(mask_private, peer_mask_public, purpose=_MASK,
                       context=_pair_context(round_, me, peer))
 
@@ -278,6 +280,9 @@ class ClientSession:
         self._enc = KeyPair.generate()
         self._mask = KeyPair.generate()
         self._seed = Secret(secrets.token_bytes(32))
+        self._enc_key = load_private(self._enc.private)  # parsed once, used for every exchange
+        self._mask_key = load_private(self._mask.private)
+        self._seal_keys: dict[int, bytes] = {}  # peer -> share-sealing key (derived in stage 2)
         self._neighbours: tuple[int, ...] = ()
         self._mask_publics: dict[int, bytes] = {}
         self._enc_publics: dict[int, bytes] = {}
@@ -340,14 +345,17 @@ class ClientSession:
         b_shares, k_shares = shamir.split_many([seed_int, key_int], threshold=s.threshold, xs=xs)
         own_seed_share = shamir.encode_share(b_shares[-1])  # the own key share is discarded
         cts = []
+        seal_keys = {}
         for j, bs, ks in zip(neighbours, b_shares[:-1], k_shares[:-1], strict=True):
-            key = derive_key(self._enc.private, enc_pub[j], purpose=_SHARE_SEAL,
+            key = derive_key(self._enc_key, enc_pub[j], purpose=_SHARE_SEAL,
                              context=_pair_context(s.round, self.node_id, j))
+            seal_keys[j] = key
             plaintext = shamir.encode_share(bs) + shamir.encode_share(ks)
             cts.append(seal(key, plaintext, purpose=_SHARE_SEAL,
                             context=context_bytes(round=s.round, sender=self.node_id, receiver=j)))
         # commit state
         self._own_seed_share = own_seed_share
+        self._seal_keys = seal_keys
         self._neighbours = neighbours
         self._enc_publics = enc_pub
         self._mask_publics = mask_pub
@@ -377,9 +385,7 @@ class ClientSession:
                                     f"than threshold {s.threshold}: refusing to upload")
         seed_shares, key_shares = {}, {}
         for j, ct in zip(senders, request.ciphertexts, strict=True):
-            key = derive_key(self._enc.private, self._enc_publics[j], purpose=_SHARE_SEAL,
-                             context=_pair_context(s.round, self.node_id, j))
-            pt = open_sealed(key, ct, purpose=_SHARE_SEAL,
+            pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
                              context=context_bytes(round=s.round, sender=j, receiver=self.node_id))
             if len(pt) != 2 * shamir.SHARE_BYTES:
                 raise ProtocolViolation(f"share plaintext from {j} has the wrong length")
@@ -389,7 +395,7 @@ class ClientSession:
         add = [self._seed.reveal()]
         sub: list[bytes] = []
         for j in peers:
-            seed = _pair_seed(self._mask.private, self._mask_publics[j], round_=s.round,
+            seed = _pair_seed(self._mask_key, self._mask_publics[j], round_=s.round,
                               me=self.node_id, peer=j)
             (add if self.node_id < j else sub).append(seed)
         y = np.empty(s.dim, dtype=np.uint32)
@@ -623,9 +629,10 @@ class ServerSession:
             if public_from_private(sk) != self._roster[d][1]:
                 raise self._abort(f"reconstructed key of {d} does not match its public key "
                                   f"(corrupt shares)")
+            sk_key = load_private(sk)
             for u in self.u3:
                 if d in self._peers[u]:
-                    seed = _pair_seed(sk, self._roster[u][1], round_=s.round, me=d, peer=u)
+                    seed = _pair_seed(sk_key, self._roster[u][1], round_=s.round, me=d, peer=u)
                     # u added the mask if u < d, subtracted it otherwise: undo that
                     (subtract if u < d else add).append(seed)
         apply_masks(total, add=add, subtract=subtract, modulus_bits=s.modulus_bits)
