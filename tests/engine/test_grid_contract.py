@@ -137,10 +137,10 @@ def test_client_exception_becomes_flower_error_reply(toyapp_dir: Path, identity:
 def test_timeout_returns_what_arrived_and_keeps_the_rest(toyapp_dir: Path, identity: None) -> None:
     # partition 1 sleeps past the timeout; the ServerApp gets partition 0's reply only,
     # partitions 2 and 3 run later and can still be pulled, like on a SuperLink.
-    grid = _grid(toyapp_dir, **{"sleep-partition": 1, "sleep-seconds": 0.4})
+    grid = _grid(toyapp_dir, **{"sleep-partition": 1, "sleep-seconds": 2.5})
     msgs = sorted(_train_msgs(grid), key=lambda m: grid.node_partition(m.metadata.dst_node_id))
 
-    replies = list(grid.send_and_receive(msgs, timeout=0.2))
+    replies = list(grid.send_and_receive(msgs, timeout=1.0))
     later = list(grid.pull_messages([m.metadata.message_id for m in msgs[1:]]))
 
     assert [grid.node_partition(r.metadata.src_node_id) for r in replies] == [0]
