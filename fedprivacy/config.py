@@ -47,7 +47,7 @@ class RunConfig:
     """
 
     # rounds and data
-    num_server_rounds: int = 30
+    num_server_rounds: int = 20
     dataset: str = "digits"
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
@@ -57,14 +57,14 @@ class RunConfig:
     test_fraction: float = 0.2
     # model and local training
     model: str = "mlp"
-    hidden_units: int = 64
+    hidden_units: int = 32
     local_epochs: int = 2
-    learning_rate: float = 0.1
+    learning_rate: float = 0.3
     batch_size: int = 32
     # user-level DP (DP-FedAvg)
     privacy: str = "central"
-    clip_norm: float = 1.0
-    noise_multiplier: float = 0.5
+    clip_norm: float = 0.5
+    noise_multiplier: float = 1.0
     target_epsilon: float = 0.0
     target_delta: float = 1e-5
     sampling: str = "poisson"
@@ -83,7 +83,7 @@ class RunConfig:
     secagg_bits: int = 32
     # run
     seed: int = -1
-    output_dir: str = "outputs"
+    output_dir: str = "runs"
     run_name: str = ""
     resume: bool = False
     client_timeout: float = 120.0

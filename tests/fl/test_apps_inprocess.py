@@ -1,0 +1,61 @@
+"""The real ServerApp/ClientApp through the in-process engine: digits, a crashed and a silent client.
+
+Uses ``server.inprocess`` (the engine's Grid) so it runs in seconds; the same apps under Flower's own
+engines are tested in ``tests/e2e`` (slow).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from server.inprocess import run_inprocess
+from server.inprocess_faults import FaultPlan, FaultRule
+
+APP_DIR = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_round_survives_a_crashed_and_a_timed_out_client(tmp_path: Path) -> None:
+    # Arrange: 6 clients; partition 1 raises in round 1, partition 4 never answers in round 2
+    faults = FaultPlan(rules=(
+        FaultRule(action="raise", message_type="train", rounds=(1,), partition_ids=(1,)),
+        FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(4,)),
+    ))
+    run_config = {"num-server-rounds": 2, "seed": 3, "output-dir": str(tmp_path), "run-name": "faults",
+                  "accountant": "rdp", "client-timeout": 5.0, "local-epochs": 1}
+    # Act
+    result = run_inprocess(run_config=run_config, num_supernodes=6, app_dir=APP_DIR, faults=faults,
+                           node_id_seed=1)
+    # Assert
+    saved = json.loads((tmp_path / "faults" / "results.json").read_text())
+    assert result.results_path is not None
+    rounds = saved["rounds"]
+    assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(6, 5), (6, 5)]
+    assert saved["privacy"]["rounds"] == 2 and saved["privacy"]["epsilon"] > 0
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in rounds)
+
+
+def test_bad_run_config_stops_before_training_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="clip-norm"):
+        run_inprocess(run_config={"clip-norm": -1.0, "output-dir": str(tmp_path)}, num_supernodes=3,
+                      app_dir=APP_DIR)
+    assert not any(tmp_path.iterdir())
+
+
+def test_results_do_not_depend_on_node_ids(tmp_path: Path) -> None:
+    runs = []
+    for node_seed in (1, 2):
+        run_config = {"num-server-rounds": 2, "seed": 5, "output-dir": str(tmp_path), "run-name": f"n{node_seed}",
+                      "accountant": "rdp", "sample-rate": 0.6, "local-epochs": 1}
+        run_inprocess(run_config=run_config, num_supernodes=5, app_dir=APP_DIR, node_id_seed=node_seed)
+        runs.append(json.loads((tmp_path / f"n{node_seed}" / "results.json").read_text())["rounds"])
+    strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in rows] for rows in runs]
+    assert strip[0] == strip[1]
