@@ -27,11 +27,12 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.secagg.graph import min_safe_threshold
+from fedprivacy.secagg.graph import abort_probability_bound, min_safe_threshold
 from fedprivacy.secagg.local import STAGES, run_round
 from fedprivacy.secagg.protocol import (
     ClientSession,
     MaskedInput,
+    RoundAborted,
     SetupRequest,
     SharedKeys,
     UnmaskResponse,
@@ -95,6 +96,7 @@ def _fedprivacy(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str,
     ndrop = int(round(args.dropout * n))
     drop = {i: args.stage for i in ids[-ndrop:]} if ndrop else {}
     setup = SetupRequest(round=1, threshold=t, degree=k, modulus_bits=bits, dim=d)
+    abort_p = abort_probability_bound(num_clients=n, degree=k, threshold=t, dropout=args.dropout)
     import fedprivacy.secagg.local as local
 
     orig = local.ClientSession
@@ -116,7 +118,11 @@ def _fedprivacy(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str,
             return out
 
         ServerSession.receive_unmask = timed  # type: ignore[method-assign]
-        total, server, _ = run_round(setup, inputs, drop_before=drop, transcript=transcript)
+        try:
+            total, server, _ = run_round(setup, inputs, drop_before=drop, transcript=transcript)
+        except RoundAborted as exc:
+            return {"aborted": str(exc), "abort_probability_bound": abort_p,
+                    "client_mask_seconds": float(np.median(_TimedClient.timings or [math.nan]))}
         round_seconds = time.perf_counter() - t0
     finally:
         local.ClientSession = orig  # type: ignore[misc]
@@ -147,6 +153,7 @@ def _fedprivacy(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str,
         "max_abs_error": float(np.max(np.abs(got - expected))),
         "threshold": t,
         "degree": k,
+        "abort_probability_bound": abort_p,
         "survivors": len(server.u3),
         "scale": scale,
     }
@@ -250,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"clients": args.clients, "dim": args.dim, "neighbours": args.neighbours,
                            "dropout": args.dropout, "stage": args.stage, "bits": args.bits}
     out.update(_fedprivacy(args, floats))
-    if not args.no_flower:
+    if not args.no_flower and "aborted" not in out:
         out["flower"] = _flower(args, floats)
         out["speedup_client_mask_vs_flower"] = (
             (out["flower"]["client_mask_seconds"] + out["flower"]["client_shamir_split_seconds"])

@@ -1,6 +1,7 @@
 """End-to-end SecAgg+ rounds: exact sums under dropouts, aborts, and a dishonest server refused."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -277,3 +278,52 @@ def test_secure_sum_equals_plain_sum_within_the_stated_quantisation_error() -> N
     clipped = [f * min(1.0, clip / np.linalg.norm(f)) for f in floats.values()]
     plain = sum(clipped[i] for i in server.u3)
     assert np.max(np.abs(got - plain)) < len(server.u3) / scale
+
+
+def _predicted_abort(nb, dropped, t) -> bool:
+    for i, ns in nb.items():
+        alive = sum(1 for j in ns if j not in dropped)
+        if i in dropped and any(u not in dropped for u in ns) and alive < t:
+            return True
+        if i not in dropped and alive + 1 < t:
+            return True
+    return False
+
+
+def test_abort_probability_bound_and_failure_model_match_the_protocol() -> None:
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg.graph import abort_probability_bound, graph_seed, harary_neighbours
+
+    n, k, t, p = 16, 4, 3, 0.2
+    ids = list(range(n))
+    rng = RandomSource.seeded(9)
+    seed = b"g" * 32
+    nb = harary_neighbours(ids, degree=k, seed=seed)
+    trials = 4000
+    drops = rng.bernoulli(p, size=(trials, n))
+    aborts = sum(_predicted_abort(nb, {i for i in ids if row[i]}, t) for row in drops)
+    bound = abort_probability_bound(num_clients=n, degree=k, threshold=t, dropout=p)
+    assert aborts / trials <= bound + 3 * math.sqrt(bound / trials)
+    assert aborts > 0  # the model is not vacuous at these parameters
+    # the protocol aborts exactly when the model predicts it (first 12 drop patterns)
+    setup = SetupRequest(round=1, threshold=t, degree=k, dim=4)
+    inputs = {i: np.zeros(4, np.uint32) for i in ids}
+    checked = 0
+    for row in drops[:60]:
+        dropped = {i for i in ids if row[i]}
+        if n - len(dropped) < t:
+            continue
+        # run_round derives the graph from the real keys: recompute the model on that graph
+        transcript: list = []
+        try:
+            run_round(setup, inputs, drop_before={i: "masked" for i in dropped}, transcript=transcript)
+            aborted = False
+        except RoundAborted:
+            aborted = True
+        roster = next(m for m in transcript if type(m).__name__ == "ShareKeysRequest")
+        entries = list(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, strict=True))
+        real_nb = harary_neighbours(ids, degree=k, seed=graph_seed(round=1, roster=entries))
+        assert aborted == _predicted_abort(real_nb, dropped, t)
+        checked += 1
+        if checked == 12:
+            break
