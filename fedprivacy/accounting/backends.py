@@ -33,6 +33,7 @@ bound. The Gaussian-DP / CLT approximation is not a backend.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -166,6 +167,68 @@ class Backend(ABC):
         return self.epsilon(state, delta=delta)
 
 
+@functools.lru_cache(maxsize=64)
+def _pld_gaussian(ratio: float) -> Any:
+    """PLD of one unsampled Gaussian release with std / distance = ``ratio`` (cached)."""
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=ratio, value_discretization_interval=PLD_VALUE_DISCRETIZATION
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _pld_single(event: PrivacyEvent, neighbouring: Neighbouring) -> Any:
+    """PLD of one release of ``event`` (its count is ignored) under ``neighbouring``.
+
+    Cached: building a PLD is the expensive step, self-composing a cached one is cheap.
+    """
+    mech, sampling = event.mechanism, event.sampling
+    grid = PLD_VALUE_DISCRETIZATION
+    if isinstance(mech, GaussianEvent):
+        if isinstance(sampling, NoSampling):
+            return _pld_gaussian(mech.effective_noise_multiplier(neighbouring))
+        if isinstance(sampling, PoissonSampling):
+            if neighbouring is Neighbouring.REPLACE_ONE:
+                # dp-accounting REPLACE adjacency: q N(+1) + (1-q) N(0) vs q N(-1) + (1-q) N(0),
+                # std in units of the per-unit bound s*C (a distance of 2 between the two).
+                return pld_lib.from_gaussian_mechanism(
+                    standard_deviation=mech.noise_multiplier / mech.sensitivity,
+                    sampling_prob=sampling.rate,
+                    value_discretization_interval=grid,
+                    neighboring_relation=NeighboringRelation.REPLACE_ONE,
+                )
+            return pld_lib.from_gaussian_mechanism(
+                standard_deviation=mech.effective_noise_multiplier(neighbouring),
+                sampling_prob=sampling.rate,
+                value_discretization_interval=grid,
+            )
+        # Fixed cohort, replace-one: the Zhu-Dong-Wang pair (gamma N(2) + (1-gamma) N(0), N(0)) in
+        # units of s*C, both directions (module docstring).
+        return pld_lib.from_gaussian_mechanism(
+            standard_deviation=mech.noise_multiplier / mech.sensitivity,
+            sensitivity=2.0,
+            sampling_prob=sampling.rate,
+            value_discretization_interval=grid,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        )
+    if isinstance(mech, LaplaceEvent):
+        # epsilon-DP Laplace under the accountant's relation: pair (Lap(0, 1/eps), Lap(1, 1/eps));
+        # subsampled as for the Gaussian (Poisson: add/remove; fixed cohort: Zhu-Dong-Wang).
+        return pld_lib.from_laplace_mechanism(
+            parameter=1.0 / mech.epsilon,
+            sampling_prob=sampling.rate,
+            value_discretization_interval=grid,
+        )
+    if isinstance(mech, ExponentialEvent):
+        # Binary randomized response that is exactly epsilon-DP dominates (ExponentialEvent).
+        return pld_lib.from_randomized_response(
+            noise_parameter=_exponential_rr_parameter(mech.epsilon),
+            num_buckets=2,
+            value_discretization_interval=grid,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE,
+        )
+    raise ValueError(f"the pld accountant cannot account {mech.kind}")
+
+
 # ------------------------------------------------------------------------------------------------ PLD
 class PldBackend(Backend):
     name = "pld"
@@ -189,60 +252,12 @@ class PldBackend(Backend):
         return None
 
     def run_state(self, event: PrivacyEvent, count: int, neighbouring: Neighbouring) -> Any:
-        mech, sampling = event.mechanism, event.sampling
-        grid = PLD_VALUE_DISCRETIZATION
-        if isinstance(mech, GaussianEvent):
-            if isinstance(sampling, NoSampling):
-                # k Gaussian releases with ratio r compose exactly to one with ratio r / sqrt(k).
-                r = mech.effective_noise_multiplier(neighbouring)
-                return pld_lib.from_gaussian_mechanism(
-                    standard_deviation=r / math.sqrt(count), value_discretization_interval=grid
-                )
-            if isinstance(sampling, PoissonSampling):
-                if neighbouring is Neighbouring.REPLACE_ONE:
-                    # dp-accounting REPLACE adjacency: q N(+1) + (1-q) N(0) vs q N(-1) + (1-q) N(0),
-                    # std in units of the per-unit bound s*C (a distance of 2 between the two).
-                    one = pld_lib.from_gaussian_mechanism(
-                        standard_deviation=mech.noise_multiplier / mech.sensitivity,
-                        sampling_prob=sampling.rate,
-                        value_discretization_interval=grid,
-                        neighboring_relation=NeighboringRelation.REPLACE_ONE,
-                    )
-                else:
-                    one = pld_lib.from_gaussian_mechanism(
-                        standard_deviation=mech.effective_noise_multiplier(neighbouring),
-                        sampling_prob=sampling.rate,
-                        value_discretization_interval=grid,
-                    )
-                return one.self_compose(count)
-            # Fixed cohort, replace-one: Zhu, Dong & Wang 2022 pair (module docstring).
-            one = pld_lib.from_gaussian_mechanism(
-                standard_deviation=mech.noise_multiplier / mech.sensitivity,
-                sensitivity=2.0,
-                sampling_prob=sampling.rate,
-                value_discretization_interval=grid,
-                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-            )
-            return one.self_compose(count)
-        if isinstance(mech, LaplaceEvent):
-            # epsilon-DP Laplace under the accountant's relation: pair (Lap(0, 1/eps), Lap(1, 1/eps));
-            # subsampled pairs as for the Gaussian (Poisson: add/remove; fixed: Zhu-Dong-Wang).
-            one = pld_lib.from_laplace_mechanism(
-                parameter=1.0 / mech.epsilon,
-                sampling_prob=sampling.rate,
-                value_discretization_interval=grid,
-            )
-            return one.self_compose(count)
-        if not isinstance(mech, ExponentialEvent):
-            raise ValueError(self.unsupported_reason(event, neighbouring) or "unsupported event")
-        # Exponential mechanism: binary randomized response with parameter epsilon.
-        one = pld_lib.from_randomized_response(
-            noise_parameter=_exponential_rr_parameter(mech.epsilon),
-            num_buckets=2,
-            value_discretization_interval=grid,
-            neighboring_relation=NeighboringRelation.REPLACE_ONE,
-        )
-        return one.self_compose(count)
+        mech = event.mechanism
+        if isinstance(mech, GaussianEvent) and isinstance(event.sampling, NoSampling):
+            # k Gaussian releases with ratio r compose exactly to one with ratio r / sqrt(k).
+            r = mech.effective_noise_multiplier(neighbouring)
+            return _pld_gaussian(r / math.sqrt(count))
+        return _pld_single(event.with_count(1), neighbouring).self_compose(count)
 
     def compose(self, first: Any, second: Any) -> Any:
         return first.compose(second)

@@ -44,13 +44,15 @@ def test_empty_accountant_has_zero_epsilon() -> None:
 
 def test_spend_matches_dp_accounting_pld() -> None:
     acc = Accountant()
-    for r in range(50):
+    for r in range(20):
         acc.spend(gauss(), round=r)
     ref = dpa.pld.PLDAccountant()
-    ref.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 50))
+    ref.compose(
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 20)
+    )
     assert acc.epsilon(delta=DELTA) == pytest.approx(ref.get_epsilon(DELTA), rel=1e-6)
-    assert len(acc.ledger) == 50 and acc.steps == 50
-    assert [e.round for e in acc.ledger] == list(range(50))
+    assert len(acc.ledger) == 20 and acc.steps == 20
+    assert [e.round for e in acc.ledger] == list(range(20))
     assert all(e.unit == "user" for e in acc.ledger)
 
 
@@ -70,7 +72,7 @@ def test_budget_exhausted_raises_before_any_change() -> None:
     acc.spend(gauss(z=2.0, count=5))
     before = snapshot(acc)
     eps_before = acc.epsilon(delta=DELTA)
-    big = gauss(z=0.5, q=0.5, count=100)
+    big = gauss(z=1.0, q=0.1, count=30)
     assert acc.would_exceed(big)
     with pytest.raises(PrivacyBudgetExhausted):
         acc.spend(big)
@@ -196,19 +198,20 @@ def test_load_validates_every_field(tmp_path) -> None:
 events_st = st.lists(
     st.builds(
         lambda z, q, c: gauss(z=z, q=q, count=c),
-        st.sampled_from([0.8, 1.0, 2.0]),
-        st.sampled_from([0.01, 0.1]),
-        st.integers(1, 20),
+        st.sampled_from([1.0, 2.0]),
+        st.sampled_from([0.01, 0.05]),
+        st.integers(1, 10),
     ),
     min_size=1,
-    max_size=8,
+    max_size=6,
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(events=events_st, budget=st.floats(0.2, 5.0))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=events_st, budget=st.floats(0.2, 3.0))
 def test_budget_is_never_exceeded(events: list[PrivacyEvent], budget: float) -> None:
-    acc = Accountant(budget=Budget(epsilon=budget, delta=DELTA))
+    # The budget logic is backend independent; RDP keeps the property test fast.
+    acc = Accountant(backend="rdp", budget=Budget(epsilon=budget, delta=DELTA))
     for ev in events:
         before = acc.ledger
         try:
