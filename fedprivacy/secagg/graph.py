@@ -23,6 +23,14 @@ neighbours for ``s_u``, out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c)
 the bound of Bonawitz et al. (2017, Sec. 4) against a server that lies about who dropped out; we
 enforce it for the neighbourhood (semi-honest clients by default, ``corrupted`` raises it).
 Reconstruction needs ``t <= k + 1``.
+
+Connectivity rule (:func:`is_connected`). After unmasking, the server can cancel every pairwise mask
+inside a connected component of the survivors' graph, so if that graph splits, it learns the sum of
+each component separately (Bell et al. 2020 bound the size of such sets; with a ring-structured
+Harary graph a server that ignores two blocks of ``k/2`` clients would learn the sum of an arc of
+about ``k/2 + 1`` clients). Clients therefore refuse to unmask when the survivor list induces a
+disconnected subgraph, and the honest server aborts such rounds itself; together with a large
+``min_survivors`` this stops a server from presenting small, isolated survivor sets.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ __all__ = [
     "check_safe",
     "graph_seed",
     "harary_neighbours",
+    "is_connected",
     "min_safe_threshold",
 ]
 
@@ -136,7 +145,9 @@ def abort_probability_bound(*, num_clients: int, degree: int, threshold: int, dr
     with probability ``dropout`` before the masked-input stage (and answers afterwards).
 
     A dropped client's key needs ``t`` of its ``k`` neighbours alive, a survivor's seed needs ``t`` of
-    its ``k + 1`` holders (itself included); a round aborts iff some client fails. By Markov's
+    its ``k + 1`` holders (itself included); a round also aborts if the survivors' graph is
+    disconnected, which needs at least ``k/2`` dropped neighbours around some survivor and is
+    covered by the survivor term for ``t >= k/2 + 1`` only approximately. By Markov's
     inequality P[abort] <= E[#failing clients] = n (p P[Bin(k,p) > k - t] + (1-p) P[Bin(k,p) > k+1-t]).
     This is the price of sparse graphs: with k = 7, t = 5, n = 100 and 10% dropout it is ~0.5,
     while k = 15, t = 9 gives ~4e-3. Use it to choose ``degree``.
@@ -148,3 +159,19 @@ def abort_probability_bound(*, num_clients: int, degree: int, threshold: int, dr
     per_dropped = _binom_tail(k, p, k - threshold + 1)
     per_survivor = _binom_tail(k, p, k + 1 - threshold + 1)
     return min(1.0, num_clients * (p * per_dropped + (1 - p) * per_survivor))
+
+
+def is_connected(nodes: set[int] | frozenset[int], neighbours: dict[int, tuple[int, ...]]) -> bool:
+    """Whether the subgraph induced by ``nodes`` is connected (True for 0 or 1 node)."""
+    if len(nodes) <= 1:
+        return True
+    start = next(iter(nodes))
+    seen = {start}
+    stack = [start]
+    while stack:
+        u = stack.pop()
+        for v in neighbours.get(u, ()):
+            if v in nodes and v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return len(seen) == len(nodes)

@@ -42,7 +42,8 @@ Threat model and security argument:
   signed keys to remove this assumption).
 * Refused server behaviour (all tested): asking one client for both the self-mask share and the key
   share of the same peer (per-peer memory, also across repeated requests); survivor and dropout lists
-  that overlap, omit a peer, or leave out the client itself; messages from another round (every request
+  that overlap, omit a peer, or leave out the client itself; survivor lists whose masking graph is
+  disconnected (partial sums, see :mod:`.graph`); messages from another round (every request
   carries the round, every ciphertext's AD binds it, every HKDF salt binds it); tampered ciphertexts
   (AEAD); a neighbour list different from the public graph; unsafe (k, t); fewer than t shares.
 * What the server sees of an honest client: ``y_i``, uniformly distributed mod 2^b given everything
@@ -74,7 +75,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedprivacy.secagg import shamir
-from fedprivacy.secagg.graph import check_safe, graph_seed, harary_neighbours
+from fedprivacy.secagg.graph import check_safe, graph_seed, harary_neighbours, is_connected
 from fedprivacy.secagg.keys import (
     KeyPair,
     Secret,
@@ -284,6 +285,7 @@ class ClientSession:
         self._mask_key = load_private(self._mask.private)
         self._seal_keys: dict[int, bytes] = {}  # peer -> share-sealing key (derived in stage 2)
         self._neighbours: tuple[int, ...] = ()
+        self._graph: dict[int, tuple[int, ...]] = {}
         self._mask_publics: dict[int, bytes] = {}
         self._enc_publics: dict[int, bytes] = {}
         self._held_seed_shares: dict[int, bytes] = {}  # peer -> encoded share of the peer's b
@@ -336,7 +338,8 @@ class ClientSession:
         except ValueError as exc:
             raise ProtocolViolation(f"unsafe round parameters: {exc}") from None
         gseed = graph_seed(round=s.round, roster=roster)
-        neighbours = harary_neighbours(ids, degree=s.degree, seed=gseed)[self.node_id]
+        graph = harary_neighbours(ids, degree=s.degree, seed=gseed)
+        neighbours = graph[self.node_id]
         enc_pub = {i: e for i, e, _ in roster}
         mask_pub = {i: m for i, _, m in roster}
         xs = [_x(j) for j in neighbours] + [_x(self.node_id)]
@@ -356,6 +359,7 @@ class ClientSession:
         # commit state
         self._own_seed_share = own_seed_share
         self._seal_keys = seal_keys
+        self._graph = graph
         self._neighbours = neighbours
         self._enc_publics = enc_pub
         self._mask_publics = mask_pub
@@ -426,6 +430,12 @@ class ClientSession:
         if len(sset) < s.required_survivors:
             raise ProtocolViolation(f"only {len(sset)} survivors listed, fewer than "
                                     f"{s.required_survivors}: refusing to reveal any share")
+        unknown = sset - set(self._graph)
+        if unknown:
+            raise ProtocolViolation(f"survivors {sorted(unknown)} are not in the roster")
+        if not is_connected(sset, self._graph):
+            raise ProtocolViolation("the survivors' masking graph is disconnected: unmasking would "
+                                    "reveal partial sums; refusing")
         missing = [j for j in self._peers if j not in sset and j not in dset]
         if missing:
             raise ProtocolViolation(f"peers {missing} are neither survived nor dropped")
@@ -567,6 +577,9 @@ class ServerSession:
                                         f"2^{s.modulus_bits}")
             seen.add(m.node_id)
         self._need(len(seen), "masked input")
+        if not is_connected(seen, self._neighbours):
+            raise self._abort("the survivors' masking graph is disconnected (unmasking would reveal "
+                              "partial sums); round aborted, nothing revealed")
         total = np.zeros(s.dim, dtype=np.uint32)
         for m in messages:
             np.add(total, m.masked, out=total)

@@ -281,6 +281,10 @@ def test_secure_sum_equals_plain_sum_within_the_stated_quantisation_error() -> N
 
 
 def _predicted_abort(nb, dropped, t) -> bool:
+    from fedprivacy.secagg.graph import is_connected
+
+    if not is_connected({i for i in nb if i not in dropped}, nb):
+        return True
     for i, ns in nb.items():
         alive = sum(1 for j in ns if j not in dropped)
         if i in dropped and any(u not in dropped for u in ns) and alive < t:
@@ -327,3 +331,40 @@ def test_abort_probability_bound_and_failure_model_match_the_protocol() -> None:
         checked += 1
         if checked == 12:
             break
+
+
+def test_refuses_a_survivor_list_that_splits_the_masking_graph() -> None:
+    import itertools
+
+    from fedprivacy.secagg.graph import graph_seed, harary_neighbours, is_connected
+
+    n, k, t = 12, 4, 3
+    ids = list(range(n))
+    setup = SetupRequest(round=3, threshold=t, degree=k, dim=4)
+    server = ServerSession(setup)
+    clients = {i: ClientSession(node_id=i, setup=setup) for i in ids}
+    roster = server.receive_keys([c.advertise_keys() for c in clients.values()])
+    reqs = server.receive_shares([clients[i].share_keys(roster) for i in ids])
+    for i in ids:
+        clients[i].masked_input(reqs[i], np.zeros(4, np.uint32))
+    entries = list(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, strict=True))
+    nb = harary_neighbours(ids, degree=k, seed=graph_seed(round=3, roster=entries))
+    cut = next(set(c) for c in itertools.combinations(ids, 4)
+               if not is_connected(set(ids) - set(c), nb))
+    survivors = [i for i in ids if i not in cut]
+    victim = survivors[0]
+    with pytest.raises(ProtocolViolation, match="disconnected"):
+        clients[victim].unmask(UnmaskRequest(round=3, survivors=survivors, dropped=sorted(cut)))
+    assert clients[victim]._revealed == {}
+    # the honest server aborts such a round itself, before asking for any share
+    fresh = ServerSession(setup)
+    cl2 = {i: ClientSession(node_id=i, setup=setup) for i in ids}
+    r2 = fresh.receive_keys([c.advertise_keys() for c in cl2.values()])
+    q2 = fresh.receive_shares([cl2[i].share_keys(r2) for i in ids])
+    e2 = list(zip(r2.node_ids, r2.enc_publics, r2.mask_publics, strict=True))
+    nb2 = harary_neighbours(ids, degree=k, seed=graph_seed(round=3, roster=e2))
+    cut2 = next(set(c) for c in itertools.combinations(ids, 4)
+                if not is_connected(set(ids) - set(c), nb2))
+    masked = [cl2[i].masked_input(q2[i], np.zeros(4, np.uint32)) for i in ids if i not in cut2]
+    with pytest.raises(RoundAborted, match="disconnected"):
+        fresh.receive_masked(masked)
