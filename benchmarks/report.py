@@ -1,0 +1,400 @@
+"""Ratios, goal checks, the markdown table, plots and the machine description of a sweep.
+
+Pure functions over the list of records the runners return, so the report can be regenerated from a
+saved JSON (``scripts/benchmark.py --from-json PATH``) and tested without running anything.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+# The columns issue 6 asks for, then the ones that make the table readable.
+TABLE_COLUMNS = (
+    ("dataset", "dataset"), ("params", "params"), ("framework", "framework"),
+    ("engine", "engine"), ("mode", "mode"), ("noise_multiplier", "σ"), ("epsilon", "ε (δ=1e-5)"),
+    ("test_accuracy", "test acc"), ("rounds", "rounds"), ("seconds_per_round", "s/round"),
+    ("ratio_time", "time ÷ non-DP"), ("ratio_acc", "acc Δ vs non-DP (pts)"),
+    ("ratio_loop", "time ÷ torch loop"), ("startup_seconds", "start→round 1 (s)"),
+    ("peak_memory_mb", "peak MB"), ("status", "status"),
+)
+
+
+def _group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (row["dataset"], row.get("num_clients"), row.get("clients_per_round"), row.get("hidden"))
+
+
+def _usable(row: Mapping[str, Any]) -> bool:
+    return row.get("status") in ("ok", "partial") and row.get("seconds_per_round") is not None
+
+
+def find_reference(rows: Sequence[Row], row: Mapping[str, Any], *, framework: str,
+                   engine: str | None = None, mode: str = "none") -> Row | None:
+    """The usable row of ``framework`` (and ``engine``) in ``mode`` on the same setup as ``row``."""
+    for cand in rows:
+        if (cand["framework"] == framework and cand["mode"] == mode
+                and (engine is None or cand["engine"] == engine)
+                and _group_key(cand) == _group_key(row) and _usable(cand)):
+            return cand
+    return None
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return float(a) / float(b)
+
+
+def add_ratios(rows: Sequence[Row]) -> list[Row]:
+    """Add ``ratio_vs_none`` (and ratios to the torch loop and Flower's FedAvg) to every row.
+
+    ``ratio_vs_none`` compares a row with the non-DP row of the same framework and engine on the
+    same data set, population, cohort and model (fedprivacy rows against fedprivacy ``none``,
+    Flower rows against Flower's plain FedAvg): ``seconds_per_round`` and ``test_accuracy`` as
+    ratios, ``rounds`` as a ratio, and ``accuracy_points`` as the difference in percentage points.
+    """
+    out = []
+    for row in rows:
+        new = dict(row)
+        ref = find_reference(rows, row, framework=row["framework"], engine=row["engine"])
+        if ref is None and row["framework"] == "fedprivacy":
+            ref = find_reference(rows, row, framework="fedprivacy", engine="inprocess")
+        ratio: dict[str, float | None] | None = None
+        if ref is not None and _usable(row):
+            acc, acc0 = row.get("test_accuracy"), ref.get("test_accuracy")
+            ratio = {
+                "seconds_per_round": _ratio(row["seconds_per_round"], ref["seconds_per_round"]),
+                "test_accuracy": _ratio(acc, acc0),
+                "accuracy_points": None if acc is None or acc0 is None else 100.0 * (acc - acc0),
+                "rounds": _ratio(row.get("rounds"), ref.get("rounds")),
+            }
+        new["ratio_vs_none"] = ratio
+        loop = find_reference(rows, row, framework="torch")
+        fl = find_reference(rows, row, framework="flower")
+        new["ratio_vs_torch_loop"] = (_ratio(row.get("seconds_per_round"), loop["seconds_per_round"])
+                                      if loop and _usable(row) else None)
+        new["ratio_vs_flower_fedavg"] = (_ratio(row.get("seconds_per_round"), fl["seconds_per_round"])
+                                         if fl and _usable(row) else None)
+        out.append(new)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ goals
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _pick(rows: Sequence[Row], **match: Any) -> list[Row]:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items()) and _usable(r)]
+
+
+def _largest(rows: Sequence[Row]) -> Row | None:
+    return max(rows, key=lambda r: r.get("params") or 0) if rows else None
+
+
+def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
+    """Check issue 6's goals against the measured rows; each entry: goal, verdict, figures."""
+    goals: list[dict[str, str]] = []
+
+    # 1. DP+SecAgg round within 1.3x of non-DP at 100 clients/round, ~100k params.
+    dist = [r for r in _pick(rows, framework="fedprivacy", mode="distributed", engine="inprocess")
+            if (r.get("clients_per_round") or 0) >= 100]
+    best = _largest(dist)
+    if best is not None and best.get("ratio_vs_none"):
+        ratio = best["ratio_vs_none"]["seconds_per_round"]
+        goals.append({"goal": "DP+SecAgg round ≤ 1.3× non-DP (100 clients/round, ~100k params)",
+                      "verdict": "met" if ratio is not None and ratio <= 1.3 else "missed",
+                      "figures": f"{_fmt(ratio)}× at {best['params']} params, "
+                                 f"{best['seconds_per_round']:.3f} s/round"})
+    else:
+        goals.append({"goal": "DP+SecAgg round ≤ 1.3× non-DP (100 clients/round, ~100k params)",
+                      "verdict": "not measured",
+                      "figures": _why_missing(rows, framework="fedprivacy", mode="distributed")})
+
+    # 2. Utility on Synthetic/1000 clients at eps=3 within 5 points of non-DP.
+    cands = [r for r in _pick(rows, framework="fedprivacy", mode="central", dataset="synthetic")
+             if r.get("target_epsilon") == 3.0 and r.get("ratio_vs_none")]
+    if cands:
+        r = cands[0]
+        pts = r["ratio_vs_none"]["accuracy_points"]
+        goals.append({"goal": "Synthetic, 1000 clients, ε=3, δ=1e-5: accuracy within 5 points of non-DP",
+                      "verdict": "met" if pts is not None and pts >= -5.0 else "missed",
+                      "figures": f"{_fmt(pts, 1)} points ({_fmt(r['test_accuracy'], 3)} vs "
+                                 f"non-DP; ε={_fmt(r['epsilon'])}, σ={_fmt(r['noise_multiplier'], 3)}, "
+                                 f"{r['rounds']} rounds)"})
+    else:
+        goals.append({"goal": "Synthetic, 1000 clients, ε=3, δ=1e-5: accuracy within 5 points of non-DP",
+                      "verdict": "not measured", "figures": "no central ε=3 row on synthetic"})
+
+    # 3. Steady-state round no slower than Flower plain FedAvg (same setup).
+    pairs = []
+    for r in _pick(rows, framework="fedprivacy", mode="none", engine="inprocess"):
+        fl = find_reference(rows, r, framework="flower")
+        if fl is not None:
+            pairs.append((r, fl))
+    if pairs:
+        worst = max(pairs, key=lambda p: p[0]["seconds_per_round"] / p[1]["seconds_per_round"])
+        ratio = worst[0]["seconds_per_round"] / worst[1]["seconds_per_round"]
+        figs = "; ".join(f"{a['dataset']}/{a['params']}p: {a['seconds_per_round']:.3f} vs "
+                         f"{b['seconds_per_round']:.3f} s" for a, b in pairs)
+        goals.append({"goal": "fedprivacy non-DP round no slower than Flower's plain FedAvg",
+                      "verdict": "met" if ratio <= 1.0 else "missed",
+                      "figures": f"worst ratio {ratio:.2f}× ({figs})"})
+    else:
+        goals.append({"goal": "fedprivacy non-DP round no slower than Flower's plain FedAvg",
+                      "verdict": "not measured", "figures": "no pair of rows on the same setup"})
+
+    # 4. Faster than Flower SecAgg+ + DP.
+    pairs = []
+    for r in _pick(rows, framework="fedprivacy", mode="distributed", engine="inprocess"):
+        fl = find_reference(rows, r, framework="flower", mode="secagg+central")
+        if fl is not None:
+            pairs.append((r, fl))
+    if pairs:
+        ratio = max(a["seconds_per_round"] / b["seconds_per_round"] for a, b in pairs)
+        goals.append({"goal": "fedprivacy DP+SecAgg faster than Flower SecAgg+ + DP",
+                      "verdict": "met" if ratio < 1.0 else "missed",
+                      "figures": "; ".join(f"{a['dataset']}/{a['params']}p: "
+                                           f"{a['seconds_per_round']:.3f} vs "
+                                           f"{b['seconds_per_round']:.3f} s" for a, b in pairs)})
+    else:
+        flr = _pick(rows, framework="flower", mode="secagg+central")
+        figs = _why_missing(rows, framework="fedprivacy", mode="distributed")
+        if flr:
+            figs += f"; Flower SecAgg+ + DP measured at {flr[0]['seconds_per_round']:.2f} s/round"
+        goals.append({"goal": "fedprivacy DP+SecAgg faster than Flower SecAgg+ + DP",
+                      "verdict": "not measured", "figures": figs})
+
+    # 5. Scale: 1000 clients, 100 per round completes, with peak memory.
+    big = [r for r in rows if r["framework"] == "fedprivacy" and r.get("num_clients", 0) >= 1000
+           and (r.get("clients_per_round") or 0) >= 100]
+    done = [r for r in big if r.get("status") == "ok"]
+    if done:
+        mem = max((r.get("peak_memory_mb") or 0.0) for r in done)
+        goals.append({"goal": "1000 clients, 100 per round, runs to completion on 2 cores",
+                      "verdict": "met",
+                      "figures": f"{len(done)} configurations completed; peak memory up to "
+                                 f"{mem:.0f} MB (summed PSS of the process tree)"})
+    else:
+        goals.append({"goal": "1000 clients, 100 per round, runs to completion on 2 cores",
+                      "verdict": "not measured" if not big else "missed",
+                      "figures": "no 1000-client fedprivacy configuration in this sweep"
+                      if not big else "; ".join(f"{r['mode']}: {r['status']}" for r in big)})
+    return goals
+
+
+def _why_missing(rows: Sequence[Row], *, framework: str, mode: str) -> str:
+    tried = [r for r in rows if r["framework"] == framework and r["mode"] == mode]
+    if not tried:
+        return f"no {framework} {mode} row in this sweep"
+    return "; ".join(f"{r['status']}: {r.get('note') or 'no detail'}" for r in tried)[:400]
+
+
+# ----------------------------------------------------------------------------------------- table
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    ratio = row.get("ratio_vs_none") or {}
+    if key == "ratio_time":
+        return _fmt(ratio.get("seconds_per_round"))
+    if key == "ratio_acc":
+        pts = ratio.get("accuracy_points")
+        return "–" if pts is None else f"{pts:+.1f}"
+    if key == "ratio_loop":
+        return _fmt(row.get("ratio_vs_torch_loop"), 1)
+    value = row.get(key)
+    if key == "epsilon" and value is not None:
+        return f"{value:.2f}"
+    if key == "test_accuracy" and value is not None:
+        return f"{value:.3f}"
+    if key == "seconds_per_round" and value is not None:
+        return f"{value:.3f}"
+    if key == "noise_multiplier":
+        return "–" if not value else f"{value:.3f}"
+    if key in ("peak_memory_mb", "startup_seconds") and value is not None:
+        return f"{value:.0f}" if key == "peak_memory_mb" else f"{value:.1f}"
+    return _fmt(value)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    head = "| " + " | ".join(label for _, label in TABLE_COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
+    lines = [head, sep]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row, key) for key, _ in TABLE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- machine
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    versions: dict[str, str] = {"python": platform.python_version()}
+    from importlib import metadata
+
+    for pkg in ("flwr", "torch", "numpy", "opacus", "dp-accounting", "ray"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "absent"
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": mem_gb,
+            "os": f"{platform.system()} {platform.release()}", "versions": versions}
+
+
+# ------------------------------------------------------------------------------------------ plots
+def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
+    """Accuracy vs ε, accuracy vs round, seconds per round per mode; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    usable = [r for r in rows if _usable(r)]
+    datasets = sorted({r["dataset"] for r in usable})
+    if not datasets:
+        return written
+
+    def label(r: Mapping[str, Any]) -> str:
+        eng = "" if r["engine"] in ("inprocess", "loop") or r["framework"] == "flower" else \
+            f"/{r['engine']}"
+        return f"{r['framework']}{eng} {r['mode']} ({r.get('params')}p)"
+
+    # accuracy vs epsilon
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets, strict=True):
+        for r in usable:
+            if r["dataset"] != ds or r.get("test_accuracy") is None:
+                continue
+            if r["mode"] == "none":
+                ax.axhline(r["test_accuracy"], ls="--", lw=0.8, color="gray")
+                continue
+            if r.get("epsilon") is None:
+                continue
+            marker = "o" if r["framework"] == "fedprivacy" else "s"
+            ax.scatter([r["epsilon"]], [r["test_accuracy"]], marker=marker, label=label(r))
+        ax.set_xscale("log")
+        ax.set_xlabel("ε at δ=1e-5 (as each framework reports it)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{ds}: accuracy vs ε (dashed: non-DP)")
+        ax.legend(fontsize=6)
+    path = outdir / "bench_accuracy_vs_epsilon.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    # accuracy vs round
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets, strict=True):
+        for r in usable:
+            acc = r.get("accuracy_by_round") or []
+            if r["dataset"] == ds and acc:
+                ax.plot(range(1, len(acc) + 1), acc, label=label(r), lw=1)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{ds}: accuracy vs round")
+        ax.legend(fontsize=6)
+    path = outdir / "bench_accuracy_vs_round.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    # seconds per round per mode
+    fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 4.5), squeeze=False)
+    for ax, ds in zip(axes[0], datasets, strict=True):
+        sel = [r for r in usable if r["dataset"] == ds]
+        names = [label(r) for r in sel]
+        colors = ["tab:blue" if r["framework"] == "fedprivacy" else
+                  "tab:orange" if r["framework"] == "flower" else "tab:gray" for r in sel]
+        ax.barh(range(len(sel)), [r["seconds_per_round"] for r in sel], color=colors)
+        ax.set_yticks(range(len(sel)), names, fontsize=6)
+        ax.set_xscale("log")
+        ax.set_xlabel("median steady-state seconds per round (log)")
+        ax.set_title(f"{ds}: seconds per round (blue fedprivacy, orange Flower, gray torch loop)",
+                     fontsize=8)
+    path = outdir / "bench_seconds_per_round.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------------------- markdown
+def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) -> str:
+    """The text of ``docs/BENCHMARKS.md`` for a sweep payload (see ``scripts/benchmark.py``)."""
+    m = payload["machine"]
+    rows = payload["rows"]
+    lines = [
+        "# Benchmarks: what privacy costs, side by side with Flower's own tools",
+        "",
+        "Generated by `scripts/benchmark.py`; do not edit by hand. Regenerate with:",
+        "",
+        "```bash",
+        payload["command"],
+        "```",
+        "",
+        f"Sweep: **{payload['sweep']}**, {len(rows)} configurations, "
+        f"{payload['runtime_seconds'] / 60:.1f} minutes wall time, finished {payload['finished']}.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB memory, {m['os']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ". "
+        "The machine was shared with other work while this ran: compare ratios measured in one run, "
+        "not absolute times.",
+        "",
+        "## Goals (issue 6)",
+        "",
+        "| goal | verdict | figures |",
+        "|---|---|---|",
+    ]
+    for g in payload["goals"]:
+        lines.append(f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |")
+    lines += ["", "## Results", "", markdown_table(rows), ""]
+    lines += [
+        "Columns: `s/round` is the median of the steady-state rounds (all rounds after the first); "
+        "a round's time includes its central evaluation for every row. `time ÷ non-DP` and "
+        "`acc Δ vs non-DP` compare a row with the non-DP row of the same framework on the same "
+        "setup (JSON field `ratio_vs_none`); `time ÷ torch loop` compares with the single-process "
+        "torch loop doing the same local training. `peak MB` is the peak summed PSS of the "
+        "configuration's whole process tree (Ray's processes included), sampled every 0.25 s. "
+        "`start→round 1` is the time from starting the run to the end of round 1.",
+        "",
+        "## How each row was run",
+        "",
+    ]
+    lines += [f"- {n}" for n in payload.get("notes", [])]
+    failed = [r for r in rows if r.get("status") not in ("ok",)]
+    if failed:
+        lines += ["", "## Rows that did not complete", ""]
+        for r in failed:
+            lines.append(f"- {r['dataset']} {r['framework']}/{r['engine']} {r['mode']}: "
+                         f"{r['status']} — {r.get('note') or 'no detail'}")
+    plot_list = list(plots)
+    if plot_list:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{Path(p).stem}](img/{Path(p).name})" for p in plot_list]
+    lines.append("")
+    return "\n".join(lines)

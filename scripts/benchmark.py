@@ -1,0 +1,335 @@
+"""What does privacy cost? fedprivacy's privacy modes side by side with Flower's own tools.
+
+Runs a sweep of configurations, each in a fresh worker process (``benchmarks.worker``) whose whole
+process tree is sampled for peak memory, then writes the rows as JSON (``--json PATH`` plus a copy
+under ``benchmarks/results/``), the plots ``docs/img/bench_*.png`` and the generated
+``docs/BENCHMARKS.md``.
+
+    python scripts/benchmark.py --quick            # <= 5 minutes on 2 cores
+    python scripts/benchmark.py                    # the full sweep (runtime in docs/BENCHMARKS.md)
+    python scripts/benchmark.py --from-json PATH   # re-render the report from saved rows
+
+Rows: fedprivacy (in-process engine; one row on Flower's Ray engine) in modes none, central,
+local, distributed (SecAgg) and dpsgd; Flower 1.42's plain FedAvg, FedAvg with
+DifferentialPrivacyClientSideFixedClipping (its RDP accountant), and SecAgg+ with central DP, on
+Flower's simulation engine; a single-process torch loop doing the same local training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# opacus 1.6 installs a top-level package named `benchmarks` too: the repository's must come first.
+sys.path.insert(0, str(REPO))
+
+from benchmarks import report  # noqa: E402
+from benchmarks.memory import PeakMemorySampler  # noqa: E402
+from benchmarks.spec import BenchSpec, make_record  # noqa: E402
+
+RESULTS_DIR = REPO / "benchmarks" / "results"
+DOCS_MD = REPO / "docs" / "BENCHMARKS.md"
+IMG_DIR = REPO / "docs" / "img"
+TARGET_EPSILON = 3.0
+DELTA = 1e-5
+# MLP widths giving ~10k and ~100k parameters (one hidden layer; fedprivacy.ml "mlp").
+HIDDEN = {"digits": {"10k": 128, "100k": 1330}, "synthetic": {"10k": 140, "100k": 1400}}
+# Full sweep: Flower's SecAgg+ (tens of seconds a round at 100 clients), fedprivacy's local mode
+# and DP-SGD run at most this many rounds: their rows measure time, not final accuracy.
+SLOW_ROUNDS_CAP = 5
+
+
+# ------------------------------------------------------------------------------------ calibration
+_SIGMA_CACHE: dict[tuple[float, float, int], float] = {}
+
+
+def calibrated_sigma(*, target_epsilon: float, sample_rate: float, rounds: int,
+                     rel_tol: float) -> float:
+    """sigma with epsilon(PLD, Poisson q, T rounds, delta) <= target (fedprivacy.accounting)."""
+    key = (target_epsilon, sample_rate, rounds)
+    if key not in _SIGMA_CACHE:
+        from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+        from fedprivacy.accounting.events import PoissonSampling
+
+        _SIGMA_CACHE[key] = float(calibrate_noise_multiplier(
+            target_epsilon=target_epsilon, target_delta=DELTA,
+            sampling=PoissonSampling(rate=sample_rate), steps=rounds, backend="pld",
+            rel_tol=rel_tol))
+    return _SIGMA_CACHE[key]
+
+
+# ------------------------------------------------------------------------------------------ sweeps
+def build_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
+    """The configurations of the quick or the full sweep (noise resolved from target epsilon)."""
+    specs: list[BenchSpec] = []
+    rel_tol = 1e-3
+    if quick:
+        setups = [("digits", 100, 10, "10k", rounds or 5)]
+        eps_grid: tuple[float, ...] = (TARGET_EPSILON,)
+    else:
+        setups = [("digits", 1000, 100, "100k", rounds or 15),
+                  ("digits", 1000, 100, "10k", rounds or 15),
+                  ("synthetic", 1000, 100, "10k", rounds or 15)]
+        eps_grid = (1.0, TARGET_EPSILON, 8.0)
+    for idx, (ds, n, m, size, r) in enumerate(setups):
+        common: dict[str, Any] = dict(dataset=ds, num_clients=n, clients_per_round=m, rounds=r,
+                                      hidden=HIDDEN[ds][size], lr=0.1, local_epochs=1,
+                                      batch_size=32, clip_norm=1.0, delta=DELTA, seed=0,
+                                      label=size)
+        sigma = calibrated_sigma(target_epsilon=TARGET_EPSILON, sample_rate=m / n, rounds=r,
+                                 rel_tol=rel_tol)
+        dp: dict[str, Any] = dict(noise_multiplier=sigma, target_epsilon=TARGET_EPSILON)
+        capped = dict(common, rounds=min(r, SLOW_ROUNDS_CAP))
+        specs.append(BenchSpec(framework="torch", engine="loop", mode="none", **common))
+        specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="none", **common))
+        specs.append(BenchSpec(framework="flower", engine="ray", mode="none", **common))
+        if idx == 0:  # the main setup: every mode, and every Flower peer
+            specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="central",
+                                   **common, **dp))
+            specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="local",
+                                   **(common if quick else capped), **dp))
+            specs.append(BenchSpec(framework="fedprivacy", engine="inprocess",
+                                   mode="distributed", **common, **dp))
+            specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="dpsgd",
+                                   **(common if quick else capped), noise_multiplier=0.0,
+                                   extra=(("dpsgd_noise_multiplier", 1.0),
+                                          ("dpsgd_max_grad_norm", 1.0))))
+            specs.append(BenchSpec(framework="flower", engine="ray", mode="central",
+                                   **common, **dp))
+            specs.append(BenchSpec(framework="flower", engine="ray", mode="secagg+central",
+                                   **(common if quick else capped), **dp))
+            if not quick:
+                specs.append(BenchSpec(framework="fedprivacy", engine="ray", mode="none",
+                                       **common))
+        if ds == "synthetic":  # utility: accuracy against epsilon
+            for eps in eps_grid:
+                s = calibrated_sigma(target_epsilon=eps, sample_rate=m / n, rounds=r,
+                                     rel_tol=rel_tol)
+                specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="central",
+                                       **common, noise_multiplier=s, target_epsilon=eps))
+            specs.append(BenchSpec(framework="flower", engine="ray", mode="central", **common,
+                                   **dp))
+    return specs
+
+
+def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool) -> list[str]:
+    sigmas = sorted({(s.target_epsilon, round(s.noise_multiplier, 4), s.rounds, s.sample_rate)
+                     for s in specs if s.target_epsilon is not None})
+    return [
+        "Data and model come from `fedprivacy.ml` for every row (`benchmarks/task.py`): digits "
+        "(sklearn, 20% held out) split IID; Synthetic(1, 1) (Li et al. 2020) with its natural "
+        "per-client split; a one-hidden-layer MLP (`mlp`; width 128/1330 on digits and 140/1400 on "
+        "Synthetic for ~10k/~100k parameters); 1 local epoch of SGD, lr 0.1, batch 32; seed 0.",
+        "fedprivacy rows run `server.server_app:app` + `clients.client_app:app` through "
+        "`server.inprocess.run_inprocess` (1 worker), seeded research mode (`seed=0`), Poisson "
+        "client sampling at q = cohort/population, PLD accountant; the `ray` row runs the same apps "
+        "on Flower's Ray engine (`server.inprocess.run_flower_simulation`).",
+        "User-level DP rows use clip C = 1.0 and the noise multiplier σ calibrated with "
+        "`fedprivacy.accounting.calibrate_noise_multiplier` (PLD, Poisson) to the target ε at "
+        f"δ = {DELTA:g}: " + "; ".join(f"ε={e:g}, T={t}, q={q:g} → σ={s}" for e, s, t, q in sigmas)
+        + ". Flower's DP rows use the same σ and C.",
+        "`local` adds the full noise σC on every client; `distributed` is fedprivacy's SecAgg with "
+        "distributed discrete Gaussian noise; `dpsgd` is sample-level DP-SGD (Opacus, noise "
+        "multiplier 1.0, max grad norm 1.0) without user-level noise — its ε is per example.",
+        "Flower rows (`benchmarks/flower_baselines/`) run on `flwr.simulation.run_simulation` (Ray, "
+        "2 CPUs, 1 CPU per virtual client): plain `FedAvg` (Message API, fixed-size cohort, "
+        "example-weighted); `DifferentialPrivacyClientSideFixedClipping` + `fixedclipping_mod` with "
+        "Flower's `RdpAccountant`, which in 1.42 accepts only `no-amplification` sampling, so "
+        "Flower's reported ε gives no credit for sampling and is much larger for the same σ; "
+        "SecAgg+ (`SecAggPlusWorkflow` + `secaggplus_mod`, legacy API, k ≈ log₂ m neighbours) with "
+        "central DP — its server unmasks the un-noised sum and adds the noise itself, and Flower has "
+        "no accountant there (ε is Flower's RDP accountant applied to the same σ and rounds). "
+        "" if quick else f"In the full sweep, Flower's SecAgg+ rows and fedprivacy's `local` and "
+        f"`dpsgd` rows run at most {SLOW_ROUNDS_CAP} rounds: they measure time, not final accuracy.",
+        "The torch loop is one process, no Flower: sample the cohort, train each client with the "
+        "same `train_local`, average weighted by examples, evaluate.",
+        "Quick sweep: digits, 100 clients, 10 per round, ~10k parameters, 5 rounds."
+        if quick else
+        "Full sweep: 1000 clients, 100 per round (q = 0.1), 15 rounds; digits at ~100k (every mode) "
+        "and ~10k parameters, Synthetic at ~10k parameters with central DP at ε ∈ {1, 3, 8}.",
+    ]
+
+
+# ----------------------------------------------------------------------------------------- running
+def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float) -> dict[str, Any]:
+    """Run ``spec`` in a fresh worker process; record its tree's peak memory."""
+    out = log_dir / f"{spec.key()}.json"
+    log = log_dir / f"{spec.key()}.log"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    cmd = [sys.executable, "-m", "benchmarks.worker", "--spec", json.dumps(spec.to_dict()),
+           "--out", str(out)]
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        with PeakMemorySampler(proc.pid) as sampler:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)  # the worker's own session, nothing else
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    wall = time.perf_counter() - t0
+    if out.is_file():
+        record = json.loads(out.read_text())
+    else:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        record = make_record(spec, status="failed",
+                             note=f"worker exited {proc.returncode}: {' '.join(tail)[:300]}")
+    record["peak_memory_mb"] = round(sampler.peak_mb, 1)
+    record["wall_seconds"] = record.get("wall_seconds") or wall
+    if record.get("status") == "failed" and "refused" not in record.get("note", "") and \
+            "ValueError" in record.get("note", "") and spec.framework == "fedprivacy":
+        record["status"] = "refused"
+    return record
+
+
+def run_sweep(specs: Sequence[BenchSpec], *, log_dir: Path, timeout: float,
+              on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    rows: list[dict[str, Any]] = []
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task("sweep", total=len(specs))
+        for spec in specs:
+            progress.update(task, description=f"{spec.key()}")
+            row = run_one(spec, log_dir=log_dir, timeout=timeout)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+            progress.advance(task)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ output
+def write_outputs(payload: dict[str, Any], *, json_path: Path | None, md_path: Path | None,
+                  img_dir: Path | None, results_dir: Path | None) -> list[Path]:
+    written: list[Path] = []
+    text = json.dumps(payload, indent=1, default=str)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text)
+        written.append(json_path)
+    if results_dir is not None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        copy = results_dir / f"benchmark_{payload['sweep']}.json"
+        copy.write_text(text)
+        written.append(copy)
+    plots: list[Path] = []
+    if img_dir is not None:
+        plots = report.make_plots(payload["rows"], img_dir)
+        written += plots
+    if md_path is not None:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(report.render_markdown(payload, plots=[str(p) for p in plots]))
+        written.append(md_path)
+    return written
+
+
+def build_payload(rows: Sequence[dict[str, Any]], *, sweep: str, command: str, runtime: float,
+                  notes: Sequence[str]) -> dict[str, Any]:
+    with_ratios = report.add_ratios(rows)
+    return {
+        "sweep": sweep,
+        "command": command,
+        "runtime_seconds": runtime,
+        "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": report.machine_info(),
+        "notes": list(notes),
+        "goals": report.evaluate_goals(with_ratios),
+        "rows": with_ratios,
+    }
+
+
+def print_summary(payload: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"benchmark ({payload['sweep']}, {payload['runtime_seconds']:.0f} s)")
+    for col in ("dataset", "params", "framework", "engine", "mode", "ε", "acc", "s/round",
+                "÷none", "÷loop", "MB", "status"):
+        table.add_column(col)
+    for r in payload["rows"]:
+        ratio = (r.get("ratio_vs_none") or {}).get("seconds_per_round")
+        table.add_row(r["dataset"], str(r.get("params")), r["framework"], r["engine"], r["mode"],
+                      report._fmt(r.get("epsilon")), report._fmt(r.get("test_accuracy"), 3),
+                      report._fmt(r.get("seconds_per_round"), 3), report._fmt(ratio),
+                      report._fmt(r.get("ratio_vs_torch_loop"), 1),
+                      report._fmt(r.get("peak_memory_mb"), 0), str(r.get("status")))
+    console = Console()
+    console.print(table)
+    for g in payload["goals"]:
+        console.print(f"[bold]{g['verdict']:>12}[/bold]  {g['goal']}: {g['figures']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sweep, <= 5 minutes on 2 cores")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--rounds", type=int, default=None, help="override the rounds per run")
+    parser.add_argument("--only", default="",
+                        help="comma-separated substrings; run only specs whose key contains one")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="re-render docs and plots from a saved payload, run nothing")
+    parser.add_argument("--no-docs", action="store_true",
+                        help="do not write docs/BENCHMARKS.md, docs/img or benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 2:
+        print("error: --rounds must be >= 2 (the first round is start-up)", file=sys.stderr)
+        return 2
+    md, img, res = (None, None, None) if args.no_docs else (DOCS_MD, IMG_DIR, RESULTS_DIR)
+
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        payload = build_payload(saved["rows"], sweep=saved["sweep"], command=saved["command"],
+                                runtime=saved["runtime_seconds"], notes=saved.get("notes", []))
+        payload["finished"] = saved.get("finished", payload["finished"])
+        write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=None)
+        print_summary(payload)
+        return 0
+
+    t0 = time.perf_counter()
+    specs = build_sweep(quick=args.quick, rounds=args.rounds)
+    if args.only:
+        keys = [k for k in args.only.split(",") if k]
+        specs = [s for s in specs if any(k in s.key() for k in keys)]
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["python scripts/benchmark.py", *(shlex.quote(a) for a in given)])
+    with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
+        rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout)
+    runtime = time.perf_counter() - t0
+    payload = build_payload(rows, sweep="quick" if args.quick else "full", command=command,
+                            runtime=runtime, notes=sweep_notes(specs, quick=args.quick))
+    write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=res)
+    print_summary(payload)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
