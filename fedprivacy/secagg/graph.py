@@ -145,12 +145,13 @@ def abort_probability_bound(*, num_clients: int, degree: int, threshold: int, dr
     with probability ``dropout`` before the masked-input stage (and answers afterwards).
 
     A dropped client's key needs ``t`` of its ``k`` neighbours alive, a survivor's seed needs ``t`` of
-    its ``k + 1`` holders (itself included); a round also aborts if the survivors' graph is
-    disconnected, which needs at least ``k/2`` dropped neighbours around some survivor and is
-    covered by the survivor term for ``t >= k/2 + 1`` only approximately. By Markov's
-    inequality P[abort] <= E[#failing clients] = n (p P[Bin(k,p) > k - t] + (1-p) P[Bin(k,p) > k+1-t]).
-    This is the price of sparse graphs: with k = 7, t = 5, n = 100 and 10% dropout it is ~0.5,
-    while k = 15, t = 9 gives ~4e-3. Use it to choose ``degree``.
+    its ``k + 1`` holders (itself included); by Markov's inequality the probability that some client
+    fails is at most ``n (p P[Bin(k,p) > k - t] + (1-p) P[Bin(k,p) > k+1-t])``. A round also aborts
+    when the survivors' graph is disconnected; the Harary graph contains the circulant ring
+    ``C_n(1..h)``, ``h = floor(k/2)``, which splits only if two disjoint windows of ``h`` consecutive
+    clients all drop: at most ``n^2/2 p^(2h)``. The sum of both terms is returned (capped at 1).
+    This is the price of sparse graphs: k = 7, t = 5, n = 100 at 10% dropout gives ~0.5, while
+    k = 15, t = 9 gives ~6e-3. Use it to choose ``degree``.
     """
     if not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -158,7 +159,8 @@ def abort_probability_bound(*, num_clients: int, degree: int, threshold: int, dr
     p = dropout
     per_dropped = _binom_tail(k, p, k - threshold + 1)
     per_survivor = _binom_tail(k, p, k + 1 - threshold + 1)
-    return min(1.0, num_clients * (p * per_dropped + (1 - p) * per_survivor))
+    split = 0.0 if k >= num_clients - 1 else num_clients**2 / 2.0 * p ** (2 * (k // 2))
+    return min(1.0, num_clients * (p * per_dropped + (1 - p) * per_survivor) + split)
 
 
 def is_connected(nodes: set[int] | frozenset[int], neighbours: dict[int, tuple[int, ...]]) -> bool:
