@@ -368,3 +368,32 @@ def test_refuses_a_survivor_list_that_splits_the_masking_graph() -> None:
     masked = [cl2[i].masked_input(q2[i], np.zeros(4, np.uint32)) for i in ids if i not in cut2]
     with pytest.raises(RoundAborted, match="disconnected"):
         fresh.receive_masked(masked)
+
+
+def test_pipelined_rounds_follow_the_two_exchange_schedule() -> None:
+    """Round r+1's advertise rides with round r-1's unmask exchange and its shares with round r's
+    masked-input exchange (docs/SECAGG.md); every round's sum stays exact."""
+    ids = list(range(6))
+    setups = {r: SetupRequest(round=r, threshold=4, degree=5, dim=8) for r in (1, 2, 3)}
+    servers = {r: ServerSession(setups[r]) for r in setups}
+    clients = {r: {i: ClientSession(node_id=i, setup=setups[r]) for i in ids} for r in setups}
+    inputs = {r: {i: np.full(8, 10 * r + i, np.uint32) for i in ids} for r in setups}
+    # warm-up: rounds 1 and 2 advertise, round 1 shares
+    rosters = {r: servers[r].receive_keys([c.advertise_keys() for c in clients[r].values()])
+               for r in (1, 2)}
+    mreq = {1: servers[1].receive_shares([clients[1][i].share_keys(rosters[1]) for i in ids])}
+    for r in (1, 2):
+        # exchange A_r: masked input r together with shares of r+1
+        masked = [clients[r][i].masked_input(mreq[r][i], inputs[r][i]) for i in ids]
+        if r + 1 in rosters:
+            mreq[r + 1] = servers[r + 1].receive_shares(
+                [clients[r + 1][i].share_keys(rosters[r + 1]) for i in ids])
+        ureq = servers[r].receive_masked(masked)
+        # exchange B_r: unmask r together with advertise of r+2
+        replies = [clients[r][i].unmask(ureq[i]) for i in ids]
+        if r + 2 in setups:
+            rosters[r + 2] = servers[r + 2].receive_keys(
+                [c.advertise_keys() for c in clients[r + 2].values()])
+        total = servers[r].receive_unmask(replies)
+        assert np.array_equal(total, _plain_sum(inputs[r], ids, 32))
+    assert servers[3].stage == "SHARED"  # round 3 is ready for its masked-input exchange
