@@ -107,15 +107,46 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _flwr_home_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"FLWR_HOME="):
+            return item[len(b"FLWR_HOME="):].decode(errors="replace")
+    return None
+
+
+def _ancestors(pid: int, table: dict[int, tuple[int, str]]) -> set[int]:
+    out = set()
+    while pid in table and pid not in out:
+        out.add(pid)
+        pid = table[pid][0]
+    return out
+
+
 def stop_local_superlinks(flwr_home: Path) -> list[int]:
-    """Stop the ``flower-superlink`` processes that use ``flwr_home`` and all their descendants."""
+    """Stop what a run under ``flwr_home`` left behind, by process id.
+
+    That is the detached ``flower-superlink`` using ``flwr_home``, all its descendants, and Flower/Ray
+    processes that inherited ``FLWR_HOME=flwr_home`` (Ray actors are re-parented to init when the
+    simulation ends). Never this process or its ancestors.
+    """
     table = _proc_table()
     marker = str(flwr_home)
+    mine = _ancestors(os.getpid(), table)
     links = [p for p, (_, cmd) in table.items() if "flower-superlink" in cmd and marker in cmd]
     victims: list[int] = []
     for pid in links:
         victims.extend(_descendants(pid, table))
         victims.append(pid)
+    for pid, (_, cmd) in table.items():
+        if pid in mine or pid in victims:
+            continue
+        if ("ray" in cmd or "flower" in cmd or "flwr" in cmd) and _flwr_home_of(pid) == marker:
+            victims.append(pid)
+    victims = [p for p in dict.fromkeys(victims) if p not in mine]
     stop_processes(victims)
     return victims
 
