@@ -48,7 +48,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     from fedprivacy.fl.task import evaluate_local
 
     cfg, pid, total = _node(context)
-    weights = codec.record_to_arrays(msg.content["arrays"])
-    num_classes = int(msg.content["config"]["num-classes"])
+    weights, num_classes = codec.decode_evaluate(msg)
     loss, acc, n = evaluate_local(cfg, weights, partition_id=pid, num_partitions=total, num_classes=num_classes)
     return codec.evaluate_reply(msg, loss=loss, accuracy=acc, num_examples=n)

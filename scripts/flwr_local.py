@@ -158,25 +158,25 @@ def run_local(
     run_config: str = "",
     flwr_home: Path | None = None,
     timeout: float | None = None,
-    stream: bool = True,
+    capture: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``flwr run`` the app on a local simulation and stop the SuperLink afterwards."""
+    """``flwr run --stream`` the app on a local simulation and stop the SuperLink afterwards.
+
+    ``--stream`` is always on: without it ``flwr run`` returns as soon as the run is submitted.
+    ``capture=True`` collects the output instead of printing it.
+    """
     home = flwr_home or Path(tempfile.mkdtemp(prefix="fedprivacy-flwr-"))
     home.mkdir(parents=True, exist_ok=True)
     if "output-dir" not in run_config:
         run_config = f"{run_config} output-dir={json.dumps(str(app_dir / 'runs'))}".strip()
     cmd = [str(bin_dir() / "flwr"), "run", str(app_dir),
-           "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus=1"]
-    if stream:
-        cmd.append("--stream")
+           "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus=1", "--stream"]
     if run_config:
         cmd += ["--run-config", run_config]
     print("$ " + shlex.join(cmd), flush=True)
     try:
-        if stream:
-            return subprocess.run(cmd, env=flwr_env(home), cwd=app_dir, timeout=timeout, text=True, check=False)
         return subprocess.run(cmd, env=flwr_env(home), cwd=app_dir, timeout=timeout, text=True,
-                              capture_output=True, check=False)
+                              capture_output=capture, check=False)
     finally:
         stop_local_superlinks(home)
 

@@ -37,8 +37,8 @@ def train_message(node_id: int, instr: RoundInstructions, weights: Sequence[np.n
 
 
 def decode_train(msg: Message) -> tuple[RoundInstructions, list[np.ndarray]]:
-    return (RoundInstructions.from_record(dict(msg.content["config"])),
-            record_to_arrays(msg.content["arrays"]))
+    return (RoundInstructions.from_record(dict(msg.content.config_records["config"])),
+            record_to_arrays(msg.content.array_records["arrays"]))
 
 
 def train_reply(msg: Message, update: ClientUpdate) -> Message:
@@ -54,8 +54,8 @@ def train_reply(msg: Message, update: ClientUpdate) -> Message:
 
 
 def decode_train_reply(reply: Message, partition_id: int) -> ClientUpdate:
-    delta = record_to_arrays(reply.content["update"])
-    metrics: Mapping[str, Any] = dict(reply.content["metrics"]) if "metrics" in reply.content else {}
+    delta = record_to_arrays(reply.content.array_records["update"])
+    metrics: Mapping[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
     extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
              if k not in ("num-examples", "train-loss")}
     n = metrics.get("num-examples")
@@ -76,7 +76,7 @@ def query_reply(msg: Message, *, partition_id: int, num_partitions: int) -> Mess
 
 
 def decode_query_reply(reply: Message) -> tuple[int, int]:
-    node = reply.content["node"]
+    node: Mapping[str, Any] = reply.content.config_records["node"]
     return int(node["partition-id"]), int(node["num-partitions"])
 
 
@@ -85,6 +85,11 @@ def evaluate_message(node_id: int, weights: Sequence[np.ndarray], *, num_classes
                           "config": ConfigRecord({"num-classes": int(num_classes), "round": int(round)})})
     return Message(content=content, dst_node_id=node_id, message_type=MessageType.EVALUATE,
                    group_id=str(round))
+
+
+def decode_evaluate(msg: Message) -> tuple[list[np.ndarray], int]:
+    config: Mapping[str, Any] = msg.content.config_records["config"]
+    return record_to_arrays(msg.content.array_records["arrays"]), int(config["num-classes"])
 
 
 def evaluate_reply(msg: Message, *, loss: float, accuracy: float, num_examples: int) -> Message:

@@ -40,7 +40,7 @@ def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -
     run_config = f"num-server-rounds=2 seed=0 run-name='sim' output-dir='{out}'"
     # Act
     proc = flwr_local.run_local(supernodes=10, run_config=run_config, flwr_home=home, timeout=900,
-                                stream=False)
+                                capture=True)
     # Assert
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
