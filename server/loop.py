@@ -31,34 +31,46 @@ def _error_text(reply: Any) -> str:
     return f"client error (code {err.code}): {err.reason}"
 
 
-def discover_partitions(grid: Grid, *, timeout: float, log: Callable[[str], None] = print) -> dict[int, int]:
-    """Map partition id -> node id by querying every node; checks ids are exactly 0..N-1."""
-    deadline = time.monotonic() + NODE_WAIT_SECONDS
-    node_ids = sorted(grid.get_node_ids())
-    while not node_ids and time.monotonic() < deadline:
-        time.sleep(1.0)
-        node_ids = sorted(grid.get_node_ids())
-    if not node_ids:
-        raise RuntimeError(f"no client node connected within {NODE_WAIT_SECONDS:.0f} s")
-    replies = list(grid.send_and_receive([codec.query_message(n) for n in node_ids], timeout=timeout))
+def discover_partitions(
+    grid: Grid, *, timeout: float, wait: float = NODE_WAIT_SECONDS, log: Callable[[str], None] = print
+) -> dict[int, int]:
+    """Map partition id -> node id by querying every node; waits until ids 0..N-1 have all answered.
+
+    SuperNodes of a deployment connect one by one, so new nodes are queried as they appear, until every
+    partition of ``num-partitions`` is known or ``wait`` seconds have passed (then RuntimeError).
+    """
+    deadline = time.monotonic() + wait
     mapping: dict[int, int] = {}
     totals: set[int] = set()
-    for reply in replies:
-        src = reply.metadata.src_node_id
-        if reply.has_error():
-            raise RuntimeError(f"node {src} failed the partition query: {_error_text(reply)}")
-        pid, total = codec.decode_query_reply(reply)
-        if pid in mapping:
-            raise RuntimeError(f"two nodes claim partition-id {pid}")
-        mapping[pid] = src
-        totals.add(total)
-    if len(totals) != 1:
-        raise RuntimeError(f"nodes disagree on num-partitions: {sorted(totals)}")
-    (total,) = totals
-    if sorted(mapping) != list(range(total)):
-        missing = sorted(set(range(total)) - set(mapping))
-        raise RuntimeError(f"partitions {missing} of {total} did not answer the partition query")
-    return mapping
+    asked: set[int] = set()
+    while True:
+        new = sorted(set(grid.get_node_ids()) - asked)
+        if new:
+            asked.update(new)
+            for reply in grid.send_and_receive([codec.query_message(n) for n in new], timeout=timeout):
+                src = reply.metadata.src_node_id
+                if reply.has_error():
+                    raise RuntimeError(f"node {src} failed the partition query: {_error_text(reply)}")
+                pid, total = codec.decode_query_reply(reply)
+                if pid in mapping:
+                    raise RuntimeError(f"two nodes claim partition-id {pid}")
+                mapping[pid] = src
+                totals.add(total)
+        if len(totals) > 1:
+            raise RuntimeError(f"nodes disagree on num-partitions: {sorted(totals)}")
+        if totals:
+            (total,) = totals
+            if sorted(mapping) == list(range(total)):
+                return mapping
+            if any(not 0 <= pid < total for pid in mapping):
+                raise RuntimeError(f"partition ids {sorted(mapping)} do not fit num-partitions={total}")
+        if time.monotonic() > deadline:
+            have = sorted(mapping)
+            raise RuntimeError(
+                f"only partitions {have} answered within {wait:.0f} s"
+                + (f" (num-partitions={next(iter(totals))})" if totals else "")
+            )
+        time.sleep(1.0)
 
 
 def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):

@@ -89,7 +89,7 @@ def default_hooks(cfg: RunConfig, *, population: int) -> ModelHooks:
     from fedprivacy.fl import task
 
     test = task.test_set(cfg, num_partitions=population)
-    k = task.num_classes_of(test)
+    k = task.num_classes_for(cfg, num_partitions=population)
     return ModelHooks(
         init=lambda seed: task.initial_weights(cfg, input_shape=test.feature_shape, num_classes=k, seed=seed),
         evaluate=lambda w: task.evaluate_weights(cfg, w, test, num_classes=k),

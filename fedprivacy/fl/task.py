@@ -38,8 +38,15 @@ def test_set(cfg: RunConfig, *, num_partitions: int) -> Any:
     return load_test_set(cfg, num_partitions)
 
 
-def num_classes_of(split: Any) -> int:
-    return max(2, int(np.max(split.y)) + 1)
+def num_classes_for(cfg: RunConfig, *, num_partitions: int) -> int:
+    """Number of classes of the configured data set (largest label in train or test, plus one)."""
+    from fedprivacy.ml.data import SYNTHETIC_CLASSES, load_dataset
+
+    if cfg.dataset == "synthetic":
+        return SYNTHETIC_CLASSES
+    train, test = load_dataset(cfg.dataset, seed=cfg.data_seed, test_fraction=cfg.test_fraction,
+                               num_clients=num_partitions)
+    return max(2, int(max(np.max(train.y), np.max(test.y))) + 1)
 
 
 def initial_weights(cfg: RunConfig, *, input_shape: Sequence[int], num_classes: int, seed: int) -> list[np.ndarray]:

@@ -104,6 +104,7 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
         # Assert
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0, log[-3000:]
+        assert (out / "deploy" / "results.json").exists(), log[-5000:]
         results = json.loads((out / "deploy" / "results.json").read_text())
         assert results["population"] == 3
         assert [(r["round"], r["clients_aggregated"]) for r in results["rounds"]] == [(1, 3), (2, 3)]
