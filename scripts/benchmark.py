@@ -124,7 +124,8 @@ def build_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
     return specs
 
 
-def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool) -> list[str]:
+def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
+                native_threads: bool = False) -> list[str]:
     sigmas = sorted({(s.target_epsilon, round(s.noise_multiplier, 4), s.rounds, s.sample_rate)
                      for s in specs if s.target_epsilon is not None})
     return [
@@ -153,6 +154,9 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool) -> list[str]:
         "no accountant there (ε is Flower's RDP accountant applied to the same σ and rounds). "
         "" if quick else f"In the full sweep, Flower's SecAgg+ rows and fedprivacy's `local` and "
         f"`dpsgd` rows run at most {SLOW_ROUNDS_CAP} rounds: they measure time, not final accuracy.",
+        ("Every configuration runs in its own process with one native thread "
+         "(OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1), the same for every framework."
+         if not native_threads else "Native thread pools left at their defaults (--native-threads)."),
         "The torch loop is one process, no Flower: sample the cohort, train each client with the "
         "same `train_local`, average weighted by examples, evaluate.",
         "Quick sweep: digits, 100 clients, 10 per round, ~10k parameters, 5 rounds."
@@ -163,13 +167,23 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- running
-def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float) -> dict[str, Any]:
+# One native thread per process for every row (the torch loop and the Flower clients already call
+# torch.set_num_threads(1)). Without it, numpy's OpenBLAS pool and torch's OpenMP pool contend on a
+# 2-core machine: a 100k-element np.dot after a torch backward pass measured ~24 ms instead of
+# ~0.03 ms, which dominated fedprivacy's update clipping (see docs/BENCHMARKS.md).
+SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float,
+            single_thread: bool = True) -> dict[str, Any]:
     """Run ``spec`` in a fresh worker process; record its tree's peak memory."""
     out = log_dir / f"{spec.key()}.json"
     log = log_dir / f"{spec.key()}.log"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    if single_thread:
+        env.update(SINGLE_THREAD_ENV)
     cmd = [sys.executable, "-m", "benchmarks.worker", "--spec", json.dumps(spec.to_dict()),
            "--out", str(out)]
     t0 = time.perf_counter()
@@ -202,6 +216,7 @@ def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float) -> dict[str, Any]
 
 
 def run_sweep(specs: Sequence[BenchSpec], *, log_dir: Path, timeout: float,
+              single_thread: bool = True,
               on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     from rich.progress import (
         BarColumn,
@@ -211,19 +226,23 @@ def run_sweep(specs: Sequence[BenchSpec], *, log_dir: Path, timeout: float,
         TimeElapsedColumn,
     )
 
-    rows: list[dict[str, Any]] = []
+    # fedprivacy's distributed mode runs last: it gives secure aggregation the most time to land
+    # in a build that is still being assembled; rows come back in the order of ``specs``.
+    order = sorted(range(len(specs)), key=lambda i: specs[i].mode == "distributed")
+    by_index: dict[int, dict[str, Any]] = {}
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task("sweep", total=len(specs))
-        for spec in specs:
+        for i in order:
+            spec = specs[i]
             progress.update(task, description=f"{spec.key()}")
-            row = run_one(spec, log_dir=log_dir, timeout=timeout)
-            rows.append(row)
+            row = run_one(spec, log_dir=log_dir, timeout=timeout, single_thread=single_thread)
+            by_index[i] = row
             if on_row is not None:
                 on_row(row)
             progress.advance(task)
-    return rows
+    return [by_index[i] for i in range(len(specs))]
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -295,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated substrings; run only specs whose key contains one")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    parser.add_argument("--native-threads", action="store_true",
+                        help="keep the BLAS/OpenMP thread defaults instead of one thread per process")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="re-render docs and plots from a saved payload, run nothing")
     parser.add_argument("--no-docs", action="store_true",
@@ -321,11 +342,24 @@ def main(argv: list[str] | None = None) -> int:
         specs = [s for s in specs if any(k in s.key() for k in keys)]
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["python scripts/benchmark.py", *(shlex.quote(a) for a in given)])
+    partial = None if args.no_docs else RESULTS_DIR / "partial.json"
+    done: list[dict[str, Any]] = []
+
+    def save_partial(row: dict[str, Any]) -> None:  # a killed sweep leaves its finished rows
+        done.append(row)
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"command": "", "rows": done}, indent=1, default=str))
+
     with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
-        rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout)
+        rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout,
+                         single_thread=not args.native_threads, on_row=save_partial)
+    if partial is not None and partial.exists():
+        partial.unlink()
     runtime = time.perf_counter() - t0
     payload = build_payload(rows, sweep="quick" if args.quick else "full", command=command,
-                            runtime=runtime, notes=sweep_notes(specs, quick=args.quick))
+                            runtime=runtime, notes=sweep_notes(specs, quick=args.quick,
+                                              native_threads=args.native_threads))
     write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=res)
     print_summary(payload)
     return 0
