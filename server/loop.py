@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.aggregation import ClientUpdate
 from fedprivacy.fl.client import RoundInstructions
-from fedprivacy.fl.loop import run_federated
+from fedprivacy.fl.loop import RoundFn, run_federated
 from server import codec
 
 NODE_WAIT_SECONDS = 60.0
@@ -104,9 +104,25 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):
     return exchange
 
 
+RoundProtocolFactory = Callable[[Grid, Mapping[int, int], RunConfig], RoundFn]
+_ROUND_PROTOCOLS: dict[str, RoundProtocolFactory] = {}
+
+
+def register_round_protocol(name: str, factory: RoundProtocolFactory) -> None:
+    """Plug in a multi-message round (secure aggregation): used when ``privacy == name``.
+
+    ``factory(grid, nodes, cfg)`` returns a :data:`fedprivacy.fl.loop.RoundFn`; the loop around it
+    (sampling, budget, accounting with ``RoundOutcome.event``, outputs) stays the same.
+    """
+    _ROUND_PROTOCOLS[name] = factory
+
+
 def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Validate the config, discover partitions, run all rounds; returns the results dict."""
     cfg = RunConfig.from_mapping(run_config)
     nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
+    if cfg.privacy in _ROUND_PROTOCOLS:
+        round_fn = _ROUND_PROTOCOLS[cfg.privacy](grid, nodes, cfg)
+        return run_federated(cfg, population=len(nodes), round_fn=round_fn, log=log)
     exchange = make_exchange(grid, nodes, timeout=cfg.client_timeout)
     return run_federated(cfg, population=len(nodes), exchange=exchange, log=log)

@@ -338,8 +338,9 @@ def build_results(
             "mode": plan.mode,
             "unit": plan.unit,
             "adjacency": plan.neighbouring,
-            "mechanism": ("Gaussian on the sum of clipped updates (server-side noise)" if plan.mode == "central"
-                          else "Gaussian on each clipped update (client-side noise)"),
+            "mechanism": plan.mechanism or (
+                "Gaussian on the sum of clipped updates (server-side noise)" if plan.mode == "central"
+                else "Gaussian on each clipped update (client-side noise)"),
             "clip_norm": plan.clip_norm,
             "noise_multiplier": plan.noise_multiplier,
             "noise_std": plan.noise_multiplier * plan.clip_norm,

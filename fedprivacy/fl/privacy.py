@@ -21,6 +21,7 @@ calibrate_noise_multiplier` (never overshoots).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ class PrivacyPlan:
     event: Any
     target_delta: float
     target_epsilon: float
+    mechanism: str = ""
 
     def describe(self) -> str:
         if self.event is None:
@@ -59,6 +61,18 @@ class PrivacyPlan:
             f"σ={self.noise_multiplier:.4g} ({origin}, noise std {self.noise_multiplier * self.clip_norm:.4g}, "
             f"{where}), sampling={self.sampling_description}, denominator={self.denominator:g}"
         )
+
+
+_PLANNERS: dict[str, Callable[..., PrivacyPlan]] = {}
+
+
+def register_plan(mode: str, planner: Callable[..., PrivacyPlan]) -> None:
+    """Plug in the plan of another privacy mode (``distributed``):
+    ``planner(cfg, *, population, denominator) -> PrivacyPlan`` whose ``event`` is the worst case the
+    budget check uses before a round (e.g. the fewest survivors that can complete it)."""
+    if mode in ("none", "central", "local"):
+        raise ValueError(f"mode {mode!r} is built in")
+    _PLANNERS[mode] = planner
 
 
 def _sampling_object(cfg: RunConfig, population: int) -> Any:
@@ -98,6 +112,8 @@ def plan_privacy(cfg: RunConfig, *, population: int) -> PrivacyPlan:
                            central_noise_std=0.0, local_noise_std=0.0, unit="none",
                            neighbouring=cfg.neighbouring, sampling_description=sampling_desc,
                            event=None, target_delta=cfg.target_delta, target_epsilon=0.0)
+    if cfg.privacy in _PLANNERS:
+        return _PLANNERS[cfg.privacy](cfg, population=population, denominator=denominator)
     if cfg.privacy not in ("central", "local"):
         raise ValueError(
             f"privacy={cfg.privacy!r} is not available yet in this build: it needs secure aggregation "

@@ -105,3 +105,20 @@ def test_calibrated_sigma_meets_the_target() -> None:
 def test_plans_that_cannot_be_honoured_are_refused(cfg: RunConfig, population: int, key: str) -> None:
     with pytest.raises(ValueError, match=key):
         plan_privacy(cfg, population=population)
+
+
+def test_a_registered_planner_serves_the_distributed_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedprivacy.fl import privacy
+
+    def planner(cfg: RunConfig, *, population: int, denominator: float) -> privacy.PrivacyPlan:
+        return privacy.PrivacyPlan(
+            mode="distributed", population=population, denominator=denominator, clip_norm=cfg.clip_norm,
+            noise_multiplier=cfg.noise_multiplier, calibrated=False, central_noise_std=0.0,
+            local_noise_std=0.0, unit="user", neighbouring="add-remove", sampling_description="x",
+            event=None, target_delta=cfg.target_delta, target_epsilon=0.0, mechanism="discrete Gaussian")
+
+    monkeypatch.setitem(privacy._PLANNERS, "distributed", planner)
+    plan = plan_privacy(RunConfig(privacy="distributed", secagg=True, sample_rate=0.5), population=20)
+    assert plan.mode == "distributed" and plan.denominator == 10.0
+    with pytest.raises(ValueError, match="built in"):
+        privacy.register_plan("central", planner)
