@@ -78,7 +78,8 @@ def test_fixed_cohort_plan_is_without_replacement_under_replace_one() -> None:
 
 
 def test_local_plan_has_no_amplification_and_replace_one() -> None:
-    plan = plan_privacy(RunConfig(privacy="local", noise_multiplier=2.0, sample_rate=0.2), population=50)
+    plan = plan_privacy(RunConfig(privacy="local", noise_multiplier=2.0, clip_norm=1.0, sample_rate=0.2),
+                        population=50)
     assert plan.event.sampling == NoSampling() and plan.neighbouring == "replace-one"
     assert plan.local_noise_std == 2.0 and plan.central_noise_std == 0.0
 
