@@ -222,10 +222,14 @@ def select_threshold(
 ) -> float:
     """Choose the threshold that maximises the Clopper-Pearson eps bound on calibration data.
 
-    Candidates are quantiles of the pooled scores. Use the result on fresh trials.
+    Candidates are quantiles of the pooled scores, evenly spaced plus log-spaced into both tails
+    (the tight thresholds of a DP audit sit where one error rate is tiny). Use the result on fresh
+    trials.
     """
     pooled = np.concatenate([np.ravel(in_scores), np.ravel(out_scores)]).astype(np.float64)
-    qs = np.quantile(pooled, np.linspace(0.0, 1.0, candidates))
+    tail = np.logspace(-7, -1, candidates // 2)
+    probs = np.clip(np.concatenate([np.linspace(0.0, 1.0, candidates), tail, 1.0 - tail]), 0.0, 1.0)
+    qs = np.quantile(pooled, probs)
     best, best_t = -1.0, float(qs[len(qs) // 2])
     pos = np.sort(np.ravel(in_scores))
     neg = np.sort(np.ravel(out_scores))

@@ -556,7 +556,7 @@ def default_defences(
         Defence(name="clip", clip_norm=clip_norm),
     ]
     out += [
-        Defence(name="clip+noise", clip_norm=clip_norm, noise_multiplier=s)
+        Defence(name=f"clip+noise(sigma={s:g})", clip_norm=clip_norm, noise_multiplier=s)
         for s in noise_multipliers
     ]
     out += [
