@@ -51,12 +51,17 @@ class RoundOutcome:
         failures: partition id -> reason, for sampled clients that crashed or timed out.
         updates: the (metadata of the) updates received, for loss and DP-SGD bookkeeping.
         event: the privacy event that really ran, if it differs from the plan (None = the plan's).
+        aborted: why the round released nothing (secure aggregation below threshold), else None:
+            nothing is spent and the model stays unchanged (``aggregate.mean_update`` is all zeros).
+        info: extra per-round figures for the results row (e.g. secagg survivors, noise of the sum).
     """
 
     aggregate: AggregateResult
     failures: dict[int, str] = field(default_factory=dict)
     updates: tuple[ClientUpdate, ...] = ()
     event: Any = None
+    aborted: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 Exchange = Callable[[RoundInstructions, Sequence[int], Sequence[np.ndarray]],
@@ -183,6 +188,8 @@ def run_federated(
     if round_fn is None:
         if exchange is None:
             raise ValueError("give either round_fn or exchange")
+        if cfg.secagg:  # never fall back to sending updates in the clear
+            raise ValueError("secagg=true needs the secure round function (fedprivacy.fl.secure.SecureRound)")
         aggregator = make_aggregator(cfg.privacy, clip_norm=cfg.clip_norm,
                                      noise_multiplier=plan.noise_multiplier, cfg=cfg)
         round_fn = plain_round(exchange, aggregator, denominator=plan.denominator)
@@ -245,7 +252,10 @@ def run_federated(
             num_classes=hooks.num_classes, seed=cfg.seed,
         )
         outcome = round_fn(instr, cohort, weights, rng.child("aggregate"))
-        if accountant is not None:
+        if outcome.aborted is not None:  # secagg: nothing released, nothing spent, model unchanged
+            log(f"round {rnd:3d}/{cfg.num_server_rounds}  ABORTED: {outcome.aborted}; nothing released, "
+                "no ε spent, global model unchanged")
+        elif accountant is not None:
             accountant.spend(outcome.event if outcome.event is not None else plan.event, round=rnd)
         agg = outcome.aggregate
         weights = [(np.asarray(w, dtype=np.float64) + np.asarray(u, dtype=np.float64)).astype(np.asarray(w).dtype)
@@ -274,6 +284,7 @@ def run_federated(
         }
         if dpsgd is not None:
             row["dpsgd_epsilon"] = dpsgd.epsilon()
+        row.update(outcome.info)  # secagg figures (survivors, noise of the sum, aborted)
         rows.append(row)
         save_checkpoint(ckpt_dir, round=rnd, weights=weights, accountant=accountant, rows=rows,
                         config=cfg.to_mapping(),
@@ -363,6 +374,10 @@ def build_results(
             privacy["accountant_claim"] = accountant.claim(delta=cfg.target_delta)
         except Exception as exc:  # the claim is a convenience; never lose the results over it
             privacy["accountant_claim"] = {"error": str(exc)}
+        if plan.mode == "distributed":  # the noise the survivors really added (fedprivacy.fl.secure)
+            from fedprivacy.fl.secure import distributed_privacy_summary
+
+            privacy.update(distributed_privacy_summary(cfg, plan, rows, epsilon=eps))
     results: dict[str, Any] = {
         "run_name": run_dir.name,
         "run_dir": str(run_dir),
