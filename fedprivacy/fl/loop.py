@@ -50,7 +50,8 @@ class RoundOutcome:
         aggregate: the released mean update and who is in it.
         failures: partition id -> reason, for sampled clients that crashed or timed out.
         updates: the (metadata of the) updates received, for loss and DP-SGD bookkeeping.
-        event: the privacy event that really ran, if it differs from the plan (None = the plan's).
+        event: the privacy event that really ran, if it differs from the plan (None = the plan's). It
+            must be no worse than the plan's event, which the budget check used before the round.
         aborted: why the round released nothing (secure aggregation below threshold), else None:
             nothing is spent and the model stays unchanged (``aggregate.mean_update`` is all zeros).
         info: extra per-round figures for the results row (e.g. secagg survivors, noise of the sum).
@@ -256,7 +257,17 @@ def run_federated(
             log(f"round {rnd:3d}/{cfg.num_server_rounds}  ABORTED: {outcome.aborted}; nothing released, "
                 "no ε spent, global model unchanged")
         elif accountant is not None:
-            accountant.spend(outcome.event if outcome.event is not None else plan.event, round=rnd)
+            from fedprivacy.accounting.accountant import PrivacyBudgetExhausted
+
+            try:
+                accountant.spend(outcome.event if outcome.event is not None else plan.event, round=rnd)
+            except PrivacyBudgetExhausted as exc:
+                # Only reachable if a round function reports an event worse than the plan's worst case
+                # (a contract violation): the aggregate is discarded, never applied or published.
+                stopped = f"round {rnd} discarded, its event exceeds the budget: {exc}"
+                status = "budget-exhausted"
+                log(stopped)
+                break
         agg = outcome.aggregate
         weights = [(np.asarray(w, dtype=np.float64) + np.asarray(u, dtype=np.float64)).astype(np.asarray(w).dtype)
                    for w, u in zip(weights, agg.mean_update, strict=True)]
