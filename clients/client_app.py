@@ -42,6 +42,38 @@ def train(msg: Message, context: Context) -> Message:
     return codec.train_reply(msg, update)
 
 
+# ---- secure aggregation stages (clients/secagg_handlers.py); message types query/train.secagg_*
+@app.query("secagg_advertise")
+def secagg_advertise(msg: Message, context: Context) -> Message:
+    from clients import secagg_handlers
+
+    _, pid, _ = _node(context)
+    return secagg_handlers.advertise(msg, context, partition_id=pid)
+
+
+@app.query("secagg_share")
+def secagg_share(msg: Message, context: Context) -> Message:
+    from clients import secagg_handlers
+
+    return secagg_handlers.share(msg, context)
+
+
+@app.train("secagg_masked")
+def secagg_masked(msg: Message, context: Context) -> Message:
+    from clients import secagg_handlers
+
+    cfg, pid, total = _node(context)
+    return secagg_handlers.masked(msg, context, cfg=cfg, partition_id=pid, num_partitions=total)
+
+
+@app.query("secagg_unmask")
+def secagg_unmask(msg: Message, context: Context) -> Message:
+    from clients import secagg_handlers
+
+    return secagg_handlers.unmask(msg, context)
+# ---- end of secure aggregation stages
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this node's own partition (not covered by ε)."""

@@ -209,6 +209,7 @@ class RunConfig:
             )
         if self.privacy == "distributed" and not self.secagg:
             raise ValueError("privacy='distributed' needs secagg=true: the noise is only hidden by secure aggregation")
+        self._check_secagg()
         if self.privacy == "none" and self.target_epsilon > 0:
             raise ValueError("target-epsilon must be 0 when privacy='none' (nothing is accounted)")
         if self.sampling == "fixed":
@@ -222,6 +223,41 @@ class RunConfig:
                 )
         if self.resume and not self.run_name:
             raise ValueError("run-name must be set when resume=true (the run folder to continue)")
+
+
+    def _check_secagg(self) -> None:
+        """secagg combinations (owner: secagg integration, ``fedprivacy/fl/secure.py``)."""
+        if self.privacy == "distributed":
+            if self.accountant != "rdp":
+                raise ValueError(
+                    f"accountant must be 'rdp' when privacy='distributed' (the distributed discrete "
+                    f"Gaussian is accounted in zCDP/RDP), got {self.accountant!r}")
+            if self.noise_multiplier <= 0:
+                raise ValueError(
+                    f"noise-multiplier must be > 0 when privacy='distributed' (no calibration for this "
+                    f"mode), got {self.noise_multiplier}")
+        if not self.secagg:
+            return
+        if self.privacy == "central":
+            raise ValueError(
+                "secagg=true with privacy='central' is refused: the server would unmask the un-noised "
+                "sum before adding its noise; use privacy='distributed' (clients add discrete Gaussian "
+                "noise, the server only ever sees a noised sum)")
+        if self.privacy == "local":
+            raise ValueError("secagg=true with privacy='local' is not supported; use privacy='distributed'")
+        if self.clip_norm <= 0:
+            raise ValueError(f"clip-norm must be > 0 when secagg=true (fixed-point range), got {self.clip_norm}")
+        if self.sampling == "fixed" and self.cohort_size < 3:
+            raise ValueError(f"cohort-size must be >= 3 when secagg=true, got {self.cohort_size}")
+        k, t = self.secagg_neighbours, self.secagg_threshold
+        if k == 1:
+            raise ValueError("secagg-neighbours must be 0 (automatic) or >= 2 (one neighbour learns the input)")
+        if t == 1 or (k and t and 2 * t <= k + 1):
+            raise ValueError(
+                f"secagg-threshold must be > (secagg-neighbours+1)/2 = {(k + 1) / 2} so that a server lying "
+                f"about dropouts cannot unmask a live client (Bonawitz et al. 2017, Sec. 4), got {t}")
+        if k and t and t > k + 1:
+            raise ValueError(f"secagg-threshold must be <= secagg-neighbours+1 = {k + 1}, got {t}")
 
 
 # ---------------------------------------------------------------------- helpers

@@ -121,6 +121,11 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str]
     """Validate the config, discover partitions, run all rounds; returns the results dict."""
     cfg = RunConfig.from_mapping(run_config)
     nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
+    if cfg.secagg:  # secure aggregation (privacy none or distributed): server/secagg_exchange.py
+        from server.secagg_exchange import make_secure_round
+
+        return run_federated(cfg, population=len(nodes), round_fn=make_secure_round(grid, nodes, cfg, log=log),
+                             log=log)
     if cfg.privacy in _ROUND_PROTOCOLS:
         round_fn = _ROUND_PROTOCOLS[cfg.privacy](grid, nodes, cfg)
         return run_federated(cfg, population=len(nodes), round_fn=round_fn, log=log)

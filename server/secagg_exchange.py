@@ -1,0 +1,150 @@
+"""Secure aggregation over the Flower Grid: the server side of :class:`fedprivacy.fl.secure.SecureRound`.
+
+Wire format (Message API; ``group_id`` = round, so fault plans and logs see the round):
+
+=====================  ============================================  ==================================
+message type           content (server -> client)                    reply content
+=====================  ============================================  ==================================
+query.secagg_advertise ``secagg`` ConfigRecord (SetupRequest)        ``secagg`` (AdvertiseKeys)
+query.secagg_share     ``secagg`` (ShareKeysRequest)                 ``secagg`` (SharedKeys)
+train.secagg_masked    ``arrays`` (model), ``config`` (round          ``secagg`` (MaskedInput header),
+                       instructions), ``encoding``, ``secagg``        ``secagg-masked`` ArrayRecord
+                       (MaskedInputRequest)                          (uint32 vector), ``metrics``
+query.secagg_unmask    ``secagg`` (UnmaskRequest)                    ``secagg`` (UnmaskResponse)
+=====================  ============================================  ==================================
+
+Every ``secagg`` record holds ``stage``, ``kind`` (:data:`fedprivacy.secagg.wire.MESSAGE_TYPES`) and the
+message's flat fields from :func:`fedprivacy.secagg.wire.encode`; only public keys, sealed shares,
+revealed stage-4 shares and masked vectors travel. Protocol node ids are partition ids, so results do
+not depend on Flower's random node ids. A missing or failed reply is a dropout at that stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.client import RoundInstructions
+from fedprivacy.fl.secure import EncodingSpec, SecureRound
+from fedprivacy.secagg import wire
+from server import codec
+
+MESSAGE_TYPES = {
+    "advertise": f"{MessageType.QUERY}.secagg_advertise",
+    "share": f"{MessageType.QUERY}.secagg_share",
+    "masked": f"{MessageType.TRAIN}.secagg_masked",
+    "unmask": f"{MessageType.QUERY}.secagg_unmask",
+}
+_ARRAY_FIELD = "masked"
+
+
+def to_records(stage: str, msg: object) -> dict[str, Any]:
+    """``secagg`` ConfigRecord (and ``secagg-masked`` ArrayRecord for a masked vector) of a message."""
+    kind, fields = wire.encode(msg)
+    array = fields.pop(_ARRAY_FIELD, None)
+    out: dict[str, Any] = {"secagg": ConfigRecord({"stage": stage, "kind": kind, **fields})}
+    if array is not None:
+        out["secagg-masked"] = ArrayRecord.from_numpy_ndarrays([np.ascontiguousarray(array)])
+    return out
+
+
+def from_records(content: RecordDict, *, stage: str) -> Any:
+    """Rebuild a protocol message from a Message's content; ValueError/TypeError if malformed."""
+    record = content.config_records.get("secagg")
+    if record is None:
+        raise ValueError("no 'secagg' record in the message")
+    fields: dict[str, Any] = dict(record)
+    got = fields.pop("stage", None)
+    if got != stage:
+        raise ValueError(f"secagg stage {got!r} where {stage!r} was expected")
+    kind = fields.pop("kind", None)
+    if not isinstance(kind, str):
+        raise ValueError("secagg record has no kind")
+    fields = {k: list(v) if isinstance(v, list | tuple) else v for k, v in fields.items()}
+    if "secagg-masked" in content.array_records:
+        (array,) = content.array_records["secagg-masked"].to_numpy_ndarrays()
+        fields[_ARRAY_FIELD] = np.asarray(array)
+    return wire.decode(kind, fields)
+
+
+def _error_text(reply: Message) -> str:
+    return f"client error (code {reply.error.code}): {reply.error.reason}"
+
+
+class GridSecureTransport:
+    """:class:`fedprivacy.fl.secure.SecureTransport` over a Flower Grid (one exchange per stage)."""
+
+    def __init__(self, grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> None:
+        self.grid = grid
+        self.nodes = dict(nodes)
+        self.timeout = timeout
+
+    def _message(self, name: str, pid: int, request: Any, *, instructions: RoundInstructions | None,
+                 weights: Sequence[np.ndarray] | None, encoding: EncodingSpec | None,
+                 shared: dict[str, Any]) -> Message:
+        content = to_records(name, request)
+        if name == "masked":
+            if instructions is None or weights is None or encoding is None:
+                raise ValueError("the masked stage needs instructions, weights and encoding")
+            content.update(shared)
+        rnd = request.round
+        return Message(content=RecordDict(content), dst_node_id=self.nodes[pid],
+                       message_type=MESSAGE_TYPES[name], group_id=str(rnd))
+
+    def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
+              weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
+              ) -> tuple[dict[int, Any], dict[int, str]]:
+        shared: dict[str, Any] = {}
+        if name == "masked" and instructions is not None and weights is not None and encoding is not None:
+            shared = {"arrays": codec.arrays_to_record(weights),
+                      "config": ConfigRecord(instructions.to_record()),
+                      "encoding": ConfigRecord(encoding.to_record())}
+        messages = [self._message(name, pid, req, instructions=instructions, weights=weights,
+                                  encoding=encoding, shared=shared) for pid, req in requests.items()]
+        pid_of = {self.nodes[pid]: pid for pid in requests}
+        replies = self.grid.send_and_receive(messages, timeout=self.timeout) if messages else []
+        out: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        for reply in replies:
+            pid = pid_of.get(reply.metadata.src_node_id)
+            if pid is None:
+                continue
+            if reply.has_error():
+                failures[pid] = f"secagg {name}: {_error_text(reply)}"
+                continue
+            try:
+                msg = from_records(reply.content, stage=name)
+                if name == "masked":
+                    out[pid] = (msg, _update_metadata(reply, pid))
+                else:
+                    out[pid] = msg
+            except (KeyError, ValueError, TypeError) as exc:
+                failures[pid] = f"secagg {name}: malformed reply: {exc}"
+        for pid in requests:
+            if pid not in out and pid not in failures:
+                failures[pid] = f"secagg {name}: no reply within client-timeout ({self.timeout:g} s)"
+        return out, failures
+
+
+def _update_metadata(reply: Message, pid: int) -> ClientUpdate:
+    """What the client disclosed besides its masked vector (nothing in privacy mode ``distributed``)."""
+    metrics: Mapping[str, Any] = dict(reply.content.metric_records.get("metrics", MetricRecord({})))
+    n = metrics.get("num-examples")
+    loss = metrics.get("train-loss")
+    extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
+             if k not in ("num-examples", "train-loss")}
+    return ClientUpdate(partition_id=pid, delta=(), num_examples=None if n is None else int(n),
+                        train_loss=None if loss is None else float(loss), metrics=extra)
+
+
+def make_secure_round(grid: Grid, nodes: Mapping[int, int], cfg: RunConfig, *,
+                      log: Callable[[str], None] = print) -> SecureRound:
+    """The secure RoundFn for :func:`fedprivacy.fl.loop.run_federated` over ``grid``."""
+    transport = GridSecureTransport(grid, nodes, timeout=cfg.client_timeout)
+    return SecureRound(cfg, transport, population=len(nodes), log=log)
