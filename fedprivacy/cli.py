@@ -332,7 +332,9 @@ def simulate(
     ] = 10,
     run_config: Annotated[
         str,
-        typer.Option("--run-config", "-c", help="Overrides, same syntax as `flwr run`: 'k=v k2=\"s\"'."),
+        typer.Option(
+            "--run-config", "-c", help="Overrides, same syntax as `flwr run`: 'k=v k2=\"s\"'."
+        ),
     ] = "",
     workers: Annotated[
         int, typer.Option("--workers", help="Processes running clients (inprocess engine), >= 1.")
@@ -357,7 +359,8 @@ def simulate(
         _fail(f"--workers must be >= 1, got {workers}")
     if engine is EngineName.flower and (workers != 1 or faults):
         _fail("--workers and --faults apply only to --engine inprocess")
-    from server.inprocess import FaultPlan, simulate as run_simulate
+    from server.inprocess import FaultPlan
+    from server.inprocess import simulate as run_simulate
 
     try:
         plan = FaultPlan.parse(faults, seed=fault_seed) if faults.strip() else None

@@ -42,7 +42,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -556,6 +557,21 @@ def _find_results(run_config: Mapping[str, Any], since: float) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+@contextmanager
+def _native_thread_limit(limit: int | None) -> Iterator[None]:
+    """Cap BLAS/OpenMP thread pools (threadpoolctl, a scikit-learn dependency) for a run."""
+    if limit is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - scikit-learn always brings it
+        yield
+        return
+    with threadpool_limits(limits=limit):
+        yield
+
+
 class _TaskIdentityScope:
     """Set Flower's process-wide TaskIdentity (used by ``Message(...)``) for one run."""
 
@@ -586,6 +602,7 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
     server_app: str | ServerApp | None = None,
     client_app: str | ClientApp | None = None,
     node_id_seed: int | None = None,
+    native_threads: int | None = 1,
 ) -> InProcessResult:
     """Run the Flower app in ``app_dir`` on the in-process engine.
 
@@ -599,6 +616,10 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
         server_app, client_app: app references (or objects) overriding the components
             named in ``pyproject.toml``.
         node_id_seed: reproducible node ids (default: random, as Flower).
+        native_threads: cap on BLAS/OpenMP threads while the run lasts (``None``: leave
+            as is). Many small clients gain nothing from multi-threaded BLAS and lose a
+            lot when cores are shared (OpenBLAS threads spin); Flower's Ray engine
+            likewise runs each client with ``OMP_NUM_THREADS=num_cpus``.
 
     Returns:
         The ServerApp's final Context, the fused run config, engine counters, timings
@@ -612,7 +633,7 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
     sapp, capp = _load_apps(spec, server_app, client_app)
     run_id = secrets.randbits(63) | 1
     run = _make_run(spec, overrides, run_id)
-    with _TaskIdentityScope(run_id):
+    with _TaskIdentityScope(run_id), _native_thread_limit(native_threads):
         grid = InProcessGrid(
             client_app=capp,
             run=run,

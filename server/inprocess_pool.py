@@ -140,10 +140,16 @@ _WORKER_APP: ClientApp | None = None
 
 
 def _init_worker() -> None:
+    # Several workers on few cores: one native thread each avoids oversubscription.
     torch = sys.modules.get("torch")
     if torch is not None:
-        # Two workers on two cores: one intra-op thread each avoids oversubscription.
         torch.set_num_threads(1)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1)
+    except ImportError:  # pragma: no cover - scikit-learn always brings it
+        pass
 
 
 def _run_chunk(jobs: list[Job]) -> list[Outcome]:
