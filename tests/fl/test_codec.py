@@ -1,0 +1,55 @@
+"""Wire format: what a client discloses per privacy mode, and lossless array transport."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.client import RoundInstructions
+from server import codec
+from server.inprocess import _TaskIdentityScope
+
+
+@pytest.fixture(autouse=True)
+def _run_identity() -> Iterator[None]:
+    """Messages need Flower's process-wide run identity, as inside a ServerApp."""
+    with _TaskIdentityScope(12345):
+        yield
+
+
+def _instr(privacy: str) -> RoundInstructions:
+    return RoundInstructions(round=2, privacy=privacy, clip_norm=1.0,
+                             local_noise_std=0.5 if privacy == "local" else 0.0, learning_rate=0.1,
+                             local_epochs=1, batch_size=8, num_classes=10, seed=-1)
+
+
+def test_train_message_round_trips_weights_and_instructions() -> None:
+    weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([0.5, -1.0], np.float32)]
+    msg = codec.train_message(7, _instr("central"), weights)
+    instr, got = codec.decode_train(msg)
+    assert instr == _instr("central") and msg.metadata.group_id == "2"
+    for a, b in zip(got, weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_reply_carries_only_what_the_mode_discloses() -> None:
+    msg = codec.train_message(7, _instr("central"), [np.zeros(3, np.float32)])
+    trusted = ClientUpdate(partition_id=4, delta=(np.ones(3, np.float32),), num_examples=12, train_loss=0.7,
+                           metrics={"dpsgd_steps": 5.0})
+    reply = codec.train_reply(msg, trusted)
+    update = codec.decode_train_reply(reply, 4)
+    assert (update.num_examples, update.train_loss, update.metrics) == (12, 0.7, {"dpsgd_steps": 5.0})
+    private = ClientUpdate(partition_id=4, delta=(np.ones(3, np.float32),))
+    reply = codec.train_reply(msg, private)
+    assert dict(reply.content.metric_records["metrics"]) == {}
+    update = codec.decode_train_reply(reply, 4)
+    assert update.num_examples is None and update.train_loss is None
+    np.testing.assert_array_equal(update.delta[0], np.ones(3, np.float32))
+
+
+def test_query_reply_names_the_partition() -> None:
+    msg = codec.query_message(9)
+    assert codec.decode_query_reply(codec.query_reply(msg, partition_id=3, num_partitions=10)) == (3, 10)
