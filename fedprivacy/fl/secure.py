@@ -309,14 +309,20 @@ def distributed_privacy_summary(cfg: RunConfig, plan: PrivacyPlan, rows: Sequenc
     Also the ε of central DP with the same total noise ``σ = z C`` on the same rounds (Gaussian,
     no sampling, RDP), the reference the distributed mechanism is compared against.
     """
-    from fedprivacy.accounting.accountant import epsilon_for
+    from fedprivacy.accounting.accountant import Accountant, epsilon_for
+    from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
 
     done = [r for r in rows if r.get("secagg_survivors") and not r.get("aborted")]
     survivors = [int(r["secagg_survivors"]) for r in done]
-    central = None
+    central = central_actual = None
     if done:
         central = epsilon_for(noise_multiplier=cfg.noise_multiplier, sample_rate=1.0, steps=len(done),
                               delta=cfg.target_delta, backend="rdp", neighbouring=cfg.neighbouring)
+        acc = Accountant(backend="rdp", neighbouring=Neighbouring.parse(cfg.neighbouring))
+        for r in done:  # the Gaussian with the std the survivors' noise really had
+            z = cfg.noise_multiplier * math.sqrt(int(r["secagg_survivors"]) / int(r["secagg_threshold"]))
+            acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z)))
+        central_actual = acc.epsilon(delta=cfg.target_delta)
     z_c = cfg.clip_norm * cfg.noise_multiplier
     return {
         "distributed": {
@@ -328,8 +334,10 @@ def distributed_privacy_summary(cfg: RunConfig, plan: PrivacyPlan, rows: Sequenc
             "aborted_rounds": [r["round"] for r in rows if r.get("aborted")],
             "epsilon": epsilon,
             "central_dp_epsilon_same_sigma": central,
-            "central_dp_reference": ("Gaussian mechanism, σ = z·C on the sum, no sampling, same rounds "
-                                     "and δ, RDP accountant"),
+            "central_dp_epsilon_survivors_sigma": central_actual,
+            "central_dp_reference": ("continuous Gaussian on the sum, no sampling, same completed rounds "
+                                     "and δ, RDP accountant: with σ = z·C (the target), and with the "
+                                     "std the survivors really added, z·C·sqrt(n/t) per round"),
         },
     }
 
