@@ -300,8 +300,12 @@ def run_federated(
         save_checkpoint(ckpt_dir, round=rnd, weights=weights, accountant=accountant, rows=rows,
                         config=cfg.to_mapping(),
                         extra={"dpsgd": dpsgd.to_json()} if dpsgd is not None else None)
+        sample_level = ""
+        if dpsgd is not None and row.get("dpsgd_epsilon") is not None:
+            sample_level = f"  (example-level DP-SGD ε {row['dpsgd_epsilon']:.3f}, worst client)"
         log(f"round {rnd:3d}/{cfg.num_server_rounds}  accuracy {test_acc:.4f}  loss {test_loss:.4f}  "
-            f"ε {_fmt_eps(eps)}  clients {len(agg.aggregated)}/{len(cohort)}  {row['seconds']:.2f}s")
+            f"ε {_fmt_eps(eps)}  clients {len(agg.aggregated)}/{len(cohort)}  {row['seconds']:.2f}s"
+            f"{sample_level}")
 
     results = build_results(cfg, plan=plan, rows=rows, accountant=accountant, rng=root, status=status,
                             stopped=stopped, run_dir=run_dir, dpsgd=dpsgd,
