@@ -200,20 +200,18 @@ def test_noise_round_trip_and_table_output() -> None:
     table = runner.invoke(
         app,
         [
-            "noise",
-            "--target-epsilon",
-            "2.0",
-            "--delta",
-            "1e-5",
+            "epsilon",
+            "--noise-multiplier",
+            repr(z),
             "--sample-rate",
             "0.01",
             "--steps",
             "100",
+            "--delta",
+            "1e-5",
         ],
     )
-    assert (
-        table.exit_code == 0 and "noise multiplier" in table.stdout and "add-remove" in table.stdout
-    )
+    assert table.exit_code == 0 and "epsilon" in table.stdout and "add-remove" in table.stdout
 
 
 BASE = ["--steps", "10", "--delta", "1e-5"]

@@ -1,10 +1,12 @@
 """Noise calibration: the smallest noise multiplier whose certified epsilon meets a target.
 
-Bisection on the noise multiplier z, with a *fresh* accountant per trial (no shared state). Epsilon is
-non-increasing in z (more noise is a post-processing-dominated mechanism: the Gaussian pair with ratio
-r is degraded from the one with ratio r' < r), so the invariant ``epsilon(hi) <= target < epsilon(lo)``
-brackets the answer; the search stops when ``hi / lo - 1 <= rel_tol`` and returns ``hi``, whose
-epsilon was computed and is at most the target: the result never overshoots.
+A bracketing search on the noise multiplier z with a *fresh* accountant per trial (no shared state).
+Epsilon is non-increasing in z (a Gaussian with more noise is a post-processing of one with less), so
+the invariant ``epsilon(hi) <= target < epsilon(lo)`` brackets the answer. The bracket is seeded with
+the (cheap, looser) RDP answer, narrowed by interpolating log(epsilon) in log(z) and testing a pair of
+points either side of the guess, with geometric bisection as the fallback. It stops when
+``hi / lo - 1 <= rel_tol`` and returns ``hi``, whose epsilon was computed by the requested backend and
+is at most the target: the result never overshoots.
 """
 
 from __future__ import annotations
@@ -70,21 +72,61 @@ def calibrate_noise_multiplier(
             sensitivity=sensitivity,
         )
 
-    # Bracket: grow hi until it meets the target, shrink lo until it does not.
+    # Bracket: grow hi until it meets the target, shrink lo until it does not. For the tight
+    # backends, RDP's (looser, cheap) answer is a good first guess for hi; it is verified like any other.
     hi = 1.0
-    while eps(hi) > target_epsilon:
+    if backend != "rdp":
+        try:
+            hi = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=target_delta,
+                sampling=sampling,
+                steps=steps,
+                backend="rdp",
+                neighbouring=neighbouring,
+                sensitivity=sensitivity,
+                rel_tol=rel_tol,
+            )
+        except ValueError:
+            hi = 1.0  # RDP does not support this event; start from scratch
+    e_hi = eps(hi)
+    while e_hi > target_epsilon:
         if hi >= _Z_MAX:
             raise ValueError(
                 f"target_epsilon={target_epsilon:g} is not reachable with noise_multiplier <= {_Z_MAX:g}"
             )
         hi *= 2.0
-    lo = hi / 2.0
-    while eps(lo) <= target_epsilon:
-        hi = lo
+        e_hi = eps(hi)
+    step = 0.85 if backend != "rdp" else 0.5
+    lo = hi * step
+    e_lo = eps(lo)
+    while e_lo <= target_epsilon:
+        hi, e_hi = lo, e_lo
         if lo <= _Z_MIN:
             return hi
-        lo /= 2.0
-    # Invariant: eps(hi) <= target < eps(lo).
+        lo *= step
+        e_lo = eps(lo)
+    # Invariant: eps(hi) <= target < eps(lo). Interpolate log(eps) linearly in log(z) and test a
+    # pair of points just either side of the guess: when they straddle the target we are done.
+    half = 0.45 * rel_tol
+    for _ in range(4):
+        if hi / lo - 1.0 <= rel_tol:
+            return hi
+        f_lo = math.log(e_lo / target_epsilon)
+        f_hi = math.log(e_hi / target_epsilon) if e_hi > 0 else -math.inf
+        u_lo, u_hi = math.log(lo), math.log(hi)
+        if not math.isfinite(f_hi) or f_lo == f_hi:
+            break
+        guess = math.exp(u_lo + f_lo * (u_hi - u_lo) / (f_lo - f_hi))
+        for z in (guess * (1.0 + half), guess / (1.0 + half)):
+            if not lo < z < hi:
+                continue
+            e = eps(z)
+            if e <= target_epsilon:
+                hi, e_hi = z, e
+            else:
+                lo, e_lo = z, e
+    # Fallback (rarely needed): geometric bisection keeps the invariant.
     while hi / lo - 1.0 > rel_tol:
         mid = math.sqrt(lo * hi)
         if eps(mid) <= target_epsilon:
