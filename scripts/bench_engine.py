@@ -138,12 +138,13 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     out_dir = tempfile.mkdtemp(prefix="bench_engine_")
     cfg = _run_config(spec, out_dir)
     kind = spec["kind"]
-    result: dict[str, Any] = {
-        "kind": kind,
-        **{k: spec[k] for k in ("model", "cohort", "population")},
-    }
+    keys = ("model", "cohort", "population", "workers", "privacy", "dataset")
+    result: dict[str, Any] = {"kind": kind, **{k: spec[k] for k in keys if k in spec}}
     if kind == "loop":
-        result.update(_loop(spec, cfg))
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):  # the same native-thread setting as the engine
+            result.update(_loop(spec, cfg))
     else:
         timer = _Round1Timer()
         logging.getLogger("flwr").addHandler(timer)
@@ -198,7 +199,7 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
     cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=REPO))
     n = spec["population"]
     test = task.test_set(cfg, num_partitions=n)
-    num_classes = task.num_classes_of(test)
+    num_classes = task.num_classes_for(cfg, num_partitions=n)
     weights = task.initial_weights(
         cfg, input_shape=test.feature_shape, num_classes=num_classes, seed=1
     )
@@ -282,13 +283,12 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["steady_train_exchange_seconds"] = _steady(r.get("train_exchange_seconds"))
         if r.get("kind") == "loop":
             r["steady_train_seconds"] = _steady(r.get("train_seconds"))
-        if r.get("paired_loop_round_seconds"):
-            r["ratio_vs_paired_loop"] = _steady(r["round_seconds"]) / _steady(
-                r["paired_loop_round_seconds"]
-            )
-            r["train_ratio_vs_paired_loop"] = _steady(r["train_exchange_seconds"]) / _steady(
-                r["paired_loop_train_seconds"]
-            )
+        pl_round = _steady(r.get("paired_loop_round_seconds"))
+        pl_train = _steady(r.get("paired_loop_train_seconds"))
+        eng_train = _steady(r.get("train_exchange_seconds"))
+        if pl_round and pl_train and eng_train and r["steady_round_seconds"]:
+            r["ratio_vs_paired_loop"] = r["steady_round_seconds"] / pl_round
+            r["train_ratio_vs_paired_loop"] = eng_train / pl_train
         base = loops.get((r.get("model"), r.get("population")))
         if base and r.get("steady_round_seconds") and base.get("steady_round_seconds"):
             r["ratio_vs_loop"] = r["steady_round_seconds"] / base["steady_round_seconds"]
