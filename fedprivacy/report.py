@@ -122,11 +122,12 @@ def _distributed_section(p: dict[str, Any]) -> list[str]:
         "t or more survivors carry at least σ. Per completed round (ε accounted from these survivors, "
         "KLS 2021 Thm. 1, not from the plan):",
         "",
-        "| completed round | survivors in the sum | noise std of the sum | ρ (zCDP) |",
+        "| round | survivors in the sum | noise std of the sum | ρ (zCDP) |",
         "|---|---|---|---|",
     ]
     rhos = d.get("rho_per_round") or []
-    for i, (n, std, rho) in enumerate(zip(surv, stds, rhos, strict=False), start=1):
+    numbers = d.get("completed_rounds") or list(range(1, len(surv) + 1))
+    for i, n, std, rho in zip(numbers, surv, stds, rhos, strict=False):
         lines.append(f"| {i} | {n} | {_fmt(std)} | {_fmt(rho)} |")
     aborted = d.get("aborted_rounds") or []
     lines += [

@@ -328,6 +328,7 @@ def distributed_privacy_summary(cfg: RunConfig, plan: PrivacyPlan, rows: Sequenc
         "distributed": {
             "threshold": done[0]["secagg_threshold"] if done else None,
             "per_client_noise_std": (z_c / math.sqrt(done[0]["secagg_threshold"]) if done else None),
+            "completed_rounds": [int(r["round"]) for r in done],
             "survivors_per_round": survivors,
             "noise_std_of_sum_per_round": [r["noise_std_sum"] for r in done],
             "rho_per_round": [r["rho"] for r in done],

@@ -1,0 +1,266 @@
+"""The secure round (fedprivacy.fl.secure) and its Flower glue, on real protocol sessions and the real engine.
+
+Library level: :class:`SecureRound` over a direct transport that runs the real client steps
+(``client_advertise`` ... ``client_unmask``) on fixed updates, with dropouts at every stage; the
+reference is the plain numpy sum of the survivors' clipped updates.
+Engine level: the real ServerApp/ClientApp through the in-process engine, dropouts injected with the
+engine's FaultPlan, compared with the plain FedAvg round of the same seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedprivacy.accounting.accountant import Accountant
+from fedprivacy.config import RunConfig
+from fedprivacy.dp.rng import RandomSource
+from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.checkpoint import load_checkpoint
+from fedprivacy.fl.client import RoundInstructions
+from fedprivacy.fl.privacy import plan_privacy
+from fedprivacy.fl.secure import (
+    EncodingSpec,
+    SecureRound,
+    SessionStore,
+    check_encoding,
+    client_advertise,
+    client_masked,
+    client_share,
+    client_unmask,
+    make_encoding,
+    secagg_parameters,
+)
+from fedprivacy.secagg.protocol import SetupRequest
+from server.inprocess import run_inprocess
+from server.inprocess_faults import FaultPlan, FaultRule
+
+APP_DIR = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+class DirectTransport:
+    """Runs the real client steps in this process; ``drop[stage]`` = partitions that vanish there."""
+
+    def __init__(self, cfg: RunConfig, updates: Mapping[int, list[np.ndarray]],
+                 drop: Mapping[str, set[int]] | None = None) -> None:
+        self.cfg, self.updates, self.drop = cfg, updates, dict(drop or {})
+        self.store = SessionStore()
+
+    def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
+              weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
+              ) -> tuple[dict[int, Any], dict[int, str]]:
+        out: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        for pid, req in requests.items():
+            if pid in self.drop.get(name, set()):
+                failures[pid] = f"dropped at {name}"
+                continue
+            key = (1, pid)
+            if name == "advertise":
+                out[pid] = client_advertise(self.store, key, req, partition_id=pid)
+            elif name == "share":
+                out[pid] = client_share(self.store, key, req)
+            elif name == "masked":
+                assert encoding is not None
+                upd = ClientUpdate(partition_id=pid, delta=tuple(self.updates[pid]))
+                msg = client_masked(self.store, key, req, upd, cfg=self.cfg, encoding=encoding,
+                                    rng=RandomSource.seeded(pid))
+                out[pid] = (msg, ClientUpdate(partition_id=pid, delta=()))
+            else:
+                out[pid] = client_unmask(self.store, key, req)
+        return out, failures
+
+
+def _instr(round_: int = 1) -> RoundInstructions:
+    return RoundInstructions(round=round_, privacy="none", clip_norm=0.5, local_noise_std=0.0,
+                             learning_rate=0.1, local_epochs=1, batch_size=32, num_classes=10, seed=0)
+
+
+def _updates(n: int, like: Sequence[np.ndarray], seed: int = 0) -> dict[int, list[np.ndarray]]:
+    gen = np.random.default_rng(seed)
+    return {pid: [gen.normal(0, 0.3, size=w.shape).astype(np.float32) for w in like] for pid in range(n)}
+
+
+def _clipped_sum(updates: Mapping[int, list[np.ndarray]], pids: Sequence[int], clip: float) -> np.ndarray:
+    total = 0.0
+    for pid in pids:
+        flat = np.concatenate([a.astype(np.float64).ravel() for a in updates[pid]])
+        norm = np.linalg.norm(flat)
+        total = total + (flat * min(1.0, clip / norm))
+    return np.asarray(total)
+
+
+def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stage() -> None:
+    # Arrange: 10 clients (complete graph, t = 6); one client vanishes before each of the four stages
+    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5, num_server_rounds=1)
+    like = [np.zeros((7, 5), np.float32), np.zeros(5, np.float32)]
+    updates = _updates(10, like)
+    drop = {"advertise": {1}, "share": {2}, "masked": {3}, "unmask": {4}}
+    rnd = SecureRound(cfg, DirectTransport(cfg, updates, drop), population=10, log=lambda _: None)
+    # Act
+    outcome = rnd(_instr(), list(range(10)), like, RandomSource.seeded(0))
+    # Assert: client 4 uploaded its masked input, so it is in the sum; 1, 2, 3 are not
+    survivors = [0, 4, 5, 6, 7, 8, 9]
+    assert outcome.aborted is None and outcome.aggregate.aggregated == tuple(survivors)
+    assert set(outcome.failures) == {1, 2, 3} and outcome.event is None
+    got = np.concatenate([a.astype(np.float64).ravel() for a in outcome.aggregate.mean_update]) * 10
+    ref = _clipped_sum(updates, survivors, 0.5)
+    enc = make_encoding(cfg, population=10, dim=ref.size, threshold=rnd.threshold)
+    bound = len(survivors) / enc.scale + 1e-6 * 10  # quantisation + float32 storage of the mean
+    assert np.max(np.abs(got - ref)) <= bound
+    assert outcome.info["secagg_survivors"] == 7 and outcome.info["secagg_exchanges"] == 4
+
+
+def test_below_threshold_round_aborts_releasing_nothing() -> None:
+    # Arrange: 6 clients, t = 4; three vanish at the share stage
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", clip_norm=0.5,
+                    noise_multiplier=1.0, target_delta=1e-3)
+    like = [np.zeros(40, np.float32)]
+    updates = _updates(6, like)
+    transport = DirectTransport(cfg, updates, {"share": {0, 1, 2}})
+    rnd = SecureRound(cfg, transport, population=6, log=lambda _: None)
+    # Act
+    outcome = rnd(_instr(), list(range(6)), like, RandomSource.seeded(0))
+    # Assert
+    assert rnd.threshold == 4
+    assert outcome.aborted is not None and "aborted" in outcome.aborted
+    assert outcome.event is None and outcome.aggregate.aggregated == ()
+    assert all(not np.any(u) for u in outcome.aggregate.mean_update)
+
+
+def test_distributed_round_accounts_the_survivors_noise() -> None:
+    # Arrange: 8 clients, t = 5; one drops before the masked stage -> 7 noisy survivors
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", clip_norm=1.0,
+                    noise_multiplier=0.8, target_delta=1e-3)
+    like = [np.zeros(100, np.float32)]
+    updates = _updates(8, like, seed=3)
+    rnd = SecureRound(cfg, DirectTransport(cfg, updates, {"masked": {5}}), population=8,
+                      log=lambda _: None)
+    # Act
+    outcome = rnd(_instr(), list(range(8)), like, RandomSource.seeded(1))
+    # Assert: zCDP of the Gaussian limit is Δ²/(2 n σ_c²) with n = 7 survivors (τ ≈ 0 for σ_c ≥ 1)
+    enc = make_encoding(cfg, population=8, dim=100, threshold=5)
+    ddp = enc.ddp()
+    rho_ref = ddp.norm_bound**2 / (2 * 7 * ddp.local_sigma**2)
+    assert outcome.info["secagg_survivors"] == 7
+    assert outcome.info["rho"] == pytest.approx(rho_ref, rel=1e-6)
+    assert outcome.aggregate.noise_std == pytest.approx(math.sqrt(7 / 5) * 0.8 * 1.0, rel=1e-9)
+    # the released sum is the survivors' clipped sum plus noise of that std (100 coordinates)
+    got = outcome.aggregate.mean_update[0].astype(np.float64) * 8
+    ref = _clipped_sum(updates, [p for p in range(8) if p != 5], 1.0)
+    z = (got - ref) / outcome.aggregate.noise_std
+    assert abs(float(np.mean(z))) < 0.5 and 0.6 < float(np.std(z)) < 1.4
+
+
+def test_the_plan_budgets_for_the_worst_case_of_t_survivors() -> None:
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", noise_multiplier=1.0,
+                    target_delta=1e-3, model="mlp")
+    plan = plan_privacy(cfg, population=10)
+    t, k = secagg_parameters(cfg, population=10)
+    worst = Accountant(backend="rdp")
+    worst.spend(plan.event)
+    assert (t, k) == (6, 9) and plan.mode == "distributed"
+    # ε(t survivors) >= central Gaussian at σ: rounding only enlarges the sensitivity
+    central = Accountant(backend="rdp")
+    from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
+
+    central.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0)))
+    assert worst.epsilon(delta=1e-3) >= central.epsilon(delta=1e-3)
+    assert worst.epsilon(delta=1e-3) < 1.05 * central.epsilon(delta=1e-3)
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"privacy": "central", "secagg": True}, "distributed"),
+    ({"privacy": "distributed", "secagg": True, "accountant": "pld"}, "rdp"),
+    ({"privacy": "distributed", "secagg": False, "accountant": "rdp"}, "secagg=true"),
+    ({"privacy": "none", "secagg": True, "secagg-neighbours": 6, "secagg-threshold": 3}, "secagg-threshold"),
+    ({"privacy": "none", "secagg": True, "secagg-neighbours": 1}, "secagg-neighbours"),
+])
+def test_config_refuses_unsafe_secagg_combinations(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RunConfig.from_mapping(overrides)
+
+
+def test_client_refuses_an_encoding_with_less_noise_than_its_config() -> None:
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", noise_multiplier=1.0)
+    setup = SetupRequest(round=1, threshold=4, degree=5, dim=64, min_survivors=4)
+    good = make_encoding(cfg, population=6, dim=64, threshold=4, rotation_seed=b"\x01" * 32)
+    check_encoding(cfg, good, setup)  # accepted
+    weak = make_encoding(cfg.replace(noise_multiplier=0.1), population=6, dim=64, threshold=4,
+                         rotation_seed=b"\x01" * 32)
+    with pytest.raises(ValueError, match="noise multiplier"):
+        check_encoding(cfg, weak, setup)
+    optimistic = make_encoding(cfg, population=6, dim=64, threshold=5, rotation_seed=b"\x01" * 32)
+    with pytest.raises(ValueError, match="survivors"):
+        check_encoding(cfg, optimistic, setup)
+
+
+# ----------------------------------------------------------------------------- real engine
+def _run(tmp_path: Path, name: str, faults: FaultPlan | None = None, **overrides: Any) -> dict[str, Any]:
+    run_config = {"num-server-rounds": 1, "seed": 4, "output-dir": str(tmp_path), "run-name": name,
+                  "local-epochs": 1, "client-timeout": 30.0, **overrides}
+    result = run_inprocess(run_config=run_config, num_supernodes=6, app_dir=APP_DIR, faults=faults,
+                           node_id_seed=7)
+    saved = json.loads((tmp_path / name / "results.json").read_text())
+    saved["_weights"] = load_checkpoint(tmp_path / name / "checkpoint").weights
+    saved["_by_type"] = dict(result.stats.by_type)
+    return saved
+
+
+def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unmask(tmp_path: Path) -> None:
+    # Arrange: partition 2 never answers its train message (plain) / its masked-input message (secure);
+    # partition 4 also vanishes at the unmask stage of the secure run, after uploading its masked input
+    plain_faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train", partition_ids=(2,)),))
+    secure_faults = FaultPlan(rules=(
+        FaultRule(action="drop", message_type="train.secagg_masked", partition_ids=(2,)),
+        FaultRule(action="drop", message_type="query.secagg_unmask", partition_ids=(4,)),
+    ))
+    # Act
+    plain = _run(tmp_path, "plain", plain_faults, privacy="none")
+    secure = _run(tmp_path, "secure", secure_faults, privacy="none", secagg=True)
+    # Assert: same survivors, same model up to the stated quantisation error
+    assert secure["_by_type"]["train.secagg_masked"] == 6 and "train" not in secure["_by_type"]
+    row = secure["rounds"][0]
+    assert row["clients_aggregated"] == plain["rounds"][0]["clients_aggregated"] == 5
+    assert row["secagg_survivors"] == 5 and row["secagg_exchanges"] == 4
+    bound = row["secagg_max_abs_error"] / 6 + 1e-6  # n/s on the sum, /denominator; float32 weights
+    for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
+        assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= bound
+    assert secure["rounds"][0]["test_accuracy"] == pytest.approx(plain["rounds"][0]["test_accuracy"], abs=0.01)
+
+
+def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_nothing(tmp_path: Path) -> None:
+    # Arrange: 3 rounds, 6 clients, t = 4; round 2 loses 3 clients at the share stage (below t: abort);
+    # round 3 loses one at the masked stage (5 noisy survivors)
+    faults = FaultPlan(rules=(
+        FaultRule(action="drop", message_type="query.secagg_share", rounds=(2,), partition_ids=(0, 1, 2)),
+        FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,), partition_ids=(5,)),
+    ))
+    # Act
+    res = _run(tmp_path, "ddp", faults, privacy="distributed", secagg=True, accountant="rdp",
+               **{"num-server-rounds": 3, "target-delta": 1e-3})
+    # Assert
+    r1, r2, r3 = res["rounds"]
+    assert r2["aborted"] and r2["epsilon"] == r1["epsilon"] and r2["test_loss"] == r1["test_loss"]
+    assert r3["epsilon"] > r1["epsilon"]
+    d = res["privacy"]["distributed"]
+    assert d["survivors_per_round"] == [6, 5] and d["aborted_rounds"] == [2] and d["threshold"] == 4
+    assert res["privacy"]["rounds"] == 2  # two events spent, none for the aborted round
+    # noise of the sum: sqrt(n/t) z C, and ρ scales as 1/n
+    assert d["noise_std_of_sum_per_round"] == pytest.approx([math.sqrt(6 / 4) * 0.5, math.sqrt(5 / 4) * 0.5])
+    assert d["rho_per_round"][0] / d["rho_per_round"][1] == pytest.approx(5 / 6, rel=1e-6)
+    assert d["central_dp_epsilon_same_sigma"] > 0 and d["epsilon"] == res["privacy"]["epsilon"]
+    report = (tmp_path / "ddp" / "privacy_report.md").read_text()
+    assert "noise the survivors added" in report and "| 3 | 5 |" in report and "central DP" in report
