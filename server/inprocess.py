@@ -34,6 +34,7 @@ Fault injection: see :mod:`server.inprocess_faults`.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import shutil
 import signal
@@ -359,7 +360,10 @@ class InProcessGrid(Grid):
                 PARTITION_ID_KEY: self._partition_of[node_id],
                 NUM_PARTITIONS_KEY: self._num_partitions,
             },
-            state=self._node_state.get(node_id, RecordDict()),
+            # a copy, so that a ClientApp that fails half-way leaves the stored state intact
+            state=copy.deepcopy(stored)
+            if (stored := self._node_state.get(node_id))
+            else RecordDict(),
             run_config=dict(self._run_config),
         )
 
@@ -413,7 +417,9 @@ class InProcessGrid(Grid):
         with self._lock:
             self._inflight.discard(msg_id)
             self.stats.client_seconds += outcome.seconds
-            if outcome.state is not None:
+            if not outcome.state_valid:
+                pass  # the ClientApp failed: Flower keeps the node's previous Context
+            elif outcome.state is not None:
                 self._node_state[node_id] = outcome.state
             else:
                 self._node_state.pop(node_id, None)

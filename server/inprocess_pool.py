@@ -48,6 +48,7 @@ class Outcome:
 
     reply: Message | None
     state: RecordDict | None  # node state after the call (None: empty, nothing to keep)
+    state_valid: bool  # False when the call failed: the node keeps its previous state (as Flower)
     seconds: float
     finished_at: float  # time.monotonic() in the parent's clock domain (same machine)
 
@@ -69,6 +70,7 @@ def run_job(app: ClientApp, job: Job) -> Outcome:
     start = time.perf_counter()
     message, context = job.message, job.context
     run_config_before = dict(context.run_config)
+    failed = False
     try:
         try:
             if job.action == "raise":
@@ -95,10 +97,12 @@ def run_job(app: ClientApp, job: Job) -> Outcome:
         level = DEBUG if isinstance(ex.__cause__, InjectedClientFault) else ERROR
         log(level, "ClientApp error on node %s: %s", context.node_id, ex)
         reply = _error_reply(message, ex)
+        failed = True
     state = context.state if len(context.state) > 0 else None
     return Outcome(
         reply=reply,
         state=state,
+        state_valid=not failed,
         seconds=time.perf_counter() - start,
         finished_at=time.monotonic(),
     )

@@ -196,3 +196,37 @@ def test_run_inprocess_runs_the_apps_by_reference(toyapp_dir: Path) -> None:
     assert [r.split()[-1] for r in rounds] == expected
     assert result.stats.messages == 15 and result.stats.replies == 15
     assert result.run_config["num-server-rounds"] == 3
+
+
+def test_failed_call_keeps_the_previous_node_state(toyapp_dir: Path, identity: None) -> None:
+    from flwr.app import MetricRecord
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context):  # type: ignore[no-untyped-def]
+        n = int(context.state.get("c", ConfigRecord({"n": 0}))["n"]) + 1
+        context.state["c"] = ConfigRecord({"n": n})
+        if msg.content["config"]["fail"]:
+            raise RuntimeError("failed half-way")
+        return Message(RecordDict({"m": MetricRecord({"n": n})}), reply_to=msg)
+
+    spec = load_app_spec(toyapp_dir)
+    grid = InProcessGrid(
+        client_app=app,
+        run=_make_run(spec, {}, RUN_ID),
+        run_config=resolve_run_config({}, app_dir=toyapp_dir),
+        num_supernodes=1,
+    )
+    (node,) = grid.get_node_ids()
+
+    def call(fail: bool) -> Message:
+        content = RecordDict({"config": ConfigRecord({"fail": fail})})
+        (reply,) = grid.send_and_receive([Message(content, node, "train")], timeout=30)
+        return reply
+
+    assert call(False).content["m"]["n"] == 1
+    assert call(True).has_error()
+    # Flower does not keep the Context of a failed call: the counter continues from 1
+    assert call(False).content["m"]["n"] == 2
