@@ -1,28 +1,30 @@
 """The ClientApp's secure-aggregation stages: decode -> one :mod:`fedprivacy.fl.secure` step -> encode.
 
-Where the client's secrets live between a round's four exchanges: in :data:`STORE`, a per-process
-:class:`fedprivacy.fl.secure.SessionStore` keyed by ``(run_id, node_id)``, *not* in
-``context.state``. The node state is a RecordDict that Flower's engines serialise and hand between
-the SuperNode and the ClientApp process (and the in-process engine's pool pickles it), so secrets put
-there would leave the client's memory; a ``ClientSession`` also refuses to be pickled. The price: a
-node's messages of one round must reach the same ClientApp process. That holds for the in-process
-engine with ``workers=1`` and for Flower's simulation with one ClientApp actor per process set
-(the default ``num-cpus = 2`` per ClientApp on this 2-core machine gives one actor); if it does not
-hold, the stage raises ``LookupError`` and the server counts the client as dropped (the round aborts
-below threshold, nothing is revealed). Secrets are never logged, put in metrics or written to disk.
+Where the client's secrets live between a round's four exchanges: in the node's ``context.state``
+(a ``secagg-session`` ConfigRecord of :func:`fedprivacy.fl.secure.export_session` fields), through
+:class:`fedprivacy.fl.secure.ExportedSessionStore`. Why not a per-process store keyed by
+``(run_id, node_id)``: Flower's simulation runs ClientApps in several Ray actors (processes) and the
+Deployment Engine may start a ClientApp process per message, so a node's four messages of one round
+can reach four different processes (measured: ``flwr run`` with 2 actors fails with a per-process
+store). ``context.state`` is the one piece of client memory every engine carries from one message of
+a node to the next, and it stays on the client side: the SuperNode (or the simulation's node state)
+keeps it and hands it to the node's ClientApp process; it is never sent to the SuperLink/server.
+The record holds private keys, the self-mask seed and held shares until the unmask stage deletes it
+(a new round's advertise stage overwrites it); it is never logged, put in metrics or written to disk
+by fedprivacy (Flower keeps node state in memory).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import client_rng, train_client
 from fedprivacy.fl.secure import (
     EncodingSpec,
-    SessionStore,
+    ExportedSessionStore,
     client_advertise,
     client_masked,
     client_share,
@@ -31,7 +33,9 @@ from fedprivacy.fl.secure import (
 from server import codec
 from server.secagg_exchange import from_records, to_records
 
-STORE = SessionStore()
+
+def _store(context: Context) -> ExportedSessionStore:
+    return ExportedSessionStore(context.state, field_name="secagg-session", wrap=ConfigRecord)
 
 
 def _key(context: Context) -> tuple[int, int]:
@@ -46,12 +50,12 @@ def _reply(msg: Message, stage: str, out: object, **extra: object) -> Message:
 
 def advertise(msg: Message, context: Context, *, partition_id: int) -> Message:
     setup = from_records(msg.content, stage="advertise")
-    return _reply(msg, "advertise", client_advertise(STORE, _key(context), setup, partition_id=partition_id))
+    return _reply(msg, "advertise", client_advertise(_store(context), _key(context), setup, partition_id=partition_id))
 
 
 def share(msg: Message, context: Context) -> Message:
     request = from_records(msg.content, stage="share")
-    return _reply(msg, "share", client_share(STORE, _key(context), request))
+    return _reply(msg, "share", client_share(_store(context), _key(context), request))
 
 
 def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int) -> Message:
@@ -63,7 +67,7 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     update = train_client(cfg, partition_id=partition_id, num_partitions=num_partitions, weights=weights,
                           instructions=instr)
     rng = client_rng(seed=instr.seed, partition_id=partition_id, round=instr.round).child("secagg")
-    out = client_masked(STORE, _key(context), request, update, cfg=cfg, encoding=encoding, rng=rng)
+    out = client_masked(_store(context), _key(context), request, update, cfg=cfg, encoding=encoding, rng=rng)
     metrics: dict[str, Any] = {}
     if update.num_examples is not None:
         metrics["num-examples"] = int(update.num_examples)
@@ -75,7 +79,7 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
 
 def unmask(msg: Message, context: Context) -> Message:
     request = from_records(msg.content, stage="unmask")
-    return _reply(msg, "unmask", client_unmask(STORE, _key(context), request))
+    return _reply(msg, "unmask", client_unmask(_store(context), _key(context), request))
 
 
-__all__ = ["STORE", "advertise", "masked", "share", "unmask"]
+__all__ = ["advertise", "masked", "share", "unmask"]

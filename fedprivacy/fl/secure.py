@@ -33,8 +33,9 @@ plan; the budget check before the round uses the worst case, ``t`` survivors. A 
 (fewer than ``t`` clients at any stage, a disconnected survivor graph, a protocol violation) releases
 nothing, spends nothing and leaves the global model unchanged (``RoundOutcome.aborted``).
 
-Client secrets: a :class:`ClientSession` lives in a per-process :class:`SessionStore` keyed by
-``(run_id, node_id)`` (one live round per node), never in records, metrics, logs or files.
+Client secrets: between exchanges a client's :class:`ClientSession` lives in a :class:`SessionStore`;
+the ClientApp uses :class:`ExportedSessionStore` over the node's ``context.state`` (client side only,
+see ``clients/secagg_handlers.py``), never messages, metrics, logs or files.
 """
 
 from __future__ import annotations
@@ -75,12 +76,15 @@ __all__ = [
     "EncodingSpec",
     "SecureRound",
     "SecureTransport",
+    "ExportedSessionStore",
     "SessionStore",
     "client_advertise",
     "client_masked",
     "client_share",
     "client_unmask",
     "distributed_privacy_summary",
+    "export_session",
+    "import_session",
     "plan_distributed",
     "secagg_parameters",
 ]
@@ -475,33 +479,123 @@ class SecureRound:
 
 
 # ----------------------------------------------------------------------------- client side
-class SessionStore:
-    """Per-process store of live :class:`ClientSession` objects, keyed by ``(run_id, node_id)``.
+def export_session(session: ClientSession) -> dict[str, Any]:
+    """A client session as flat fields (ints, bytes, str and lists of them) for the node's own state.
 
-    One live round per node: starting a round replaces (and so forgets) any older session of that
-    node; the unmask stage removes it. Sessions hold secrets and are never serialised.
+    It holds the round's secrets (private keys, self-mask seed, held shares): it must stay on the
+    client side (Flower's ``context.state`` lives in the SuperNode and its ClientApp process and is
+    never sent to the server), and must never be logged, put in metrics or written to disk.
+    """
+    from fedprivacy.secagg import wire
+
+    _, setup = wire.encode(session.setup)
+    graph_nodes = sorted(session._graph)
+    held = sorted(session._held_seed_shares)
+    pubs = sorted(session._mask_publics)
+    revealed = sorted(session._revealed)
+    seal = sorted(session._seal_keys)
+    return {
+        **{f"setup.{k}": v for k, v in setup.items()},
+        "node_id": session.node_id, "corrupted": session.corrupted, "stage": session._stage.name,
+        "enc_private": session._enc.private.reveal(), "enc_public": session._enc.public,
+        "mask_private": session._mask.private.reveal(), "mask_public": session._mask.public,
+        "seed": session._seed.reveal(), "own_seed_share": session._own_seed_share,
+        "seal_peers": seal, "seal_keys": [session._seal_keys[j] for j in seal],
+        "neighbours": list(session._neighbours),
+        "graph_nodes": graph_nodes, "graph_sizes": [len(session._graph[i]) for i in graph_nodes],
+        "graph_flat": [j for i in graph_nodes for j in session._graph[i]],
+        "pub_nodes": pubs, "mask_publics": [session._mask_publics[i] for i in pubs],
+        "enc_publics": [session._enc_publics[i] for i in pubs],
+        "held_peers": held, "held_seed": [session._held_seed_shares[j] for j in held],
+        "held_key": [session._held_key_shares[j] for j in held],
+        "peers": list(session._peers),
+        "revealed_peers": revealed, "revealed_kinds": [session._revealed[j] for j in revealed],
+    }
+
+
+def import_session(fields: Mapping[str, Any]) -> ClientSession:
+    """Rebuild a :class:`ClientSession` from :func:`export_session` (the inverse, field by field)."""
+    from fedprivacy.secagg.keys import KeyPair, Secret, load_private
+    from fedprivacy.secagg.protocol import _Stage
+
+    f = dict(fields)
+    setup = SetupRequest(**{k[len("setup."):]: int(v) for k, v in f.items() if k.startswith("setup.")})
+    session = object.__new__(ClientSession)
+    session.node_id = int(f["node_id"])
+    session.setup = setup
+    session.corrupted = int(f["corrupted"])
+    session._stage = _Stage[str(f["stage"])]
+    session._enc = KeyPair(Secret(bytes(f["enc_private"])), bytes(f["enc_public"]))
+    session._mask = KeyPair(Secret(bytes(f["mask_private"])), bytes(f["mask_public"]))
+    session._seed = Secret(bytes(f["seed"]))
+    session._enc_key = load_private(session._enc.private)
+    session._mask_key = load_private(session._mask.private)
+    session._seal_keys = {int(j): bytes(k) for j, k in zip(f["seal_peers"], f["seal_keys"], strict=True)}
+    session._neighbours = tuple(int(j) for j in f["neighbours"])
+    graph: dict[int, tuple[int, ...]] = {}
+    flat = [int(j) for j in f["graph_flat"]]
+    pos = 0
+    for i, size in zip(f["graph_nodes"], f["graph_sizes"], strict=True):
+        graph[int(i)] = tuple(flat[pos:pos + int(size)])
+        pos += int(size)
+    session._graph = graph
+    session._mask_publics = {int(i): bytes(k) for i, k in zip(f["pub_nodes"], f["mask_publics"], strict=True)}
+    session._enc_publics = {int(i): bytes(k) for i, k in zip(f["pub_nodes"], f["enc_publics"], strict=True)}
+    session._held_seed_shares = {int(j): bytes(v) for j, v in zip(f["held_peers"], f["held_seed"], strict=True)}
+    session._held_key_shares = {int(j): bytes(v) for j, v in zip(f["held_peers"], f["held_key"], strict=True)}
+    session._peers = tuple(int(j) for j in f["peers"])
+    session._own_seed_share = bytes(f["own_seed_share"])
+    session._revealed = {int(j): str(k) for j, k in zip(f["revealed_peers"], f["revealed_kinds"], strict=True)}
+    return session
+
+
+class SessionStore:
+    """Where a client keeps its live :class:`ClientSession` between a round's exchanges.
+
+    This base class keeps the objects in process memory, keyed by ``(run_id, node_id)`` (one live
+    round per node): fast, but only correct when an engine delivers all of a node's messages to the
+    same process. :class:`ExportedSessionStore` keeps :func:`export_session` fields in a mutable
+    mapping instead (the ClientApp uses the node's ``context.state``), which works on every engine.
     """
 
     def __init__(self) -> None:
         self._sessions: dict[tuple[int, int], ClientSession] = {}
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def start(self, key: tuple[int, int], session: ClientSession) -> None:
+    def put(self, key: tuple[int, int], session: ClientSession) -> None:
         self._sessions[key] = session
 
+    def _load(self, key: tuple[int, int]) -> ClientSession | None:
+        return self._sessions.get(key)
+
     def get(self, key: tuple[int, int], *, round: int) -> ClientSession:
-        session = self._sessions.get(key)
+        session = self._load(key)
         if session is None or session.setup.round != round:
-            raise LookupError(
-                f"no secure-aggregation session for round {round} in this process (node {key[1]}); "
-                "the engine must deliver a node's messages of one round to the same ClientApp process"
-            )
+            raise LookupError(f"no secure-aggregation session for round {round} (node {key[1]}); "
+                              "the client has not advertised keys for this round")
         return session
 
     def finish(self, key: tuple[int, int]) -> None:
         self._sessions.pop(key, None)
+
+
+class ExportedSessionStore(SessionStore):
+    """Sessions as :func:`export_session` fields in ``holder[field_name]`` (e.g. a node's state)."""
+
+    def __init__(self, holder: Any, *, field_name: str = "secagg-session",
+                 wrap: Callable[[dict[str, Any]], Any] = dict) -> None:
+        super().__init__()
+        self.holder, self.field_name, self.wrap = holder, field_name, wrap
+
+    def put(self, key: tuple[int, int], session: ClientSession) -> None:
+        self.holder[self.field_name] = self.wrap(export_session(session))
+
+    def _load(self, key: tuple[int, int]) -> ClientSession | None:
+        fields = self.holder.get(self.field_name)
+        return None if fields is None else import_session(dict(fields))
+
+    def finish(self, key: tuple[int, int]) -> None:
+        if self.field_name in self.holder:
+            del self.holder[self.field_name]
 
 
 def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequest, *,
@@ -509,13 +603,16 @@ def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequ
     """Stage 1: a fresh session (fresh keys and self-mask seed) for this round."""
     session = ClientSession(node_id=partition_id, setup=setup)
     reply = session.advertise_keys()
-    store.start(key, session)
+    store.put(key, session)
     return reply
 
 
 def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRequest) -> SharedKeys:
     """Stage 2: Shamir-share the self-mask seed and the mask key among the graph neighbours."""
-    return store.get(key, round=request.round).share_keys(request)
+    session = store.get(key, round=request.round)
+    reply = session.share_keys(request)
+    store.put(key, session)
+    return reply
 
 
 def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) -> None:
@@ -547,7 +644,9 @@ def client_masked(store: SessionStore, key: tuple[int, int], request: MaskedInpu
     check_encoding(cfg, encoding, session.setup)
     flat = flatten([np.asarray(a, dtype=np.float64) for a in update.delta], dtype=np.float64)
     vector = encoding.encode(flat, rng=rng)
-    return session.masked_input(request, vector)
+    reply = session.masked_input(request, vector)
+    store.put(key, session)
+    return reply
 
 
 def client_unmask(store: SessionStore, key: tuple[int, int], request: UnmaskRequest) -> UnmaskResponse:

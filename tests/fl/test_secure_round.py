@@ -28,8 +28,8 @@ from fedprivacy.fl.client import RoundInstructions
 from fedprivacy.fl.privacy import plan_privacy
 from fedprivacy.fl.secure import (
     EncodingSpec,
+    ExportedSessionStore,
     SecureRound,
-    SessionStore,
     check_encoding,
     client_advertise,
     client_masked,
@@ -56,7 +56,7 @@ class DirectTransport:
     def __init__(self, cfg: RunConfig, updates: Mapping[int, list[np.ndarray]],
                  drop: Mapping[str, set[int]] | None = None) -> None:
         self.cfg, self.updates, self.drop = cfg, updates, dict(drop or {})
-        self.store = SessionStore()
+        self.states: dict[int, dict[str, Any]] = {}  # each node's own state, as the ClientApp keeps it
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
               weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
@@ -68,18 +68,19 @@ class DirectTransport:
                 failures[pid] = f"dropped at {name}"
                 continue
             key = (1, pid)
+            store = ExportedSessionStore(self.states.setdefault(pid, {}))  # sessions serialised
             if name == "advertise":
-                out[pid] = client_advertise(self.store, key, req, partition_id=pid)
+                out[pid] = client_advertise(store, key, req, partition_id=pid)
             elif name == "share":
-                out[pid] = client_share(self.store, key, req)
+                out[pid] = client_share(store, key, req)
             elif name == "masked":
                 assert encoding is not None
                 upd = ClientUpdate(partition_id=pid, delta=tuple(self.updates[pid]))
-                msg = client_masked(self.store, key, req, upd, cfg=self.cfg, encoding=encoding,
+                msg = client_masked(store, key, req, upd, cfg=self.cfg, encoding=encoding,
                                     rng=RandomSource.seeded(pid))
                 out[pid] = (msg, ClientUpdate(partition_id=pid, delta=()))
             else:
-                out[pid] = client_unmask(self.store, key, req)
+                out[pid] = client_unmask(store, key, req)
         return out, failures
 
 
@@ -121,6 +122,10 @@ def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stag
     bound = len(survivors) / enc.scale + 1e-6 * 10  # quantisation + float32 storage of the mean
     assert np.max(np.abs(got - ref)) <= bound
     assert outcome.info["secagg_survivors"] == 7 and outcome.info["secagg_exchanges"] == 4
+    # the unmask stage deletes the secrets from the state of every node that completed it
+    states = rnd.transport.states  # type: ignore[attr-defined]
+    assert all("secagg-session" not in states[pid] for pid in (0, 5, 6, 7, 8, 9))
+    assert "secagg-session" in states[3] and 1 not in states  # 3 stopped after sharing; 1 never started
 
 
 def test_below_threshold_round_aborts_releasing_nothing() -> None:
