@@ -100,10 +100,15 @@ def test_calibrated_sigma_meets_the_target() -> None:
     [
         (RunConfig(target_delta=0.2), 10, "target-delta"),
         (RunConfig(sampling="fixed", cohort_size=11, neighbouring="replace-one"), 10, "cohort-size"),
-        (RunConfig(privacy="distributed", secagg=True), 10, "distributed"),
+        (RunConfig(privacy="distributed", secagg=True, accountant="rdp"), 10, "distributed"),
     ],
 )
-def test_plans_that_cannot_be_honoured_are_refused(cfg: RunConfig, population: int, key: str) -> None:
+def test_plans_that_cannot_be_honoured_are_refused(
+    cfg: RunConfig, population: int, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedprivacy.fl import privacy
+
+    monkeypatch.delitem(privacy._PLANNERS, "distributed", raising=False)  # as before secagg registers
     with pytest.raises(ValueError, match=key):
         plan_privacy(cfg, population=population)
 
@@ -119,7 +124,8 @@ def test_a_registered_planner_serves_the_distributed_mode(monkeypatch: pytest.Mo
             event=None, target_delta=cfg.target_delta, target_epsilon=0.0, mechanism="discrete Gaussian")
 
     monkeypatch.setitem(privacy._PLANNERS, "distributed", planner)
-    plan = plan_privacy(RunConfig(privacy="distributed", secagg=True, sample_rate=0.5), population=20)
+    plan = plan_privacy(RunConfig(privacy="distributed", secagg=True, sample_rate=0.5, accountant="rdp"),
+                        population=20)
     assert plan.mode == "distributed" and plan.denominator == 10.0
     with pytest.raises(ValueError, match="built in"):
         privacy.register_plan("central", planner)
