@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     trials = args.trials or (400_000 if args.quick else 4_000_000)
     canaries = 10_000 if args.quick else 100_000
-    fedavg_trials = 2_000 if args.quick else 6_000
+    fedavg_trials = 2_000 if args.quick else 20_000
     fedavg_canaries = 1_000 if args.quick else 4_000
     conf, delta = args.confidence, args.delta
     rng = RandomSource.seeded(args.seed)
