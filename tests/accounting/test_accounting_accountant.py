@@ -207,7 +207,7 @@ events_st = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=events_st, budget=st.floats(0.2, 3.0))
 def test_budget_is_never_exceeded(events: list[PrivacyEvent], budget: float) -> None:
     # The budget logic is backend independent; RDP keeps the property test fast.
@@ -221,7 +221,7 @@ def test_budget_is_never_exceeded(events: list[PrivacyEvent], budget: float) -> 
         assert acc.epsilon(delta=DELTA) <= budget
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=events_st)
 def test_restore_ledger_is_identity(events: list[PrivacyEvent]) -> None:
     acc = Accountant()

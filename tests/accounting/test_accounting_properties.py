@@ -16,7 +16,7 @@ from fedprivacy.accounting import (
 )
 
 DELTA = 1e-5
-FAST = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
@@ -99,7 +99,13 @@ def test_calibrate_then_account_round_trips_rdp(target: float, q: float, steps: 
     ("target", "sampling", "steps", "neighbouring"),
     [
         (1.0, PoissonSampling(rate=0.01), 100, Neighbouring.ADD_REMOVE),
-        (4.0, FixedCohortSampling(cohort=10, population=200), 30, Neighbouring.REPLACE_ONE),
+        pytest.param(
+            4.0,
+            FixedCohortSampling(cohort=10, population=200),
+            30,
+            Neighbouring.REPLACE_ONE,
+            marks=pytest.mark.slow,
+        ),
         (0.5, NoSampling(), 1, Neighbouring.ADD_REMOVE),
     ],
 )
