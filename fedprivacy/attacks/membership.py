@@ -384,7 +384,7 @@ def membership_experiment(
     models: int,
     seed: int,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[MembershipScores], dict[str, float]]:
+) -> tuple[list[MembershipScores], dict[str, float | None]]:
     """Train ``models`` federated models, each on a random half of (x, y); attack each in turn with the
     others as shadow models (leave-one-out, Carlini et al. 2022 Sec. V) and pool the scores.
 
@@ -466,6 +466,6 @@ def membership_experiment(
         "train_accuracy": float(np.mean(train_acc)),
         "test_accuracy": float(np.mean(test_acc)),
         "noise_multiplier": float(np.mean(sigmas)),
-        "epsilon": float("nan") if epsilon is None else epsilon,
+        "epsilon": epsilon,
     }
     return scores, summary
