@@ -307,6 +307,11 @@ def one_run_guesses(
     return k_pos + k_neg, v
 
 
+def _check_canaries(canaries: int) -> None:
+    if canaries < 2:
+        raise ValueError(f"canaries must be >= 2, got {canaries}")
+
+
 def _best_one_run(
     scores: np.ndarray,
     included: np.ndarray,
@@ -354,6 +359,8 @@ def _split_audit(
     confidence: float,
 ) -> tuple[float, float]:
     """Half of the trials choose the threshold, the other half certify it."""
+    if trials < 2:
+        raise ValueError(f"trials must be >= 4 (two per world and half), got {2 * trials}")
     cal = max(1, trials // 2)
     cal_in, cal_out = statistic(cal)
     t = select_threshold(cal_in, cal_out, delta=delta, confidence=confidence)
@@ -408,6 +415,7 @@ def one_run_audit_gaussian(
 ) -> AuditResult:
     """One-run audit of the Gaussian mechanism: m canaries, each a unit vector e_i included with
     probability 1/2 in the released sum ``sum_i S_i e_i + N(0, sigma^2 I_m)``; score i = coordinate i."""
+    _check_canaries(canaries)
     std = _gaussian_std(epsilon=epsilon, delta=delta, sensitivity=1.0) * noise_scale
     included = rng.bernoulli(0.5, canaries).astype(bool)
     scores = included.astype(np.float64) + rng.normal(std=std, size=canaries)
@@ -559,6 +567,7 @@ def one_run_audit_dp_fedavg(
     All canaries are mutually orthogonal, so each sees exactly one Gaussian of std ``sigma C`` per round
     in its coordinate (Steinke et al. 2023, Sec. 6, "gradient canaries").
     """
+    _check_canaries(canaries)
     dim = canaries
     claimed = _claimed_epsilon_fedavg(noise_multiplier=noise_multiplier, rounds=rounds, delta=delta)
     included = rng.bernoulli(0.5, canaries).astype(bool)

@@ -158,3 +158,10 @@ def test_dp_fedavg_canary_audit_sound_and_broken_variant_caught() -> None:
     )
     assert not ok.broken
     assert bad.broken
+
+
+def test_audits_reject_too_few_trials_or_canaries() -> None:
+    with pytest.raises(ValueError, match="trials"):
+        audit_gaussian_mechanism(epsilon=1.0, delta=1e-5, trials=2, rng=RandomSource.seeded(0))
+    with pytest.raises(ValueError, match="canaries"):
+        one_run_audit_gaussian(epsilon=1.0, delta=1e-5, canaries=1, rng=RandomSource.seeded(0))
