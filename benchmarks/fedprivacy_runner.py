@@ -40,7 +40,8 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "target-delta": spec.delta,
         "sampling": "poisson",
         "sample-rate": spec.sample_rate,
-        "accountant": "pld",
+        # fedprivacy accounts distributed discrete Gaussian noise with RDP only (config rule)
+        "accountant": "rdp" if privacy == "distributed" else "pld",
         "dpsgd": spec.mode == "dpsgd",
         "secagg": privacy == "distributed" or bool(spec.option("secagg", False)),
         "seed": spec.seed,

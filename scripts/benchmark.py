@@ -157,6 +157,12 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         ("Every configuration runs in its own process with one native thread "
          "(OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1), the same for every framework."
          if not native_threads else "Native thread pools left at their defaults (--native-threads)."),
+        "Trap found while benchmarking: with the BLAS/OpenMP defaults, numpy's OpenBLAS pool and "
+        "torch's OpenMP pool contend on 2 cores; a 100k-element `np.dot` right after a torch "
+        "backward pass took ~24 ms instead of ~0.03 ms. fedprivacy's `l2_norm` (update clipping) "
+        "calls `np.dot` per layer per client, which made a non-DP round at 100 clients and 100k "
+        "parameters take 4–25 s instead of ~1.4 s in our runs. `--native-threads` measures that "
+        "default.",
         "The torch loop is one process, no Flower: sample the cohort, train each client with the "
         "same `train_local`, average weighted by examples, evaluate.",
         "Quick sweep: digits, 100 clients, 10 per round, ~10k parameters, 5 rounds."

@@ -115,13 +115,15 @@ def test_spec_round_trips_and_validates() -> None:
 def test_run_config_uses_only_keys_fedprivacy_accepts() -> None:
     from fedprivacy.config import RunConfig
 
-    for mode in ("none", "central", "local", "dpsgd"):
+    for mode in ("none", "central", "local", "distributed", "dpsgd"):
         spec = _spec(mode=mode, noise_multiplier=0.0 if mode in ("none", "dpsgd") else 1.2)
         cfg = RunConfig.from_mapping(run_config_for(spec, output_dir="out"))
         assert cfg.sample_rate == pytest.approx(0.1)
         assert cfg.hidden_units == 1330
         assert cfg.privacy == ("none" if mode in ("none", "dpsgd") else mode)
         assert cfg.dpsgd is (mode == "dpsgd")
+        assert cfg.secagg is (mode == "distributed")
+        assert cfg.accountant == ("rdp" if mode == "distributed" else "pld")
 
 
 def test_memory_sampler_sees_child_processes() -> None:
