@@ -392,13 +392,19 @@ class SecureRound:
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=(), event=None,
                             aborted=reason, info={**info, "aborted": reason})
 
-    def _check(self, name: str, replies: dict[int, Any], failures: dict[int, str]) -> dict[int, Any]:
-        """Keep replies of the right type whose node id and round are the sender's; others fail."""
+    def _check(self, name: str, replies: dict[int, Any], failures: dict[int, str], *,
+               round: int) -> dict[int, Any]:
+        """Keep replies of the right type, sender and round; the others count as dropouts.
+
+        (A reply that fails here would otherwise make the server session refuse the whole stage, so one
+        faulty client could abort every round.)
+        """
         kept = {}
         for pid, reply in replies.items():
             msg: Any = reply[0] if name == "masked" else reply
-            if not isinstance(msg, _REPLY_TYPES[name]) or getattr(msg, "node_id", None) != pid:
-                failures[pid] = f"secagg {name}: malformed reply"
+            if (not isinstance(msg, _REPLY_TYPES[name]) or getattr(msg, "node_id", None) != pid
+                    or getattr(msg, "round", None) != round):
+                failures[pid] = f"secagg {name}: malformed reply (wrong type, sender or round)"
                 continue
             kept[pid] = reply
         return kept
@@ -429,24 +435,24 @@ class SecureRound:
         try:
             adv, f = self.transport.stage("advertise", {pid: setup for pid in cohort})
             failures.update(f)
-            adv = self._check("advertise", adv, failures)
+            adv = self._check("advertise", adv, failures, round=instr.round)
             info["secagg_exchanges"] += 1
             roster: ShareKeysRequest = server.receive_keys(list(adv.values()))
             shared, f = self.transport.stage("share", {pid: roster for pid in roster.node_ids})
             failures.update(f)
-            shared = self._check("share", shared, failures)
+            shared = self._check("share", shared, failures, round=instr.round)
             info["secagg_exchanges"] += 1
             mreqs: dict[int, MaskedInputRequest] = server.receive_shares(list(shared.values()))
             masked, f = self.transport.stage("masked", mreqs, instructions=instr, weights=weights,
                                              encoding=enc)
             failures.update(f)
-            masked = self._check("masked", masked, failures)
+            masked = self._check("masked", masked, failures, round=instr.round)
             info["secagg_exchanges"] += 1
             updates = {pid: upd for pid, (_, upd) in masked.items()}
             ureqs: dict[int, UnmaskRequest] = server.receive_masked([m for m, _ in masked.values()])
             unm, f = self.transport.stage("unmask", ureqs)
             failures.update(f)
-            unm = self._check("unmask", unm, failures)
+            unm = self._check("unmask", unm, failures, round=instr.round)
             info["secagg_exchanges"] += 1
             total = server.receive_unmask(list(unm.values()))
         except (RoundAborted, ProtocolViolation) as exc:

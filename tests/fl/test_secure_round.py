@@ -269,3 +269,28 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
     assert d["central_dp_epsilon_same_sigma"] > 0 and d["epsilon"] == res["privacy"]["epsilon"]
     report = (tmp_path / "ddp" / "privacy_report.md").read_text()
     assert "noise the survivors added" in report and "| 3 | 5 |" in report and "central DP" in report
+
+
+def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:
+    # Arrange: client 0 answers the share stage with a message of round 2 (a replay)
+    import dataclasses
+
+    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5)
+    like = [np.zeros(30, np.float32)]
+    updates = _updates(6, like, seed=5)
+
+    class Replaying(DirectTransport):
+        def stage(self, name: str, requests: Mapping[int, Any], **kw: Any) -> tuple[dict[int, Any], dict[int, str]]:
+            out, failures = super().stage(name, requests, **kw)
+            if name == "share":
+                out[0] = dataclasses.replace(out[0], round=2)
+            return out, failures
+
+    rnd = SecureRound(cfg, Replaying(cfg, updates), population=6, log=lambda _: None)
+    # Act
+    outcome = rnd(_instr(), list(range(6)), like, RandomSource.seeded(0))
+    # Assert
+    assert outcome.aborted is None and outcome.aggregate.aggregated == (1, 2, 3, 4, 5)
+    assert "round" in outcome.failures[0]
+    got = outcome.aggregate.mean_update[0].astype(np.float64) * 6
+    assert np.max(np.abs(got - _clipped_sum(updates, [1, 2, 3, 4, 5], 0.5))) <= 5 / 2**21 + 1e-6
