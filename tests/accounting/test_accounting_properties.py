@@ -16,7 +16,7 @@ from fedprivacy.accounting import (
 )
 
 DELTA = 1e-5
-FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
