@@ -70,7 +70,8 @@ def secagg_masked(msg: Message, context: Context) -> Message:
 def secagg_unmask(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
-    return secagg_handlers.unmask(msg, context)
+    _, pid, _ = _node(context)
+    return secagg_handlers.unmask(msg, context, partition_id=pid)
 # ---- end of secure aggregation stages
 
 

@@ -77,9 +77,19 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     return _reply(msg, "masked", out, metrics=MetricRecord(metrics))
 
 
-def unmask(msg: Message, context: Context) -> Message:
-    request = from_records(msg.content, stage="unmask")
-    return _reply(msg, "unmask", client_unmask(_store(context), _key(context), request))
+def unmask(msg: Message, context: Context, *, partition_id: int) -> Message:
+    """Round r's unmask (``secagg``) and/or round r+1's advertise (``secagg-next``), in that order."""
+    content: dict[str, Any] = {}
+    if "secagg" in msg.content.config_records:
+        request = from_records(msg.content, stage="unmask")
+        content.update(to_records("unmask", client_unmask(_store(context), _key(context), request)))
+    if "secagg-next" in msg.content.config_records:
+        setup = from_records(msg.content, stage="advertise", name="secagg-next")
+        keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id)
+        content.update(to_records("advertise", keys, record="secagg-next"))
+    if not content:
+        raise ValueError("secagg unmask message carries neither 'secagg' nor 'secagg-next'")
+    return Message(RecordDict(content), reply_to=msg)
 
 
 __all__ = ["advertise", "masked", "share", "unmask"]

@@ -10,7 +10,8 @@ query.secagg_share     ``secagg`` (ShareKeysRequest)                 ``secagg`` 
 train.secagg_masked    ``arrays`` (model), ``config`` (round          ``secagg`` (MaskedInput header),
                        instructions), ``encoding``, ``secagg``        ``secagg-masked`` ArrayRecord
                        (MaskedInputRequest)                          (uint32 vector), ``metrics``
-query.secagg_unmask    ``secagg`` (UnmaskRequest)                    ``secagg`` (UnmaskResponse)
+query.secagg_unmask    ``secagg`` (UnmaskRequest) and/or             ``secagg`` (UnmaskResponse),
+                       ``secagg-next`` (SetupRequest of round r+1)   ``secagg-next`` (AdvertiseKeys r+1)
 =====================  ============================================  ==================================
 
 Every ``secagg`` record holds ``stage``, ``kind`` (:data:`fedprivacy.secagg.wire.MESSAGE_TYPES`) and the
@@ -44,21 +45,21 @@ MESSAGE_TYPES = {
 _ARRAY_FIELD = "masked"
 
 
-def to_records(stage: str, msg: object) -> dict[str, Any]:
+def to_records(stage: str, msg: object, *, record: str = "secagg") -> dict[str, Any]:
     """``secagg`` ConfigRecord (and ``secagg-masked`` ArrayRecord for a masked vector) of a message."""
     kind, fields = wire.encode(msg)
     array = fields.pop(_ARRAY_FIELD, None)
-    out: dict[str, Any] = {"secagg": ConfigRecord({"stage": stage, "kind": kind, **fields})}
+    out: dict[str, Any] = {record: ConfigRecord({"stage": stage, "kind": kind, **fields})}
     if array is not None:
         out["secagg-masked"] = ArrayRecord.from_numpy_ndarrays([np.ascontiguousarray(array)])
     return out
 
 
-def from_records(content: RecordDict, *, stage: str) -> Any:
+def from_records(content: RecordDict, *, stage: str, name: str = "secagg") -> Any:
     """Rebuild a protocol message from a Message's content; ValueError/TypeError if malformed."""
-    record = content.config_records.get("secagg")
+    record = content.config_records.get(name)
     if record is None:
-        raise ValueError("no 'secagg' record in the message")
+        raise ValueError(f"no {name!r} record in the message")
     fields: dict[str, Any] = dict(record)
     got = fields.pop("stage", None)
     if got != stage:
@@ -130,6 +131,56 @@ class GridSecureTransport:
             if pid not in out and pid not in failures:
                 failures[pid] = f"secagg {name}: no reply within client-timeout ({self.timeout:g} s)"
         return out, failures
+
+    def unmask_and_advertise(self, unmask: Mapping[int, Any], setups: Mapping[int, Any]
+                             ) -> tuple[dict[int, Any], dict[int, str], dict[int, Any], dict[int, str]]:
+        """Round r's unmask stage and round r+1's advertise stage in one exchange."""
+        return _unmask_and_advertise(self, unmask, setups)
+
+
+def _unmask_and_advertise(transport: GridSecureTransport, unmask: Mapping[int, Any],
+                          setups: Mapping[int, Any]) -> tuple[dict[int, Any], dict[int, str],
+                                                              dict[int, Any], dict[int, str]]:
+    """One exchange: round r's ``UnmaskRequest`` (``secagg``) and round r+1's ``SetupRequest``
+    (``secagg-next``), merged into one ``query.secagg_unmask`` message per node."""
+    messages = []
+    for pid in sorted(set(unmask) | set(setups)):
+        content: dict[str, Any] = {}
+        if pid in unmask:
+            content.update(to_records("unmask", unmask[pid]))
+        if pid in setups:
+            content.update(to_records("advertise", setups[pid], record="secagg-next"))
+        rnd = unmask[pid].round if pid in unmask else setups[pid].round - 1
+        messages.append(Message(content=RecordDict(content), dst_node_id=transport.nodes[pid],
+                                message_type=MESSAGE_TYPES["unmask"], group_id=str(rnd)))
+    pid_of = {transport.nodes[pid]: pid for pid in set(unmask) | set(setups)}
+    replies = transport.grid.send_and_receive(messages, timeout=transport.timeout) if messages else []
+    unm: dict[int, Any] = {}
+    adv: dict[int, Any] = {}
+    unm_fail: dict[int, str] = {}
+    adv_fail: dict[int, str] = {}
+    for reply in replies:
+        src = pid_of.get(reply.metadata.src_node_id)
+        if src is None:
+            continue
+        pid = src
+        if reply.has_error():
+            for want, fail in ((unmask, unm_fail), (setups, adv_fail)):
+                if pid in want:
+                    fail[pid] = f"secagg unmask/advertise: {_error_text(reply)}"
+            continue
+        for want, name, stage, out, fail in ((unmask, "secagg", "unmask", unm, unm_fail),
+                                             (setups, "secagg-next", "advertise", adv, adv_fail)):
+            if pid in want:
+                try:
+                    out[pid] = from_records(reply.content, stage=stage, name=name)
+                except (KeyError, ValueError, TypeError) as exc:
+                    fail[pid] = f"secagg {stage}: malformed reply: {exc}"
+    for want, out, fail, stage in ((unmask, unm, unm_fail, "unmask"), (setups, adv, adv_fail, "advertise")):
+        for pid in want:
+            if pid not in out and pid not in fail:
+                fail[pid] = f"secagg {stage}: no reply within client-timeout ({transport.timeout:g} s)"
+    return unm, unm_fail, adv, adv_fail
 
 
 def _update_metadata(reply: Message, pid: int) -> ClientUpdate:

@@ -14,9 +14,12 @@ exchange              server -> each client                   client -> server
 4 ``unmask``          ``UnmaskRequest`` (survivors, dropped)  ``UnmaskResponse``
 ====================  ======================================  =======================================
 
-Stages 2|3 and 3|4 of one round cannot be merged (``docs/SECAGG.md``, "Merging stages"); merging
-stages 1-2 of round r+1 into round r's exchanges needs the cohort of r+1 before r ends, which the
-loop samples only when r+1 starts, so this implementation does not pipeline.
+Stages 2|3 and 3|4 of one round cannot be merged (``docs/SECAGG.md``, "Merging stages"). With full
+participation (``sample-rate = 1`` or a fixed cohort of everyone) the cohort of round r+1 is known
+before round r ends and does not depend on data, so round r+1's stage 1 (``SetupRequest`` ->
+``AdvertiseKeys``: fresh keys, bound to r+1, independent of r) rides on round r's unmask exchange:
+three exchanges per round after the first (``info["secagg_pipelined"]``). With client sampling the
+next cohort is drawn only when r+1 starts, so every round takes four exchanges.
 
 Encodings (:class:`EncodingSpec`), both on the client, from the update it already clipped to ``C``:
 
@@ -381,8 +384,30 @@ class SecureRound:
         self.log = log
         from fedprivacy.fl.sampling import expected_cohort
 
+        self._pending: tuple[SetupRequest, tuple[int, ...], dict[int, Any], dict[int, str]] | None = None
         self.denominator = expected_cohort(sampling=cfg.sampling, population=population,
                                            sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
+
+    def _next_round_setup(self, instr: RoundInstructions, *, dim: int
+                          ) -> tuple[SetupRequest, tuple[int, ...]] | None:
+        """Round r+1's setup and cohort, when both are known now (else None: no pipelining).
+
+        Only with full participation (``sample-rate = 1``, or a fixed cohort of the whole
+        population): then the next cohort is every partition, independent of any data, as the merging
+        rule in :mod:`fedprivacy.secagg.protocol` requires. The transport must support it.
+        """
+        cfg = self.cfg
+        if instr.round >= cfg.num_server_rounds or not hasattr(self.transport, "unmask_and_advertise"):
+            return None
+        full = ((cfg.sampling == "poisson" and cfg.sample_rate >= 1.0)
+                or (cfg.sampling == "fixed" and cfg.cohort_size == self.population))
+        if not full:
+            return None
+        cohort = tuple(range(self.population))
+        k = round_degree(cohort=len(cohort), degree=self.degree, threshold=self.threshold)
+        setup = SetupRequest(round=instr.round + 1, threshold=self.threshold, degree=k,
+                             modulus_bits=cfg.secagg_bits, dim=dim, min_survivors=self.threshold)
+        return setup, cohort
 
     def _aborted(self, reason: str, *, like: Sequence[np.ndarray], failures: dict[int, str],
                  info: dict[str, Any]) -> RoundOutcome:
@@ -432,11 +457,16 @@ class SecureRound:
 
         server = ServerSession(setup)
         updates: dict[int, ClientUpdate] = {}
+        pending, self._pending = self._pending, None
         try:
-            adv, f = self.transport.stage("advertise", {pid: setup for pid in cohort})
+            if pending is not None and pending[0] == setup and pending[1] == tuple(cohort):
+                adv, f = pending[2], pending[3]  # keys advertised with the previous round's unmask
+                info["secagg_pipelined"] = True
+            else:
+                adv, f = self.transport.stage("advertise", {pid: setup for pid in cohort})
+                info["secagg_exchanges"] += 1
             failures.update(f)
             adv = self._check("advertise", adv, failures, round=instr.round)
-            info["secagg_exchanges"] += 1
             roster: ShareKeysRequest = server.receive_keys(list(adv.values()))
             shared, f = self.transport.stage("share", {pid: roster for pid in roster.node_ids})
             failures.update(f)
@@ -450,7 +480,14 @@ class SecureRound:
             info["secagg_exchanges"] += 1
             updates = {pid: upd for pid, (_, upd) in masked.items()}
             ureqs: dict[int, UnmaskRequest] = server.receive_masked([m for m, _ in masked.values()])
-            unm, f = self.transport.stage("unmask", ureqs)
+            nxt = self._next_round_setup(instr, dim=enc.padded_dim)
+            if nxt is not None:  # stage 1 of round r+1 rides on this round's unmask exchange
+                next_setup, next_cohort = nxt
+                unm, f, adv_next, f_next = self.transport.unmask_and_advertise(  # type: ignore[attr-defined]
+                    ureqs, {pid: next_setup for pid in next_cohort})
+                self._pending = (next_setup, next_cohort, adv_next, f_next)
+            else:
+                unm, f = self.transport.stage("unmask", ureqs)
             failures.update(f)
             unm = self._check("unmask", unm, failures, round=instr.round)
             info["secagg_exchanges"] += 1
