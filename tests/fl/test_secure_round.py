@@ -294,3 +294,25 @@ def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:
     assert "round" in outcome.failures[0]
     got = outcome.aggregate.mean_update[0].astype(np.float64) * 6
     assert np.max(np.abs(got - _clipped_sum(updates, [1, 2, 3, 4, 5], 0.5))) <= 5 / 2**21 + 1e-6
+
+
+def test_engine_pipelined_rounds_take_three_exchanges_and_survive_a_merged_exchange_dropout(
+        tmp_path: Path) -> None:
+    # Arrange: partition 4 misses round 1's merged unmask+advertise exchange: it is in round 1's sum
+    # (it uploaded its masked input) but has no keys for round 2, like a client dropped in plain round 2
+    secure_faults = FaultPlan(rules=(
+        FaultRule(action="drop", message_type="query.secagg_unmask", rounds=(1,), partition_ids=(4,)),))
+    plain_faults = FaultPlan(rules=(
+        FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(4,)),))
+    # Act
+    secure = _run(tmp_path, "pipe", secure_faults, privacy="none", secagg=True, **{"num-server-rounds": 2})
+    plain = _run(tmp_path, "plain2", plain_faults, privacy="none", **{"num-server-rounds": 2})
+    # Assert
+    r1, r2 = secure["rounds"]
+    assert (r1["secagg_exchanges"], r2["secagg_exchanges"]) == (4, 3) and r2["secagg_pipelined"]
+    assert secure["_by_type"]["query.secagg_advertise"] == 6  # only round 1 has its own advertise exchange
+    assert (r1["secagg_survivors"], r2["secagg_survivors"]) == (6, 5)
+    assert [r["clients_aggregated"] for r in plain["rounds"]] == [6, 5]
+    # two rounds of quantisation error (n/s each), the second propagated through local training
+    for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
+        assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= 1e-4
