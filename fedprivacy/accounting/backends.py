@@ -37,6 +37,7 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,6 +57,7 @@ from fedprivacy.accounting.events import (
     PoissonSampling,
     PrivacyEvent,
 )
+from fedprivacy.dp.mechanisms import analytic_gaussian_epsilon
 
 __all__ = [
     "BACKENDS",
@@ -229,6 +231,27 @@ def _pld_single(event: PrivacyEvent, neighbouring: Neighbouring) -> Any:
     raise ValueError(f"the pld accountant cannot account {mech.kind}")
 
 
+@dataclass(frozen=True, slots=True)
+class _GaussianState:
+    """Composition of unsampled Gaussian releases, kept in closed form.
+
+    Composing Gaussian mechanisms with sensitivity/std ratios mu_i is exactly one Gaussian mechanism
+    with mu = sqrt(sum mu_i^2) (Dong, Roth & Su 2022, Corollary 3.3: the composition of mu_i-GDP
+    trade-off functions G_mu_i is G_mu, with equality, not a CLT approximation). Its epsilon at delta
+    is then the analytic Gaussian mechanism's, exact (Balle & Wang 2018, Theorem 8). This avoids
+    re-discretising a wider and wider PLD every round (seconds per round at large epsilon); a PLD is
+    built only when this is composed with an event that has no closed form.
+    """
+
+    mu_sq: float
+
+
+def _as_pld(state: Any) -> Any:
+    if isinstance(state, _GaussianState):
+        return _pld_gaussian(1.0 / math.sqrt(state.mu_sq))
+    return state
+
+
 # ------------------------------------------------------------------------------------------------ PLD
 class PldBackend(Backend):
     name = "pld"
@@ -256,13 +279,20 @@ class PldBackend(Backend):
         if isinstance(mech, GaussianEvent) and isinstance(event.sampling, NoSampling):
             # k Gaussian releases with ratio r compose exactly to one with ratio r / sqrt(k).
             r = mech.effective_noise_multiplier(neighbouring)
-            return _pld_gaussian(r / math.sqrt(count))
+            return _GaussianState(mu_sq=count / r**2)
         return _pld_single(event.with_count(1), neighbouring).self_compose(count)
 
     def compose(self, first: Any, second: Any) -> Any:
-        return first.compose(second)
+        if isinstance(first, _GaussianState) and isinstance(second, _GaussianState):
+            return _GaussianState(mu_sq=first.mu_sq + second.mu_sq)
+        return _as_pld(first).compose(_as_pld(second))
 
     def epsilon(self, state: Any, *, delta: float) -> float:
+        if isinstance(state, _GaussianState):
+            # Exact, not discretised: Balle & Wang 2018, Theorem 8, for the composed Gaussian.
+            return analytic_gaussian_epsilon(
+                noise_std=1.0 / math.sqrt(state.mu_sq), sensitivity=1.0, delta=delta
+            )
         return float(state.get_epsilon_for_delta(delta))
 
 
