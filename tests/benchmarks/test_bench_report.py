@@ -124,6 +124,9 @@ def test_run_config_uses_only_keys_fedprivacy_accepts() -> None:
         assert cfg.dpsgd is (mode == "dpsgd")
         assert cfg.secagg is (mode == "distributed")
         assert cfg.accountant == ("rdp" if mode == "distributed" else "pld")
+    synthetic = RunConfig.from_mapping(run_config_for(_spec(dataset="synthetic", hidden=140),
+                                                      output_dir="out"))
+    assert synthetic.dataset == "synthetic"
 
 
 def test_memory_sampler_sees_child_processes() -> None:
