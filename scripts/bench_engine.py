@@ -161,6 +161,10 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             train = [s for (t, _n, s) in res.stats.exchanges if t == "train"]
             result["train_exchange_seconds"] = train
             result["startup_seconds"] = res.startup_seconds
+            # CPU time of all ClientApp calls (summed over workers): on a shared machine this
+            # shows whether a slower wall time is more work or just waiting for a core.
+            result["client_cpu_seconds"] = res.stats.client_cpu_seconds
+            result["client_wall_seconds"] = res.stats.client_seconds
             if spec.get("paired_loop"):
                 # The loop again, in this process right after the engine run (warm caches, the
                 # same machine load): the fairest ratio on a shared machine.
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         for privacy, extra in (
             ("central", {"noise-multiplier": 1.0}),
             ("local", {"noise-multiplier": 1.0}),
-            ("distributed", {"noise-multiplier": 1.0, "secagg": True}),
+            ("distributed", {"noise-multiplier": 1.0, "secagg": True, "accountant": "rdp"}),
         ):
             run(
                 {

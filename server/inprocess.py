@@ -167,7 +167,8 @@ class EngineStats:
     delayed: int = 0
     late: int = 0
     batches: int = 0
-    client_seconds: float = 0.0
+    client_seconds: float = 0.0  # wall time of all ClientApp calls (summed over workers)
+    client_cpu_seconds: float = 0.0  # CPU time of all ClientApp calls
     by_type: dict[str, int] = field(default_factory=dict)
     # one entry per send_and_receive: (message type of the first message, messages, seconds)
     exchanges: list[tuple[str, int, float]] = field(default_factory=list)
@@ -417,6 +418,7 @@ class InProcessGrid(Grid):
         with self._lock:
             self._inflight.discard(msg_id)
             self.stats.client_seconds += outcome.seconds
+            self.stats.client_cpu_seconds += outcome.cpu_seconds
             if not outcome.state_valid:
                 pass  # the ClientApp failed: Flower keeps the node's previous Context
             elif outcome.state is not None:

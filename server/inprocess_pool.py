@@ -50,6 +50,7 @@ class Outcome:
     state: RecordDict | None  # node state after the call (None: empty, nothing to keep)
     state_valid: bool  # False when the call failed: the node keeps its previous state (as Flower)
     seconds: float
+    cpu_seconds: float  # CPU time of this process (thread) spent on the call
     finished_at: float  # time.monotonic() in the parent's clock domain (same machine)
 
 
@@ -68,6 +69,7 @@ def _error_reply(message: Message, ex: BaseException) -> Message:
 def run_job(app: ClientApp, job: Job) -> Outcome:
     """Deliver one Message to the ClientApp; never raises."""
     start = time.perf_counter()
+    cpu_start = time.thread_time()
     message, context = job.message, job.context
     run_config_before = dict(context.run_config)
     failed = False
@@ -104,6 +106,7 @@ def run_job(app: ClientApp, job: Job) -> Outcome:
         state=state,
         state_valid=not failed,
         seconds=time.perf_counter() - start,
+        cpu_seconds=time.thread_time() - cpu_start,
         finished_at=time.monotonic(),
     )
 
