@@ -126,8 +126,9 @@ def build_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
 
 def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
                 native_threads: bool = False) -> list[str]:
-    sigmas = sorted({(s.target_epsilon, round(s.noise_multiplier, 4), s.rounds, s.sample_rate)
-                     for s in specs if s.target_epsilon is not None})
+    sigmas = sorted({(s.target_epsilon, round(s.noise_multiplier, 3), s.sample_rate)
+                     for s in specs if s.target_epsilon is not None and s.noise_multiplier > 0})
+    cal_rounds = max((s.rounds for s in specs), default=0)
     return [
         "Data and model come from `fedprivacy.ml` for every row (`benchmarks/task.py`): digits "
         "(sklearn, 20% held out) split IID; Synthetic(1, 1) (Li et al. 2020) with its natural "
@@ -139,8 +140,9 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "on Flower's Ray engine (`server.inprocess.run_flower_simulation`).",
         "User-level DP rows use clip C = 1.0 and the noise multiplier σ calibrated with "
         "`fedprivacy.accounting.calibrate_noise_multiplier` (PLD, Poisson) to the target ε at "
-        f"δ = {DELTA:g}: " + "; ".join(f"ε={e:g}, T={t}, q={q:g} → σ={s}" for e, s, t, q in sigmas)
-        + ". Flower's DP rows use the same σ and C.",
+        f"δ = {DELTA:g} over the sweep's {cal_rounds} rounds: "
+        + "; ".join(f"ε={e:g}, q={q:g} → σ={s}" for e, s, q in sigmas)
+        + " (rows capped at fewer rounds spend less). Flower's DP rows use the same σ and C.",
         "`local` adds the full noise σC on every client; `distributed` is fedprivacy's SecAgg with "
         "distributed discrete Gaussian noise; `dpsgd` is sample-level DP-SGD (Opacus, noise "
         "multiplier 1.0, max grad norm 1.0) without user-level noise — its ε is per example.",
