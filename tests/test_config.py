@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -19,10 +20,16 @@ def _pyproject_defaults() -> dict:
         return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
 
 
+# The Flower app runs secure aggregation with distributed DP by default (issue 4). The library's
+# RunConfig() keeps central DP as its default, so transport-free loops (run_federated) work without a
+# secure channel. Every other default is the same on both sides.
+APP_DEFAULTS = {"privacy": "distributed", "accountant": "rdp", "secagg": True}
+
+
 def test_pyproject_defaults_are_exactly_the_config_defaults() -> None:
     defaults = _pyproject_defaults()
     cfg = RunConfig.from_mapping(defaults)
-    assert cfg == RunConfig()
+    assert cfg == dataclasses.replace(RunConfig(), **APP_DEFAULTS)
     assert cfg.to_mapping() == defaults  # same key set, same values: no key is missing on either side
 
 

@@ -37,7 +37,9 @@ def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -
     # Arrange
     home = tmp_path / "flwr-home"
     out = tmp_path / "runs"
-    run_config = f"num-server-rounds=2 seed=0 run-name='sim' output-dir='{out}'"
+    # Central DP (the app's default is distributed DP; its flwr run test is in test_secagg_e2e.py).
+    run_config = (f"num-server-rounds=2 seed=0 run-name='sim' output-dir='{out}' "
+                  "privacy='central' secagg=false accountant='pld'")
     # Act
     proc = flwr_local.run_local(supernodes=10, run_config=run_config, flwr_home=home, timeout=900,
                                 capture=True)

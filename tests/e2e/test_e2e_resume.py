@@ -23,7 +23,8 @@ from fedprivacy.fl.checkpoint import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
-BASE = {"num-server-rounds": 4, "seed": 11, "sample-rate": 0.7, "local-epochs": 1}
+BASE = {"num-server-rounds": 4, "seed": 11, "sample-rate": 0.7, "local-epochs": 1,
+        "privacy": "central", "secagg": False, "accountant": "pld"}
 
 
 def _script(run_config: dict) -> str:

@@ -22,7 +22,7 @@ def test_importing_the_cli_does_not_load_flwr() -> None:
 
 def test_simulate_inprocess_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = (
-        f'num-server-rounds=1 privacy="central" noise-multiplier=1.0 sample-rate=1.0 '
+        f'num-server-rounds=1 privacy="central" secagg=false noise-multiplier=1.0 sample-rate=1.0 '
         f'local-epochs=1 seed=3 output-dir="{tmp_path}" run-name="cli"'
     )
     code = main(

@@ -42,6 +42,7 @@ def _config(tmp_path: Path, name: str, **extra: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "num-server-rounds": 2,
         "privacy": "central",
+        "secagg": False,
         "noise-multiplier": 1.0,
         "sample-rate": 1.0,
         "local-epochs": 1,

@@ -233,7 +233,7 @@ def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unm
         FaultRule(action="drop", message_type="query.secagg_unmask", partition_ids=(4,)),
     ))
     # Act
-    plain = _run(tmp_path, "plain", plain_faults, privacy="none")
+    plain = _run(tmp_path, "plain", plain_faults, privacy="none", secagg=False)
     secure = _run(tmp_path, "secure", secure_faults, privacy="none", secagg=True)
     # Assert: same survivors, same model up to the stated quantisation error
     assert secure["_by_type"]["train.secagg_masked"] == 6 and "train" not in secure["_by_type"]
@@ -306,7 +306,7 @@ def test_engine_pipelined_rounds_take_three_exchanges_and_survive_a_merged_excha
         FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(4,)),))
     # Act
     secure = _run(tmp_path, "pipe", secure_faults, privacy="none", secagg=True, **{"num-server-rounds": 2})
-    plain = _run(tmp_path, "plain2", plain_faults, privacy="none", **{"num-server-rounds": 2})
+    plain = _run(tmp_path, "plain2", plain_faults, privacy="none", secagg=False, **{"num-server-rounds": 2})
     # Assert
     r1, r2 = secure["rounds"]
     assert (r1["secagg_exchanges"], r2["secagg_exchanges"]) == (4, 3) and r2["secagg_pipelined"]
