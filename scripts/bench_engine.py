@@ -110,6 +110,8 @@ def _run_config(spec: dict[str, Any], out_dir: str) -> dict[str, Any]:
         "hidden-units": hidden,
         "local-epochs": 1,
         "privacy": spec.get("privacy", "none"),
+        "secagg": False,
+        "accountant": "pld",
         "sampling": "fixed",
         "cohort-size": spec["cohort"],
         "neighbouring": "replace-one",
@@ -350,7 +352,18 @@ def main(argv: list[str] | None = None) -> int:
         for privacy, extra in (
             ("central", {"noise-multiplier": 1.0}),
             ("local", {"noise-multiplier": 1.0}),
-            ("distributed", {"noise-multiplier": 1.0, "secagg": True, "accountant": "rdp"}),
+            (
+                "distributed",
+                {
+                    "noise-multiplier": 1.0,
+                    "secagg": True,
+                    "accountant": "rdp",
+                    # the distributed accounting needs Poisson sampling (add-remove): q = 0.1
+                    "sampling": "poisson",
+                    "sample-rate": 0.1,
+                    "neighbouring": "add-remove",
+                },
+            ),
         ):
             run(
                 {
