@@ -13,6 +13,7 @@ This module may import ``flwr``/``server`` lazily inside a command function only
 from __future__ import annotations
 
 import json
+import logging
 import math
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn
@@ -296,6 +297,9 @@ def noise(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedprivacy`` script; returns the exit code (usage errors: 2, one line)."""
+    # dp-accounting's RDP code warns (via absl) for every Renyi order it drops when a series does not
+    # converge; dropping an order only loosens the bound, so it is noise for a command-line user.
+    logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         rv = app(args=argv, prog_name="fedprivacy", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
