@@ -120,7 +120,7 @@ class BenchSpec:
         tag = f"{self.dataset}-{self.framework}-{self.engine}-{self.mode}-h{self.hidden}"
         if self.target_epsilon is not None:
             tag += f"-eps{self.target_epsilon:g}"
-        return tag
+        return f"{tag}-r{self.rounds}"
 
 
 def steady_state_seconds(round_seconds: Sequence[float], *, warmup: int = 1) -> float | None:

@@ -81,19 +81,25 @@ def build_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
     else:
         setups = [("digits", 1000, 100, "100k", rounds or 15),
                   ("digits", 1000, 100, "10k", rounds or 15),
-                  ("synthetic", 1000, 100, "10k", rounds or 15)]
+                  ("synthetic", 1000, 100, "10k", rounds or 15),
+                  ("synthetic", 1000, 100, "10k", rounds or 50)]  # utility: more rounds
         eps_grid = (1.0, TARGET_EPSILON, 8.0)
     for idx, (ds, n, m, size, r) in enumerate(setups):
+        utility = not quick and idx == len(setups) - 1
         common: dict[str, Any] = dict(dataset=ds, num_clients=n, clients_per_round=m, rounds=r,
                                       hidden=HIDDEN[ds][size], lr=0.1, local_epochs=1,
                                       batch_size=32, clip_norm=1.0, delta=DELTA, seed=0,
-                                      label=size)
+                                      label=f"{size}, {r} rounds" if utility else size)
         sigma = calibrated_sigma(target_epsilon=TARGET_EPSILON, sample_rate=m / n, rounds=r,
                                  rel_tol=rel_tol)
         dp: dict[str, Any] = dict(noise_multiplier=sigma, target_epsilon=TARGET_EPSILON)
         capped = dict(common, rounds=min(r, SLOW_ROUNDS_CAP))
         specs.append(BenchSpec(framework="torch", engine="loop", mode="none", **common))
         specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="none", **common))
+        if utility:  # the utility goal: non-DP against central DP at the target epsilon
+            specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="central",
+                                   **common, **dp))
+            continue
         specs.append(BenchSpec(framework="flower", engine="ray", mode="none", **common))
         if idx == 0:  # the main setup: every mode, and every Flower peer
             specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="central",
@@ -126,9 +132,12 @@ def build_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
 
 def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
                 native_threads: bool = False) -> list[str]:
-    sigmas = sorted({(s.target_epsilon, round(s.noise_multiplier, 3), s.sample_rate)
-                     for s in specs if s.target_epsilon is not None and s.noise_multiplier > 0})
-    cal_rounds = max((s.rounds for s in specs), default=0)
+    calibrated: dict[tuple[float, float, float], int] = {}
+    for s in specs:
+        if s.target_epsilon is not None and s.noise_multiplier > 0:
+            k = (s.target_epsilon, round(s.noise_multiplier, 3), s.sample_rate)
+            calibrated[k] = max(calibrated.get(k, 0), s.rounds)
+    sigmas = sorted((e, t, q, sig) for (e, sig, q), t in calibrated.items())
     return [
         "Data and model come from `fedprivacy.ml` for every row (`benchmarks/task.py`): digits "
         "(sklearn, 20% held out) split IID; Synthetic(1, 1) (Li et al. 2020) with its natural "
@@ -140,8 +149,8 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "on Flower's Ray engine (`server.inprocess.run_flower_simulation`).",
         "User-level DP rows use clip C = 1.0 and the noise multiplier σ calibrated with "
         "`fedprivacy.accounting.calibrate_noise_multiplier` (PLD, Poisson) to the target ε at "
-        f"δ = {DELTA:g} over the sweep's {cal_rounds} rounds: "
-        + "; ".join(f"ε={e:g}, q={q:g} → σ={s}" for e, s, q in sigmas)
+        f"δ = {DELTA:g}: "
+        + "; ".join(f"ε={e:g}, T={t} rounds, q={q:g} → σ={sig}" for e, t, q, sig in sigmas)
         + " (rows capped at fewer rounds spend less). Flower's DP rows use the same σ and C.",
         "`local` adds the full noise σC on every client; `distributed` is fedprivacy's SecAgg with "
         "distributed discrete Gaussian noise; `dpsgd` is sample-level DP-SGD (Opacus, noise "
@@ -170,7 +179,8 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "Quick sweep: digits, 100 clients, 10 per round, ~10k parameters, 5 rounds."
         if quick else
         "Full sweep: 1000 clients, 100 per round (q = 0.1), 15 rounds; digits at ~100k (every mode) "
-        "and ~10k parameters, Synthetic at ~10k parameters with central DP at ε ∈ {1, 3, 8}.",
+        "and ~10k parameters, Synthetic at ~10k parameters with central DP at ε ∈ {1, 3, 8}; plus "
+        "Synthetic non-DP vs central ε=3 over 50 rounds for the utility goal.",
     ]
 
 
