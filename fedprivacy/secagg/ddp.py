@@ -31,6 +31,7 @@ from fedprivacy.accounting.distributed import (
     distributed_round,
     rounded_l2_norm_bound,
 )
+from fedprivacy.dp.clipping import l2_norm
 from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.quantize import (
@@ -127,14 +128,15 @@ def encode_update(
         raise ValueError(f"update must have {config.dim} entries, got {x.shape[0]}")
     if not np.all(np.isfinite(x)):
         raise ValueError("update must be finite")
-    norm = float(np.linalg.norm(x))
+    norm = l2_norm(x)  # no BLAS: its thread pool fights torch's (see fedprivacy.dp.clipping)
     if norm > config.clip_norm:
         x = x * (config.clip_norm / norm)
     r = rotate(x * config.scale, seed=rotation_seed)
     bound_sq = config.norm_bound**2
     for _ in range(max_tries):
         q = stochastic_round(r, rng=rng)
-        if float(np.dot(q.astype(np.float64), q.astype(np.float64))) <= bound_sq:
+        qf = q.astype(np.float64)
+        if float(np.add.reduce(qf * qf)) <= bound_sq:  # no BLAS dot (see fedprivacy.dp.clipping)
             break
     else:  # probability <= beta**max_tries
         raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={config.beta})")

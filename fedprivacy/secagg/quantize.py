@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedprivacy.dp.clipping import l2_norm
 from fedprivacy.dp.rng import RandomSource
 
 __all__ = [
@@ -161,7 +162,7 @@ def encode_fixed_point(
     v = np.asarray(x, dtype=np.float64).reshape(-1)
     if not clip_norm > 0 or not scale > 0:
         raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
-    norm = float(np.linalg.norm(v))
+    norm = l2_norm(v)  # no BLAS (see fedprivacy.dp.clipping)
     if norm > clip_norm:
         v = v * (clip_norm / norm)
     return to_ring(stochastic_round(v * scale, rng=rng), modulus_bits=modulus_bits)
