@@ -128,3 +128,27 @@ def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
     assert ray.returncode == 0, ray.output
     ray_rows = _rows(tmp_path / "ray" / "results.json")
     assert ray_rows == _rows(inproc.results_path)
+
+
+def test_secagg_dropout_at_the_masked_input_stage(tmp_path: Path) -> None:
+    """A stage-targeted drop: two clients vanish after sharing keys, before the masked upload."""
+    plan = FaultPlan.parse("drop:type=train.secagg_masked,rounds=1,partitions=3|5", seed=1)
+    cfg = _config(
+        tmp_path,
+        "secagg-drop",
+        **{
+            "privacy": "distributed",
+            "secagg": True,
+            "accountant": "rdp",
+            "neighbouring": "add-remove",
+            "num-server-rounds": 1,
+            "client-timeout": 10.0,
+        },
+    )
+    res = run_inprocess(run_config=cfg, num_supernodes=8, faults=plan, app_dir=REPO_DIR)
+
+    (row,) = _rows(res.results_path)
+    assert (row["clients_sampled"], row["clients_aggregated"]) == (8, 6)
+    assert row["epsilon"] > 0
+    assert res.stats.dropped == 2
+    assert res.stats.by_type["train.secagg_masked"] == 8
