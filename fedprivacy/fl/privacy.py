@@ -55,7 +55,12 @@ class PrivacyPlan:
         if self.event is None:
             return "privacy: none (no differential privacy; updates clipped only)"
         origin = "calibrated" if self.calibrated else "configured"
-        where = "server adds it to the sum" if self.mode == "central" else "each client adds it"
+        where = {
+            "central": "server adds it to the sum",
+            "local": "each client adds it",
+            # Kairouz, Liu & Steinke 2021: per-client share sized so any t survivors reach the target.
+            "distributed": "on the sum of >= t survivors; each client adds a discrete Gaussian share",
+        }.get(self.mode, "each client adds it")
         return (
             f"privacy: {self.mode} DP, unit={self.unit}, {self.neighbouring}, C={self.clip_norm:g}, "
             f"σ={self.noise_multiplier:.4g} ({origin}, noise std {self.noise_multiplier * self.clip_norm:.4g}, "
