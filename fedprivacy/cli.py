@@ -197,6 +197,23 @@ UnitOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 
 
+def _resolve_release(
+    steps: int,
+    sampling: SamplingName,
+    sample_rate: float | None,
+    population: int | None,
+    cohort: int | None,
+    neighbouring: NeighbouringName,
+    accountant: AccountantName,
+) -> tuple[Neighbouring, Sampling]:
+    """The options shared by ``epsilon`` and ``noise``, validated (exit 2 on bad input)."""
+    _check_steps(steps)
+    nb = Neighbouring(neighbouring.value)
+    samp = _resolve_sampling(sampling, sample_rate, population, cohort, nb)
+    _check_combination(accountant.value, nb, samp, steps)
+    return nb, samp
+
+
 @app.command()
 def epsilon(
     noise_multiplier: Annotated[
@@ -218,10 +235,8 @@ def epsilon(
     _check_delta(delta)
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         _fail(f"--noise-multiplier must be > 0, got {noise_multiplier:g}")
-    _check_steps(steps)
-    nb = Neighbouring(neighbouring.value)
-    samp = _resolve_sampling(sampling, sample_rate, population, cohort, nb)
-    _check_combination(accountant.value, nb, samp, steps)
+    nb, samp = _resolve_release(steps, sampling, sample_rate, population, cohort, neighbouring,
+                                accountant)
     acc = Accountant(backend=accountant.value, neighbouring=nb, unit=unit.value)
     acc.spend(
         PrivacyEvent(
@@ -263,10 +278,8 @@ def noise(
     _check_delta(delta)
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         _fail(f"--target-epsilon must be > 0, got {target_epsilon:g}")
-    _check_steps(steps)
-    nb = Neighbouring(neighbouring.value)
-    samp = _resolve_sampling(sampling, sample_rate, population, cohort, nb)
-    _check_combination(accountant.value, nb, samp, steps)
+    nb, samp = _resolve_release(steps, sampling, sample_rate, population, cohort, neighbouring,
+                                accountant)
     try:
         z = calibrate_noise_multiplier(
             target_epsilon=target_epsilon,
