@@ -363,7 +363,7 @@ def build_results(
         privacy = {
             "mode": plan.mode,
             "unit": plan.unit,
-            "adjacency": plan.neighbouring,
+            "adjacency": plan.adjacency_label,
             "mechanism": plan.mechanism or (
                 "Gaussian on the sum of clipped updates (server-side noise)" if plan.mode == "central"
                 else "Gaussian on each clipped update (client-side noise)"),

@@ -50,6 +50,11 @@ class PrivacyPlan:
     target_delta: float
     target_epsilon: float
     mechanism: str = ""
+    adjacency: str = ""  # how the claim states the adjacency, when it says more than ``neighbouring``
+
+    @property
+    def adjacency_label(self) -> str:
+        return self.adjacency or self.neighbouring
 
     def describe(self) -> str:
         if self.event is None:
@@ -62,7 +67,7 @@ class PrivacyPlan:
             "distributed": "on the sum of >= t survivors; each client adds a discrete Gaussian share",
         }.get(self.mode, "each client adds it")
         return (
-            f"privacy: {self.mode} DP, unit={self.unit}, {self.neighbouring}, C={self.clip_norm:g}, "
+            f"privacy: {self.mode} DP, unit={self.unit}, {self.adjacency_label}, C={self.clip_norm:g}, "
             f"σ={self.noise_multiplier:.4g} ({origin}, noise std {self.noise_multiplier * self.clip_norm:.4g}, "
             f"{where}), sampling={self.sampling_description}, denominator={self.denominator:g}"
         )

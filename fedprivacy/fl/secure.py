@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fedprivacy.accounting.events import Neighbouring
 from fedprivacy.fl.aggregation import AggregateResult, ClientUpdate
 from fedprivacy.fl.client import RoundInstructions
 from fedprivacy.fl.loop import RoundOutcome
@@ -299,6 +300,15 @@ def plan_distributed(cfg: RunConfig, *, population: int, denominator: float | No
         clip_norm=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier, calibrated=False,
         central_noise_std=0.0, local_noise_std=0.0, unit="user (all data of one client)",
         neighbouring=cfg.neighbouring,
+        # KLS 2021's theorem covers neighbouring sums that differ in one client's update while every
+        # survivor's noise share is present in both (fedprivacy.accounting.distributed): say so.
+        adjacency=(
+            "zero-out: one client's update replaced by 0, every survivor's noise share present "
+            "(KLS 2021); removing a client together with its noise share is not claimed"
+            if Neighbouring.parse(cfg.neighbouring) is Neighbouring.ADD_REMOVE
+            else "replace-one: one client's update replaced (sensitivity doubled); every survivor's "
+                 "noise share present (KLS 2021)"
+        ),
         sampling_description=desc + f"; no amplification claimed; secagg threshold t={t}",
         event=round_event(worst), target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
         mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): each "
@@ -317,7 +327,7 @@ def distributed_privacy_summary(cfg: RunConfig, plan: PrivacyPlan, rows: Sequenc
     no sampling, RDP), the reference the distributed mechanism is compared against.
     """
     from fedprivacy.accounting.accountant import Accountant, epsilon_for
-    from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
+    from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
 
     done = [r for r in rows if r.get("secagg_survivors") and not r.get("aborted")]
     survivors = [int(r["secagg_survivors"]) for r in done]

@@ -269,6 +269,8 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
     assert d["central_dp_epsilon_same_sigma"] > 0 and d["epsilon"] == res["privacy"]["epsilon"]
     report = (tmp_path / "ddp" / "privacy_report.md").read_text()
     assert "noise the survivors added" in report and "| 3 | 5 |" in report and "central DP" in report
+    # the claim names the adjacency KLS 2021 covers, not plain add-remove
+    assert res["privacy"]["adjacency"].startswith("zero-out") and "| Adjacency | zero-out" in report
 
 
 def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:
