@@ -30,8 +30,10 @@ def record_to_arrays(record: ArrayRecord) -> list[np.ndarray]:
     return [np.asarray(a) for a in record.to_numpy_ndarrays()]
 
 
-def train_message(node_id: int, instr: RoundInstructions, weights: Sequence[np.ndarray]) -> Message:
-    content = RecordDict({"arrays": arrays_to_record(weights), "config": ConfigRecord(instr.to_record())})
+def train_message(node_id: int, instr: RoundInstructions, weights: ArrayRecord) -> Message:
+    """One client's train instruction. ``weights`` is encoded once per round and shared by the cohort's
+    messages (as Flower's own strategies share one record); clients only read it."""
+    content = RecordDict({"arrays": weights, "config": ConfigRecord(instr.to_record())})
     return Message(content=content, dst_node_id=node_id, message_type=MessageType.TRAIN,
                    group_id=str(instr.round))
 

@@ -79,7 +79,8 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):
     def exchange(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
                  ) -> tuple[list[ClientUpdate], dict[int, str]]:
         pid_of = {nodes[pid]: pid for pid in cohort}
-        messages = [codec.train_message(nodes[pid], instr, weights) for pid in cohort]
+        arrays = codec.arrays_to_record(weights)  # once per round, not once per client
+        messages = [codec.train_message(nodes[pid], instr, arrays) for pid in cohort]
         replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
         updates: list[ClientUpdate] = []
         failures: dict[int, str] = {}

@@ -28,7 +28,7 @@ def _instr(privacy: str) -> RoundInstructions:
 
 def test_train_message_round_trips_weights_and_instructions() -> None:
     weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([0.5, -1.0], np.float32)]
-    msg = codec.train_message(7, _instr("central"), weights)
+    msg = codec.train_message(7, _instr("central"), codec.arrays_to_record(weights))
     instr, got = codec.decode_train(msg)
     assert instr == _instr("central") and msg.metadata.group_id == "2"
     for a, b in zip(got, weights, strict=True):
@@ -36,7 +36,7 @@ def test_train_message_round_trips_weights_and_instructions() -> None:
 
 
 def test_reply_carries_only_what_the_mode_discloses() -> None:
-    msg = codec.train_message(7, _instr("central"), [np.zeros(3, np.float32)])
+    msg = codec.train_message(7, _instr("central"), codec.arrays_to_record([np.zeros(3, np.float32)]))
     trusted = ClientUpdate(partition_id=4, delta=(np.ones(3, np.float32),), num_examples=12, train_loss=0.7,
                            metrics={"dpsgd_steps": 5.0})
     reply = codec.train_reply(msg, trusted)
