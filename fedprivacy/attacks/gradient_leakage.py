@@ -468,19 +468,9 @@ def run_attack(
     """Dispatch by name (see :data:`ATTACKS`). ``clipped``: the server knows updates are clipped, so
     the L2-matching attacks (DLG, iDLG) match up to scale; the cosine (IG) and ratio (analytic) attacks
     are scale-invariant already."""
-    if name == "dlg":
-        return dlg_attack(
-            model,
-            observed,
-            batch_size=batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            iterations=iterations or 300,
-            seed=seed,
-            scale_free=clipped,
-        )
-    if name == "idlg":
-        return idlg_attack(
+    if name in ("dlg", "idlg"):
+        matcher = dlg_attack if name == "dlg" else idlg_attack
+        return matcher(
             model,
             observed,
             batch_size=batch_size,
