@@ -298,6 +298,13 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
         target = f", ε target {r['target_epsilon']:g}" if r.get("target_epsilon") else ""
         return f"{r['framework']}{eng} {r['mode']} ({r.get('params')}p{target})"
 
+    def save(fig: Any, name: str) -> None:
+        path = outdir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
     # accuracy vs epsilon
     fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
     for ax, ds in zip(axes[0], datasets, strict=True):
@@ -316,11 +323,7 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{ds}: accuracy vs ε (dashed: non-DP)")
         ax.legend(fontsize=6)
-    path = outdir / "bench_accuracy_vs_epsilon.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    save(fig, "bench_accuracy_vs_epsilon.png")
 
     # accuracy vs round
     fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
@@ -333,11 +336,7 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{ds}: accuracy vs round")
         ax.legend(fontsize=6)
-    path = outdir / "bench_accuracy_vs_round.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    save(fig, "bench_accuracy_vs_round.png")
 
     # seconds per round per mode
     fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 4.5), squeeze=False)
@@ -352,11 +351,7 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
         ax.set_xlabel("median steady-state seconds per round (log)")
         ax.set_title(f"{ds}: seconds per round (blue fedprivacy, orange Flower, gray torch loop)",
                      fontsize=8)
-    path = outdir / "bench_seconds_per_round.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    save(fig, "bench_seconds_per_round.png")
     return written
 
 
