@@ -5,13 +5,92 @@ Learning with Secure Aggregation", ICML; arXiv:2102.06387v4; implemented in
 :mod:`fedprivacy.secagg.ddp`): each client clips to L2 norm ``C``, scales by ``s`` (integer units per
 unit), applies a randomised Hadamard rotation, rounds stochastically *conditioned on the norm* (so the
 rounded vector has L2 norm at most ``Delta_2``, see :func:`rounded_l2_norm_bound`), adds independent
-discrete Gaussian noise ``N_Z(0, sigma_c^2)^d`` and reduces mod ``2^b``. Secure aggregation reveals only
-the sum mod ``2^b``, a post-processing of the sum of the ``n`` noised vectors.
+discrete Gaussian noise and reduces mod ``2^b``. Secure aggregation reveals only the sum mod ``2^b``, a
+post-processing of the sum of the noised vectors.
 
-The sum of ``n`` discrete Gaussians is *not* a discrete Gaussian. KLS 2021 (Theorem 1 with
-Proposition 14, Eq. 17) bound its Renyi divergence: with ``sigma = sqrt(n) sigma_c``,
-``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma_c^2 k/(k+1))`` and ``d`` coordinates, for every order
-``alpha > 1``
+Exact noise whatever the survivors (XNoise, :class:`XNoiseDesign`)
+-----------------------------------------------------------------
+Dordis (Jiang, Wang & Chen, EuroSys 2024, Sec. 4, "XNoise") lets every client add more noise than it
+needs and lets the server remove, from seeds revealed after the survivors are known, the part that
+the actual survivors over-provided. Our designs are exact: for every agreed survivor count ``s >= t``
+the honest noise left in the released sum has discrete-Gaussian parameters summing to exactly
+``sigma^2`` (the target), not ``n/t`` times it (``n`` = roster size, ``t`` = fewest survivors, ``c`` =
+clients assumed to collude with the adversary, who know their own noise).
+
+* ``binary`` (``c = 0``): unit ``b = sigma^2/n``; component 0 is ``N_Z(0, b)`` (never removed) and
+  components ``j = 1..B``, ``B = bit_length(ceil((n - t)/t))``, are ``N_Z(0, b 2^(j-1))``. The survivor
+  of rank ``r`` (by node id) among ``s`` keeps ``k_r = (n-s)//s + [r < (n-s) mod s]`` units: the
+  components whose bit ``j-1`` of ``k_r`` is set. ``sum_r (1 + k_r) b = n b = sigma^2``.
+* ``levels`` (any ``c``): with colluders exactness forces equal shares ``sigma^2/(s-c)``; components
+  telescope (Dordis' "simple" scheme): ``sigma^2/(n-c)`` and ``sigma^2/h - sigma^2/(h+1)`` for
+  ``h = t-c .. n-c-1``; at count ``s`` a client keeps the components with ``h >= s-c``, i.e. exactly
+  ``sigma^2/(s-c)``, and any ``s-c`` honest survivors hold exactly ``sigma^2``.
+
+Why exact and not Dordis' grouped levels: if the released noise depended on ``s`` (even within 2%),
+its level, which an observer estimates from a ``d``-dimensional model to ``~sqrt(2/d)``, would tell
+whether a given client was in the sum, and amplification by sampling would be lost for observers.
+With an exact design both sampling branches (client in / client out) carry the same noise parameter.
+
+Malicious server. The count ``s`` that selects what is removed must be the survivor set agreed and
+authenticated by the consistency check of the secure aggregation (issue 10): a holder reveals shares
+of a peer's *removable* component seeds for that one agreed set only (one set per round), never of a
+kept component. A server that lies about ``s`` to some clients aborts the round before anything is
+revealed; colluders know their own noise, so only the honest survivors' kept noise is counted
+(``levels`` for ``c > 0``). The design must also be agreed (:meth:`XNoiseDesign.fingerprint`).
+
+Accounting: a Gaussian domination lemma (proved here)
+----------------------------------------------------
+The sum of discrete Gaussians of different variances is not a discrete Gaussian. KLS 2021 (Theorem 1,
+Proposition 14) bound the iid case with ``tau = 10 sum_k exp(-2 pi^2 sigma^2 k/(k+1))``; we prove what
+we use, for any variances, from the Poisson summation formula
+``(2 pi u)^(-1/2) sum_{x in Z} exp(-(x-m)^2/(2u)) = 1 + 2 sum_{k>=1} exp(-2 pi^2 u k^2) cos(2 pi k m)``,
+i.e. ``sum_x phi_u(x - m) in [1 - e(u), 1 + e(u)]`` with ``e(u) = 2 sum_{k>=1} exp(-2 pi^2 u k^2)``
+(:func:`theta_excess`) and ``phi_u`` the ``N(0, u)`` density.
+
+Lemma 1. Let ``Y = Z_1 + ... + Z_N``, ``Z_j ~ N_Z(0, v_j)`` independent, ``V = sum v_j``,
+``V_k = v_1 + ... + v_k`` and ``u_k = V_k v_(k+1) / V_(k+1)``. For every integer ``y``,
+``L phi_V(y) <= P[Y = y] <= U phi_V(y)`` with
+``L = prod_j (1 + e(v_j))^-1 prod_k (1 - e(u_k))`` and ``U = prod_j (1 + e(v_j))^-1 prod_k (1 + e(u_k))``.
+Proof: ``P[Z_1 = y] = phi_(v_1)(y) / (1 + e(v_1))`` exactly (the normaliser is the theta sum at
+``m = 0``). Induction: ``P[Y_(k+1) = y] = sum_x P[Y_k = x] phi_v(y - x)/(1 + e(v))`` and
+``phi_(V_k)(x) phi_v(y - x) = phi_(V_k + v)(y) phi_(u_k)(x - y V_k/(V_k + v))``; summing over ``x`` gives
+the factor in ``[1 - e(u_k), 1 + e(u_k)]``.
+
+Lemma 2 (smoothing). Let ``X ~ N(0, V - w)`` (continuous, ``0 < w < V``) and ``K_w`` the kernel that
+maps ``x`` to a draw of ``N_Z(x, w)`` (the discrete Gaussian on ``Z`` centred at ``x``). ``W = K_w(X)``
+has ``phi_V(y)/(1 + e(w)) <= P[W = y] <= phi_V(y)/(1 - e(w))`` (the kernel's normaliser is
+``sqrt(2 pi w)`` times the theta sum, and the two Gaussian densities convolve to ``phi_V``).
+
+Proposition. One round releases ``f + Y`` on ``Z^m`` (``f`` the integer sum of the rounded vectors,
+``Y`` the honest kept noise, ``m`` coordinates with the same component variances). With
+``eta = m max(log(U (1 + e(w))), -log(L (1 - e(w))), 0)``, the release is within ``e^(+-eta)`` (every
+event, both datasets) of ``K_w(f + X)``, ``X ~ N(0, (V - w) I)``, a post-processing of the *continuous*
+Gaussian mechanism with std ``sqrt(V - w)`` on the same sum, because ``K_w(f + x) = f + K_w(x)`` for
+integer ``f``. Neighbouring sums differ by a rounded vector of norm ``<= Delta_2`` (mixtures over
+the rounding are dominated by the worst shift, joint convexity of the hockey-stick divergence), so
+each round is dominated, up to ``eta``, by the Gaussian pair ``(N(Delta_2, V - w), N(0, V - w))``,
+and under sampling by exactly the central-DP pair for the sampling that ran (zero-out adjacency:
+the client's noise is present in both branches, and the exact design makes it the same). Over an
+adaptive composition the density ratios multiply: with ``H = sum eta_r``,
+``delta(eps) <= e^H delta_Gauss(eps - 2H)``, so we report ``eps_Gauss(delta e^-H) + 2H``
+(:func:`audience_epsilons`). The dominating Gaussian is composed by the ``pld`` backend (exact, or
+dp-accounting's pessimistic PLD under sampling), the tight conversion that replaces RDP of zCDP.
+
+Cross-check (:meth:`DistributedRelease.rdp`): with ``p <= A p~`` and ``q >= B q~`` (Lemma 1 against
+``N_Z(0, V) = phi_V/(1 + e(V))``), ``D_alpha(p || q) <= alpha Delta_2^2/(2V) + alpha/(alpha-1) log A - log B``
+(Canonne, Kamath & Steinke 2020, Thm 14 for the multivariate discrete Gaussian), composed as RDP and
+converted by dp-accounting; the reported figure is the smaller of two valid bounds.
+
+Two audiences (:func:`audience_epsilons`). The *server* sees who takes part: no amplification,
+adaptive choice of survivors, malicious up to the protocol's guarantees. *Observers* of the released
+models (other clients, the public) see only the models, which are a post-processing of the server's
+view, so their epsilon is at most the server's; if the server follows the protocol and keeps the
+cohort secret, sampling amplifies exactly as in central DP (the same dominating pair).
+
+Legacy (:func:`distributed_round`): each client adds ``sigma^2/t``; the sum of ``n`` iid discrete
+Gaussians is bounded by KLS 2021 (Theorem 1 with Proposition 14, Eq. 17): with
+``sigma = sqrt(n) sigma_c``, ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma_c^2 k/(k+1))`` and ``d``
+coordinates, for every order ``alpha > 1``
 
     D_alpha <= min( alpha/2 * Delta_2^2/sigma^2 + tau d,
                     alpha/2 * (Delta_2^2/sigma^2 + 2 tau Delta_1/sigma + tau^2 d),
@@ -22,44 +101,46 @@ makes the bound larger, so
 
     rho = 1/2 * min( Delta_2^2/sigma^2 + 2 tau Delta_1/sigma + tau^2 d, (Delta_2/sigma + tau sqrt(d))^2 )
 
-is a rigorous zCDP parameter of one round (rho-zCDP, Bun & Steinke 2016). For ``sigma_c >= 1`` tau is
-below 1e-8 and the round is, to many digits, a Gaussian release with ``rho = Delta_2^2 / (2 sigma^2)``.
+is a rigorous zCDP parameter of one round (rho-zCDP, Bun & Steinke 2016). :func:`round_event`
+returns a :class:`~fedprivacy.accounting.events.DiscreteGaussianEvent` with ``l2_sensitivity = 1`` and
+``sigma = 1/sqrt(2 rho)`` and ``NoSampling``, composed by the ``rdp`` backend.
 
-What the accountant receives (the contract with :mod:`fedprivacy.accounting`): :func:`round_event`
-returns a :class:`~fedprivacy.accounting.events.PrivacyEvent` holding a
-:class:`~fedprivacy.accounting.events.DiscreteGaussianEvent` with ``l2_sensitivity = 1`` and
-``sigma = 1/sqrt(2 rho)``, i.e. exactly this ``rho``, and ``NoSampling`` (no amplification by client
-sampling is claimed: the subsampled-Gaussian bounds do not transfer to this mechanism). The ``rdp``
-backend composes it as ``RDP(alpha) = alpha rho``; the ``pld`` backend refuses it (by design: zCDP does
-not imply the Gaussian's privacy-loss distribution). The sensitivity already includes the
-neighbouring relation (replace-one doubles ``Delta_2`` and ``Delta_1``).
-
-Neighbouring relation. As in KLS 2021 (and the distributed-DP literature: Kairouz et al. 2021,
-"Practical and Private (Deep) Learning without Sampling or Shuffling"), neighbouring rounds differ in
-one client's *update* while every participating client's noise share is present in both:
-"zero-out" (the update replaced by 0) is accounted with ``Delta_2`` (passed as ``add-remove``), and
-replace-one with ``2 Delta_2``. The variant where a removed client's noise share also disappears is
-not covered by KLS's theorem and is not claimed.
-
-Per round, ``n`` is the number of clients whose noise is in the released sum: the survivors actually
-present (minus clients assumed to collude with the server, who know their own noise). A round that
-aborts releases nothing: :func:`round_event` returns ``None`` and nothing is spent.
+Neighbouring relation. As in KLS 2021, neighbouring rounds differ in one client's *update* while every
+participating client's noise is present in both: "zero-out" (the update replaced by 0) is accounted
+with ``Delta_2`` (passed as ``add-remove``), and replace-one with ``2 Delta_2``. The variant where a
+removed client's noise also disappears is not claimed. A round that aborts releases nothing.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from fedprivacy.accounting.events import (
     DiscreteGaussianEvent,
+    GaussianEvent,
     Neighbouring,
     NoSampling,
     PrivacyEvent,
+    Sampling,
 )
 
 __all__ = [
+    "AUDIENCES",
+    "AudienceEpsilons",
+    "DistributedRelease",
     "DistributedRound",
+    "GaussianDomination",
+    "SMOOTHING_VARIANCE",
+    "XNoiseDesign",
+    "audience_epsilons",
+    "gaussian_domination",
+    "release_privacy",
+    "sum_pmf_log_bounds",
+    "theta_excess",
     "distributed_round",
     "rounded_l1_norm_bound",
     "rounded_l2_norm_bound",
@@ -216,3 +297,374 @@ def zcdp_epsilon(*, rho: float, delta: float) -> float:
         ) / (alpha - 1)
         best = min(best, eps)
     return max(best, 0.0)
+
+
+# ============================================================================ XNoise (exact designs)
+#: Seeded components one client may be asked to draw (a client-side cap; ``levels`` needs n - t).
+MAX_SEEDED_COMPONENTS = 64
+
+DESIGNS = ("binary", "levels")
+
+
+def _int_arg(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XNoiseDesign:
+    """The noise components every client of one round adds, and which of them survive removal.
+
+    Exact: for every agreed survivor count ``s`` in ``[min_survivors, roster]`` the honest kept noise
+    has parameters summing to exactly ``total_variance`` (module docstring). Component 0 is never
+    removed (drawn from the client's own secure source); components ``1..`` are seeded and removable.
+
+    Attributes:
+        total_variance: ``sigma^2``, the target variance of the released sum (integer units squared).
+        roster: ``n``, clients in the round's roster (the most survivors there can be).
+        min_survivors: ``t``, the fewest survivors of a completed round.
+        colluders: ``c``, clients assumed to collude with the adversary (their noise is not counted).
+        kind: ``"binary"`` (``c = 0`` only) or ``"levels"``; empty picks ``binary`` for ``c = 0``.
+        max_components: refuse designs with more seeded components than this (client-side cap).
+    """
+
+    total_variance: float
+    roster: int
+    min_survivors: int
+    colluders: int = 0
+    kind: str = ""
+    max_components: int = MAX_SEEDED_COMPONENTS
+
+    def __post_init__(self) -> None:
+        v = self.total_variance
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"total_variance must be a finite number > 0, got {v!r}")
+        object.__setattr__(self, "total_variance", float(v))
+        n = _int_arg("roster", self.roster, 1)
+        t = _int_arg("min_survivors", self.min_survivors, 1)
+        c = _int_arg("colluders", self.colluders, 0)
+        _int_arg("max_components", self.max_components, 0)
+        if t > n:
+            raise ValueError(f"min_survivors must be <= roster={n}, got {t}")
+        if c >= t:
+            raise ValueError(f"colluders must be < min_survivors={t} (some honest noise must "
+                             f"remain), got {c}")
+        kind = self.kind or ("binary" if c == 0 else "levels")
+        if kind not in DESIGNS:
+            raise ValueError(f"kind must be one of {DESIGNS}, got {self.kind!r}")
+        if kind == "binary" and c:
+            raise ValueError("kind='binary' is exact only without colluders (colluders=0); "
+                             "use kind='levels'")
+        object.__setattr__(self, "kind", kind)
+        if self.num_seeded > self.max_components:
+            raise ValueError(
+                f"the {kind} design needs {self.num_seeded} seeded noise components "
+                f"(roster={n}, min_survivors={t}, colluders={c}), more than max_components="
+                f"{self.max_components}; raise min_survivors or max_components")
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def _bits(self) -> int:
+        n, t = self.roster, self.min_survivors
+        return (-(-(n - t) // t)).bit_length()  # bit_length(ceil((n - t)/t))
+
+    @property
+    def num_seeded(self) -> int:
+        """Removable (seeded) components per client."""
+        if self.kind == "binary":
+            return self._bits
+        return self.roster - self.min_survivors
+
+    @property
+    def unit(self) -> float:
+        """Variance of component 0 (``sigma^2/n`` binary, ``sigma^2/(n-c)`` levels)."""
+        return self.total_variance / (self.roster - self.colluders)
+
+    @property
+    def variances(self) -> tuple[float, ...]:
+        """Variance parameter of each component (index 0: the kept base)."""
+        b = self.unit
+        if self.kind == "binary":
+            return (b,) + tuple(b * float(1 << j) for j in range(self._bits))
+        s2, top = self.total_variance, self.roster - self.colluders
+        # component j (j >= 1) is the level h = top - j: sigma^2/h - sigma^2/(h+1)
+        return (b,) + tuple(s2 / h - s2 / (h + 1) for h in range(top - 1, self.min_survivors
+                                                                   - self.colluders - 1, -1))
+
+    @property
+    def client_variance(self) -> float:
+        """Total variance one client draws (all components)."""
+        return math.fsum(self.variances)
+
+    def _check_count(self, survivors: int) -> int:
+        s = _int_arg("survivors", survivors, 1)
+        if not self.min_survivors <= s <= self.roster:
+            raise ValueError(f"survivors must be in [min_survivors={self.min_survivors}, "
+                             f"roster={self.roster}], got {s}")
+        return s
+
+    def kept(self, *, survivors: int, rank: int) -> tuple[int, ...]:
+        """Components the survivor of ``rank`` (0-based, by node id) keeps among ``survivors``."""
+        s = self._check_count(survivors)
+        r = _int_arg("rank", rank, 0)
+        if r >= s:
+            raise ValueError(f"rank must be < survivors={s}, got {r}")
+        if self.kind == "binary":
+            q, rem = divmod(self.roster - s, s)
+            k = q + (1 if r < rem else 0)
+            return (0,) + tuple(j + 1 for j in range(self._bits) if (k >> j) & 1)
+        return tuple(range(0, self.roster - s + 1))  # levels h >= s - c
+
+    def removable(self, *, survivors: int, rank: int) -> tuple[int, ...]:
+        """Components whose seeds are revealed for this survivor (the excess; never component 0)."""
+        keep = set(self.kept(survivors=survivors, rank=rank))
+        return tuple(j for j in range(1, self.num_seeded + 1) if j not in keep)
+
+    def honest_kept_variances(self, *, survivors: int) -> tuple[float, ...]:
+        """Component variances of the honest survivors' kept noise (worst case over colluders)."""
+        s = self._check_count(survivors)
+        var = self.variances
+        if self.kind == "binary":  # c = 0: every survivor is honest
+            return tuple(var[j] for r in range(s) for j in self.kept(survivors=s, rank=r))
+        one = tuple(var[j] for j in self.kept(survivors=s, rank=0))
+        return one * (s - self.colluders)  # equal shares: any s - c survivors hold the same
+
+    def honest_variance(self, *, survivors: int) -> float:
+        """Sum of the honest kept parameters: ``total_variance`` (up to rounding) for every ``s``."""
+        return math.fsum(self.honest_kept_variances(survivors=survivors))
+
+    def released_variance(self, *, survivors: int) -> float:
+        """Variance parameter of all noise left in the released sum (colluders' included)."""
+        s = self._check_count(survivors)
+        var = self.variances
+        return math.fsum(var[j] for r in range(s) for j in self.kept(survivors=s, rank=r))
+
+    def fingerprint(self) -> bytes:
+        """Canonical bytes of the design, for the survivors' consistency check (all must agree)."""
+        return (f"fedprivacy/v1/xnoise|{self.kind}|n={self.roster}|t={self.min_survivors}|"
+                f"c={self.colluders}|var={self.total_variance.hex()}").encode()
+
+
+# ============================================================================ domination lemma
+#: Variance ``w`` of the lattice smoothing kernel in Lemma 2 (e(3) ~ 4e-26).
+SMOOTHING_VARIANCE = 3.0
+
+
+def theta_excess(variance: float) -> float:
+    """``e(u) = 2 sum_{k>=1} exp(-2 pi^2 u k^2)`` (Poisson summation: ``|sum_x phi_u(x-m) - 1| <= e(u)``)."""
+    u = float(variance)
+    if not (math.isfinite(u) and u > 0):
+        raise ValueError(f"variance must be a finite number > 0, got {variance!r}")
+    c = 2.0 * math.pi**2 * u
+    total, k = 0.0, 1
+    while True:
+        term = math.exp(-c * k * k)
+        total += term
+        if term <= 1e-17 * total or term == 0.0:
+            break
+        k += 1
+    # remaining tail < term * sum_{i>=1} exp(-c(2k+1) i) <= term * e^{-c}/(1-e^{-c}): add it as a bound
+    return 2.0 * (total + term * math.exp(-c) / (1.0 - math.exp(-c)))
+
+
+def sum_pmf_log_bounds(variances: Sequence[float]) -> tuple[float, float]:
+    """``(log L, log U)`` of Lemma 1: ``L phi_V(y) <= P[sum_j Z_j = y] <= U phi_V(y)``, ``Z_j ~ N_Z(0, v_j)``.
+
+    The induction runs over the variances in decreasing order (any order is valid; this one keeps
+    ``u_k >= v_(k+1)/2``). ``log L = -inf`` when some ``e(u_k) >= 1`` (no lower bound).
+    """
+    vs = sorted((float(v) for v in variances), reverse=True)
+    if not vs:
+        raise ValueError("variances must not be empty")
+    if any(not (math.isfinite(v) and v > 0) for v in vs):
+        raise ValueError(f"variances must be finite and > 0, got {variances!r}")
+    common = -math.fsum(math.log1p(theta_excess(v)) for v in vs)
+    lo_terms, hi_terms = [], []
+    acc = vs[0]
+    for v in vs[1:]:
+        e = theta_excess(acc * v / (acc + v))
+        hi_terms.append(math.log1p(e))
+        lo_terms.append(math.log1p(-e) if e < 1.0 else -math.inf)
+        acc += v
+    return common + math.fsum(lo_terms), common + math.fsum(hi_terms)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GaussianDomination:
+    """A round's noise as a post-processed continuous Gaussian, up to ``e^(+-eta)`` (Proposition)."""
+
+    total_variance: float
+    smoothing_variance: float
+    continuous_std: float
+    eta: float
+
+
+def gaussian_domination(variances: Sequence[float], *, dim: int,
+                        smoothing_variance: float = SMOOTHING_VARIANCE) -> GaussianDomination:
+    """Lemmas 1-2 for ``dim`` coordinates of the noise ``sum_j N_Z(0, v_j)``.
+
+    Returns the std ``sqrt(V - w)`` of the dominating continuous Gaussian and ``eta`` (all ``dim``
+    coordinates; ``inf`` if the lemma gives no bound, e.g. components with variance below ~0.04).
+    """
+    d = _int_arg("dim", dim, 1)
+    w = float(smoothing_variance)
+    total = math.fsum(float(v) for v in variances)
+    if not (math.isfinite(w) and 0 < w < total):
+        raise ValueError(f"smoothing_variance must be in (0, total variance={total:g}), got {w!r}")
+    log_lo, log_hi = sum_pmf_log_bounds(variances)
+    e_w = theta_excess(w)
+    up = log_hi + math.log1p(e_w)
+    down = log_lo + (math.log1p(-e_w) if e_w < 1.0 else -math.inf)
+    eta1 = max(up, -down, 0.0)
+    return GaussianDomination(total_variance=total, smoothing_variance=w,
+                              continuous_std=math.sqrt(total - w), eta=d * eta1)
+
+
+# ============================================================================ one released round
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistributedRelease:
+    """The privacy of one completed round whose sum holds ``honest_variances`` of honest noise.
+
+    ``l2_sensitivity`` is ``Delta_2`` (integer units) of one client's rounded vector under zero-out
+    (add-remove); the accountant's neighbouring relation applies the factor 2 of replace-one.
+    """
+
+    survivors: int
+    honest_survivors: int
+    l2_sensitivity: float
+    dim: int
+    released_variance: float
+    honest_variance: float
+    min_component_variance: float
+    continuous_std: float
+    eta: float
+    rdp_log_upper: float  # m log A of the RDP cross-check
+    rdp_log_lower: float  # m log B (<= 0)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Std of the dominating continuous Gaussian over ``Delta_2``: the accounted ``z``."""
+        return self.continuous_std / self.l2_sensitivity
+
+    def event(self, sampling: Sampling | None = None) -> PrivacyEvent:
+        """The dominating Gaussian release (central DP's event) under ``sampling`` (default none)."""
+        return PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.noise_multiplier),
+                            sampling=sampling if sampling is not None else NoSampling())
+
+    def rdp(self, orders: Sequence[float], *, neighbouring: Neighbouring | str) -> list[float]:
+        """Cross-check RDP curve: ``alpha D^2/(2V) + alpha/(alpha-1) m log A - m log B`` per order."""
+        factor = 2.0 if Neighbouring.parse(neighbouring) is Neighbouring.REPLACE_ONE else 1.0
+        base = (factor * self.l2_sensitivity) ** 2 / (2.0 * self.honest_variance)
+        return [a * base + a / (a - 1.0) * self.rdp_log_upper - self.rdp_log_lower
+                if a > 1 else math.inf for a in orders]
+
+
+def release_privacy(design: XNoiseDesign, *, survivors: int, clip_norm: float, scale: float,
+                    dim: int, beta: float,
+                    smoothing_variance: float = SMOOTHING_VARIANCE) -> DistributedRelease:
+    """Account a completed round from the noise actually left in its sum (``survivors`` agreed).
+
+    Args:
+        design: the round's noise design (its ``total_variance`` in integer units).
+        survivors: the agreed survivor count ``s`` whose excess the server removed.
+        clip_norm: ``C``; scale: ``s`` (integer units per unit); dim: padded dimension ``m``.
+        beta: conditional rounding parameter (0: unconditional, trivial norm bound).
+    """
+    if not clip_norm > 0 or not scale > 0:
+        raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
+    variances = design.honest_kept_variances(survivors=survivors)
+    dom = gaussian_domination(variances, dim=dim, smoothing_variance=smoothing_variance)
+    log_lo, log_hi = sum_pmf_log_bounds(variances)
+    honest = math.fsum(variances)
+    # against N_Z(0, V) = phi_V / (1 + e(V)): A = U (1 + e(V)), B = L (1 + e(V)), per coordinate
+    shift = math.log1p(theta_excess(honest))
+    return DistributedRelease(
+        survivors=survivors, honest_survivors=survivors - design.colluders,
+        l2_sensitivity=rounded_l2_norm_bound(l2_norm=clip_norm * scale, dim=dim, beta=beta),
+        dim=dim, released_variance=design.released_variance(survivors=survivors),
+        honest_variance=honest, min_component_variance=min(variances),
+        continuous_std=dom.continuous_std, eta=dom.eta,
+        rdp_log_upper=dim * max(log_hi + shift, 0.0), rdp_log_lower=dim * min(log_lo + shift, 0.0))
+
+
+# ============================================================================ two audiences
+AUDIENCES = ("server", "observers")
+#: RDP orders of the cross-check (dp-accounting's defaults above 1).
+RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_lib.DEFAULT_RDP_ORDERS if a > 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudienceEpsilons:
+    """Epsilon of a sequence of released rounds for each audience, at ``delta``.
+
+    ``server``: no amplification (the server sees who takes part and picks the survivors);
+    ``observers``: only the released models, amplified by the sampling that ran, never above
+    ``server`` (the models are a post-processing of the server's view). ``slack`` is ``H``.
+    ``server_rdp`` is the RDP cross-check (``server`` is the smaller of it and the PLD bound).
+    """
+
+    server: float
+    observers: float
+    server_pld: float
+    observers_pld: float
+    server_rdp: float
+    slack: float
+    delta: float
+    rounds: int
+
+
+def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling, *,
+                      delta: float, neighbouring: Neighbouring, backend: str) -> float:
+    from fedprivacy.accounting.accountant import Accountant
+
+    acc = Accountant(backend=backend, neighbouring=neighbouring)
+    runs: list[list] = []  # consecutive identical events as one self-composed run
+    for r in releases:
+        ev = r.event(sampling)
+        if runs and runs[-1][0] == ev:
+            runs[-1][1] += 1
+        else:
+            runs.append([ev, 1])
+    for ev, count in runs:
+        acc.spend(ev.with_count(count))
+    return acc.epsilon(delta=delta)
+
+
+def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
+                      sampling: Sampling | None = None,
+                      neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+                      backend: str = "pld") -> AudienceEpsilons:
+    """Both audiences' epsilon: ``eps_Gauss(delta e^-H) + 2H`` (Proposition), ``H = sum eta``.
+
+    ``sampling`` is the client sampling that ran (None: every client every round). The observers'
+    figure uses the same accountant and event as central DP for that sampling.
+    """
+    nb = Neighbouring.parse(neighbouring)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if not releases:
+        return AudienceEpsilons(server=0.0, observers=0.0, server_pld=0.0, observers_pld=0.0,
+                                server_rdp=0.0, slack=0.0, delta=delta, rounds=0)
+    slack = math.fsum(r.eta for r in releases)
+    if not slack <= 1e-6:
+        raise ValueError(f"the domination slack H={slack:g} is too large to account (noise "
+                         "components of variance below ~1 integer unit); raise the scale or noise")
+    d_eff = delta * math.exp(-slack)
+    server_pld = _gaussian_epsilon(releases, NoSampling(), delta=d_eff, neighbouring=nb,
+                                   backend=backend) + 2.0 * slack
+    orders = list(RDP_ORDERS)
+    curve = [math.fsum(v) for v in zip(*(r.rdp(orders, neighbouring=nb) for r in releases),
+                                        strict=True)]
+    server_rdp = float(rdp_lib.compute_epsilon(orders, curve, delta)[0])
+    server = min(server_pld, server_rdp)
+    if sampling is None or isinstance(sampling, NoSampling):
+        obs_pld = server_pld
+    else:
+        obs_pld = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
+                                    backend=backend) + 2.0 * slack
+    return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
+                            observers_pld=obs_pld, server_rdp=server_rdp, slack=slack,
+                            delta=delta, rounds=len(releases))
