@@ -25,6 +25,7 @@ decision probability by ~2^-53 in absolute terms, and proposals are truncated at
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Any
@@ -203,8 +204,13 @@ def discrete_gaussian_pmf(x: Any, *, sigma: float) -> np.ndarray:
     return np.exp(-(xs**2) / (2 * sig * sig)) / norm
 
 
+@functools.lru_cache(maxsize=64)
 def _acceptance(sigma: float, t: int) -> float:
-    """Probability that one proposal of :func:`sample_discrete_gaussian` is accepted (for sizing)."""
+    """Probability that one proposal of :func:`sample_discrete_gaussian` is accepted (for sizing).
+
+    Cached: it costs ~0.5 ms at sigma ~ 1000 (40 t terms) and one round calls it with one sigma for
+    every client.
+    """
     if t > 10_000:
         return 0.75  # the limit is ~0.760 as sigma grows
     r = math.exp(-1.0 / t)
@@ -264,9 +270,11 @@ def sample_discrete_gaussian(
         np.exp(d, out=d)
         u = src.uniform(m)
         keep &= u < d
-        y = np.where(neg, -g, g)[keep]
+        # the accepted proposals with the proposal's sign (copysign: -g where lap < 0; a "-0.0" is
+        # never kept); gathering by index is ~2x faster than a boolean mask
+        y = np.take(np.copysign(g, lap), np.flatnonzero(keep))
         take = min(len(y), need)
-        out[filled : filled + take] = y[:take].astype(np.int64)
+        out[filled : filled + take] = y[:take]  # integral floats, cast exactly
         filled += take
         p_est = max(0.05, len(y) / m)
     return out.reshape(shape) if shape is not None else out

@@ -428,13 +428,16 @@ class RandomSource:
         if self._gen is not None:
             return _out(self._gen.laplace(0.0, sc, size=n), size)
         w = self._words(n)
-        sign = np.where((w >> np.uint64(63)).astype(bool), -sc, sc)
+        sign_bits = w & np.uint64(1 << 63)  # the top bit is the sign
         w &= np.uint64((1 << 53) - 1)  # the 53 low bits, independent of the sign bit
         u = w.astype(np.float64)
         u += 1.0
         u *= _TWO_POW_M53
         e = np.log(u)
-        e *= -sign
+        e *= -sc
+        # a set top bit gives log(u) * sc = -(log(u) * -sc) exactly: flip the float's sign bit
+        ev = e.view(np.uint64)
+        ev ^= sign_bits
         return _out(e, size)
 
     def gumbel(self, size: Size = None) -> Any:
