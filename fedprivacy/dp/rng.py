@@ -180,6 +180,17 @@ class RandomSource:
         return cls(_mode="seeded", _seed=int(seed), _labels=())
 
     @classmethod
+    def keyed(cls, key: bytes) -> RandomSource:
+        """The secure pipeline keyed with a caller's secret 32-byte ``key``: every holder of the key
+        draws the same values (XNoise components the server regenerates from a revealed seed).
+
+        As private as the key: derive it with HKDF from a secret seed, one key per purpose.
+        """
+        if not isinstance(key, bytes | bytearray) or len(key) != 32:
+            raise ValueError("key must be 32 bytes")
+        return cls(_mode="secure", _seed=None, _labels=(), _key=bytes(key))
+
+    @classmethod
     def _from_key(cls, key: bytes) -> RandomSource:
         """Secure-mode pipeline with a caller-chosen key. For known-answer tests only."""
         return cls(_mode="secure", _seed=None, _labels=(), _key=bytes(key))

@@ -8,9 +8,12 @@ Kairouz, Liu & Steinke 2021 (ICML), Algorithm 1 "DDGauss", per client:
    ``m = 2^ceil(log2 d)``;
 4. conditional stochastic rounding: round (unbiasedly) until the L2 norm is at most
    :func:`fedprivacy.accounting.distributed.rounded_l2_norm_bound` (each try succeeds w.p. >= 1-beta);
-5. add discrete Gaussian noise ``N_Z(0, sigma_c^2)`` per coordinate, ``sigma_c = sigma / sqrt(t_min)``
-   with ``sigma = z C s`` the target noise of the sum, so any ``t_min`` or more survivors together add
-   at least variance ``sigma^2`` (:func:`fedprivacy.dp.discrete.sample_discrete_gaussian`);
+5. add discrete Gaussian noise. With ``xnoise`` (exact): the components of
+   :class:`fedprivacy.accounting.distributed.XNoiseDesign` for the round's roster
+   (:mod:`.xnoise`); the server removes the survivors' excess from revealed seeds, so the released
+   sum carries exactly ``sigma^2 = (z C s)^2`` for every survivor count. Legacy: ``N_Z(0, sigma_c^2)``
+   per coordinate, ``sigma_c = sigma / sqrt(t_min)``, so any ``t_min`` or more survivors together
+   add at least ``sigma^2`` (``n/t_min`` times it when all ``n`` survive);
 6. reduce mod ``2^b`` (modular clipping) and hand the residues to secure aggregation.
 
 The server unmasks the sum mod ``2^b``, lifts it to ``[-2^(b-1), 2^(b-1))``, rotates back and divides
@@ -27,8 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedprivacy.accounting.distributed import (
+    DistributedRelease,
     DistributedRound,
+    XNoiseDesign,
     distributed_round,
+    release_privacy,
     rounded_l2_norm_bound,
 )
 from fedprivacy.dp.clipping import l2_norm
@@ -40,6 +46,7 @@ from fedprivacy.secagg.quantize import (
     from_ring,
 )
 from fedprivacy.secagg.rotation import inverse_rotate, padded_dim, rotate
+from fedprivacy.secagg.xnoise import ComponentSeeds, client_noise
 
 __all__ = ["DistributedDPConfig", "decode_sum", "encode_update"]
 
@@ -59,6 +66,8 @@ class DistributedDPConfig:
         beta: conditional-rounding parameter (KLS use ``exp(-1/2)``); 0 disables conditioning.
         max_clients: the most clients that can be summed (headroom check).
         wrap_probability: allowed probability that the aggregate wraps (accuracy only).
+        xnoise: exact noise components (:mod:`.xnoise`) instead of the legacy ``sigma^2/t_min`` share.
+        colluders: ``c``, clients assumed to collude with the adversary (XNoise design and accounting).
     """
 
     dim: int
@@ -70,6 +79,8 @@ class DistributedDPConfig:
     beta: float = math.exp(-0.5)
     max_clients: int
     wrap_probability: float = 1e-9
+    xnoise: bool = False
+    colluders: int = 0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -81,6 +92,9 @@ class DistributedDPConfig:
         if not 1 <= self.min_survivors <= self.max_clients:
             raise ValueError(f"min_survivors must be in [1, max_clients={self.max_clients}], "
                              f"got {self.min_survivors}")
+        if not 0 <= self.colluders < self.min_survivors:
+            raise ValueError(f"colluders must be in [0, min_survivors={self.min_survivors}), "
+                             f"got {self.colluders}")
         if not 0 <= self.beta < 1:
             raise ValueError(f"beta must be in [0, 1), got {self.beta}")
         self.headroom()  # refuses configurations whose sum could wrap
@@ -95,6 +109,31 @@ class DistributedDPConfig:
         return self.noise_multiplier * self.clip_norm * self.scale / math.sqrt(self.min_survivors)
 
     @property
+    def target_variance(self) -> float:
+        """``sigma^2 = (z C s)^2``: the noise variance of the released sum (integer units)."""
+        return (self.noise_multiplier * self.clip_norm * self.scale) ** 2
+
+    def design(self, *, roster: int) -> XNoiseDesign:
+        """The exact XNoise design of a round whose roster has ``roster`` clients."""
+        return XNoiseDesign(total_variance=self.target_variance, roster=roster,
+                            min_survivors=self.min_survivors, colluders=self.colluders)
+
+    def release(self, *, roster: int, survivors: int) -> DistributedRelease:
+        """The privacy of a completed XNoise round (:func:`~fedprivacy.accounting.distributed.release_privacy`)."""
+        return release_privacy(self.design(roster=roster), survivors=survivors,
+                               clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+                               beta=self.beta)
+
+    @property
+    def released_variance_bound(self) -> float:
+        """Largest noise variance a released sum can carry (headroom): ``sigma^2 t/(t-c)`` with
+        XNoise (``sigma^2`` without colluders), ``max_clients sigma^2/t`` for the legacy share."""
+        if self.xnoise:
+            t = self.min_survivors
+            return self.target_variance * t / (t - self.colluders)
+        return self.max_clients * self.local_sigma**2
+
+    @property
     def norm_bound(self) -> float:
         """L2 bound of a rounded client vector (integer units)."""
         return rounded_l2_norm_bound(l2_norm=self.clip_norm * self.scale, dim=self.padded_dim,
@@ -104,7 +143,7 @@ class DistributedDPConfig:
         """:func:`~fedprivacy.secagg.quantize.check_headroom` for ``max_clients`` rotated, noisy inputs."""
         return check_headroom(num_clients=self.max_clients, clip_norm=self.clip_norm, scale=self.scale,
                               modulus_bits=self.modulus_bits, dim=self.padded_dim, rotated=True,
-                              noise_variance_total=self.max_clients * self.local_sigma**2,
+                              noise_variance_total=self.released_variance_bound,
                               failure_probability=self.wrap_probability)
 
     def privacy(self, *, num_survivors: int, neighbouring: str = "add-remove",
@@ -118,7 +157,7 @@ class DistributedDPConfig:
 
 def encode_update(
     update: np.ndarray, *, config: DistributedDPConfig, rotation_seed: bytes, rng: RandomSource,
-    max_tries: int = 1000,
+    max_tries: int = 1000, components: ComponentSeeds | None = None,
 ) -> np.ndarray:
     """Steps 1-6 above: a flat float update -> uint32 residues mod ``2^b`` of length ``padded_dim``.
 
@@ -126,11 +165,24 @@ def encode_update(
     ring: :func:`_clip_scale_rotate` (1-3), :func:`conditional_round` (4), the discrete Gaussian
     (5) added to the int64 vector in place, and :func:`_to_ring` (6). Output and random draws are
     bit-identical to the plain step-by-step encoder (``tests/secagg/test_secagg_fast_paths.py``).
+
+    With ``config.xnoise`` the client's ``components`` (its own seeds for the round's design) are
+    required; their design must be the one this config gives for the same roster.
     """
+    if config.xnoise:
+        if components is None:
+            raise ValueError("components are required when xnoise=True (the client's seeds)")
+        if components.design != config.design(roster=components.design.roster):
+            raise ValueError("components were drawn for another noise design than this config's")
+    elif components is not None:
+        raise ValueError("components given but xnoise=False")
     r = _clip_scale_rotate(update, config=config, rotation_seed=rotation_seed)
     q = conditional_round(r, bound=config.norm_bound, rng=rng, beta=config.beta,
                           max_tries=max_tries)
-    q += sample_discrete_gaussian(sigma=config.local_sigma, size=q.shape[0], rng=rng)
+    if components is not None:
+        q += client_noise(components, size=q.shape[0], rng=rng)
+    else:
+        q += sample_discrete_gaussian(sigma=config.local_sigma, size=q.shape[0], rng=rng)
     return _to_ring(q, modulus_bits=config.modulus_bits)
 
 
