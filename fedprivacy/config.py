@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PRIVACY_MODES = ("none", "central", "local", "distributed")
-PARTITIONERS = ("iid", "dirichlet", "pathological")
-MODELS = ("mlp", "mlp-large", "cnn")
+PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
 ACCOUNTANTS = ("pld", "rdp", "prv")
@@ -52,6 +51,8 @@ class RunConfig:
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
     classes_per_partition: int = 2
+    min_partition_size: int = 1
+    data_dir: str = ""
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     test_fraction: float = 0.2
@@ -148,20 +149,19 @@ class RunConfig:
 
     def _check_values(self) -> None:
         _positive_int("num-server-rounds", self.num_server_rounds)
-        if self.dataset not in ("digits", "synthetic") and not (
-            self.dataset.startswith("hf:") and len(self.dataset) > 3
-        ):
-            raise ValueError(
-                f"dataset must be 'digits', 'synthetic' or 'hf:<name>', got {self.dataset!r}"
-            )
+        from fedprivacy.ml.data import dataset_entry  # the registry (numpy only at import time)
+        from fedprivacy.ml.models import model_entry
+
+        dataset_entry(self.dataset)  # ValueError naming `dataset` and the registered data sets
         _choice("partitioner", self.partitioner, PARTITIONERS)
         _positive("dirichlet-alpha", self.dirichlet_alpha)
         _positive_int("classes-per-partition", self.classes_per_partition)
+        _positive_int("min-partition-size", self.min_partition_size)
         _non_negative("synthetic-alpha", self.synthetic_alpha)
         _non_negative("synthetic-beta", self.synthetic_beta)
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
-        _choice("model", self.model, MODELS)
+        model_entry(self.model)  # ValueError naming `model` and the registered models
         _positive_int("hidden-units", self.hidden_units)
         _positive_int("local-epochs", self.local_epochs)
         _positive("learning-rate", self.learning_rate)

@@ -39,14 +39,10 @@ def test_set(cfg: RunConfig, *, num_partitions: int) -> Any:
 
 
 def num_classes_for(cfg: RunConfig, *, num_partitions: int) -> int:
-    """Number of classes of the configured data set (largest label in train or test, plus one)."""
-    from fedprivacy.ml.data import SYNTHETIC_CLASSES, load_dataset
+    """Number of classes of the configured data set (``Split.num_classes`` of its test set)."""
+    from fedprivacy.ml.partition import load_test_set
 
-    if cfg.dataset == "synthetic":
-        return SYNTHETIC_CLASSES
-    train, test = load_dataset(cfg.dataset, seed=cfg.data_seed, test_fraction=cfg.test_fraction,
-                               num_clients=num_partitions)
-    return max(2, int(max(np.max(train.y), np.max(test.y))) + 1)
+    return int(load_test_set(cfg, num_partitions).num_classes)
 
 
 def initial_weights(cfg: RunConfig, *, input_shape: Sequence[int], num_classes: int, seed: int) -> list[np.ndarray]:

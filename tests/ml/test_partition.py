@@ -125,3 +125,19 @@ def test_load_partition_reads_a_run_config_like_object() -> None:
 def test_data_spec_rejects_negative_seed() -> None:
     with pytest.raises(ValueError, match="seed must be"):
         DataSpec(seed=-1)
+
+
+def test_natural_partition_matches_flwr_datasets_natural_id_partitioner() -> None:
+    import datasets
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    from fedprivacy.ml.data import Split
+
+    groups = np.random.default_rng(4).integers(0, 9, 200).astype(np.int64) * 3  # ids 0, 3, ..., 24
+    split = Split(x=np.zeros((200, 2), np.float32), y=np.zeros(200, np.int64), groups=groups)
+    ours = partition(split, num_partitions=len(np.unique(groups)), partitioner="natural")
+
+    ref = NaturalIdPartitioner(partition_by="g")
+    ref.dataset = datasets.Dataset.from_dict({"g": groups.tolist(), "i": list(range(200))})
+    for k, part in enumerate(ours):
+        np.testing.assert_array_equal(part, ref.load_partition(k)["i"])
