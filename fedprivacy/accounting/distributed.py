@@ -114,7 +114,7 @@ removed client's noise also disappears is not claimed. A round that aborts relea
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
@@ -136,7 +136,9 @@ __all__ = [
     "GaussianDomination",
     "SMOOTHING_VARIANCE",
     "XNoiseDesign",
+    "accounted_noise_multiplier",
     "audience_epsilons",
+    "calibrate_distributed",
     "gaussian_domination",
     "release_privacy",
     "sum_pmf_log_bounds",
@@ -668,3 +670,55 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
     return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
                             observers_pld=obs_pld, server_rdp=server_rdp, slack=slack,
                             delta=delta, rounds=len(releases))
+
+
+# ============================================================================ calibration
+def accounted_noise_multiplier(*, noise_multiplier: float, clip_scale: float, l2_sensitivity: float,
+                               smoothing_variance: float = SMOOTHING_VARIANCE) -> float:
+    """``sqrt((z C s)^2 - w) / Delta_2``: the Gaussian the ledger composes for a run of noise ``z``."""
+    v = (noise_multiplier * clip_scale) ** 2 - smoothing_variance
+    if not v > 0:
+        raise ValueError(f"noise variance (z C s)^2 = {(noise_multiplier * clip_scale) ** 2:g} must "
+                         f"exceed the smoothing variance {smoothing_variance:g}; raise the scale")
+    return math.sqrt(v) / l2_sensitivity
+
+
+def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: int,
+                          audience: str = "server", sampling: Sampling | None = None,
+                          neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+                          encoding_for: Callable[[float], tuple[float, float]],
+                          smoothing_variance: float = SMOOTHING_VARIANCE,
+                          max_slack: float = 1e-6, rel_tol: float = 1e-3) -> float:
+    """Smallest noise multiplier ``z`` whose ``audience`` epsilon over ``steps`` rounds meets the target.
+
+    Exact XNoise makes every completed round the same Gaussian release (:func:`audience_epsilons`),
+    so the dominating Gaussian is calibrated like central DP
+    (:func:`fedprivacy.accounting.calibration.calibrate_noise_multiplier`, ``pld``, never overshoots)
+    for the audience's sampling (``server``: none; ``observers``: ``sampling``), at
+    ``(target - 2 max_slack, delta e^-max_slack)`` so that any accepted slack ``H <= max_slack``
+    keeps the target. Then ``z`` is solved from ``z_acc = sqrt((z C s)^2 - w)/Delta_2``, where
+    ``encoding_for(z) -> (C s, Delta_2)`` gives the encoding the run would use at ``z`` (its scale
+    depends on the noise through the headroom check); iterated until the encoding at ``z`` carries
+    at least ``z_acc``.
+    """
+    from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+
+    if audience not in AUDIENCES:
+        raise ValueError(f"audience must be one of {AUDIENCES}, got {audience!r}")
+    if not target_epsilon > 2 * max_slack:
+        raise ValueError(f"target_epsilon must be > {2 * max_slack:g}, got {target_epsilon}")
+    samp: Sampling = NoSampling() if audience == "server" or sampling is None else sampling
+    z_acc = calibrate_noise_multiplier(
+        target_epsilon=target_epsilon - 2.0 * max_slack,
+        target_delta=target_delta * math.exp(-max_slack), sampling=samp, steps=steps,
+        backend="pld", neighbouring=neighbouring, rel_tol=rel_tol)
+    z = z_acc
+    for _ in range(64):
+        clip_scale, l2 = encoding_for(z)
+        if (z * clip_scale) ** 2 > smoothing_variance and accounted_noise_multiplier(
+                noise_multiplier=z, clip_scale=clip_scale, l2_sensitivity=l2,
+                smoothing_variance=smoothing_variance) >= z_acc:
+            return z
+        z = max(z * (1 + 1e-12), math.sqrt((z_acc * l2) ** 2 + smoothing_variance) / clip_scale)
+    raise ValueError("calibration did not converge: the encoding's scale keeps shrinking with the "
+                     "noise; raise secagg-bits")

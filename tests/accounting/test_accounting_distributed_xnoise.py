@@ -226,3 +226,34 @@ def test_tiny_components_make_the_slack_visible_or_refused() -> None:
         audience_epsilons([rel], delta=1e-5)
     assert audience_epsilons([], delta=1e-5).server == 0.0
     assert audience_epsilons([_release()], delta=1e-5, sampling=NoSampling()).rounds == 1
+
+
+# ----------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize("audience", ["server", "observers"])
+def test_calibration_meets_the_audience_target_without_overshooting(audience: str) -> None:
+    from fedprivacy.accounting.distributed import accounted_noise_multiplier, calibrate_distributed
+    from fedprivacy.accounting.distributed import rounded_l2_norm_bound as bound
+
+    dim, rounds, q = 2**12, 30, 0.2
+
+    def encoding_for(z: float) -> tuple[float, float]:  # a scale that shrinks as the noise grows
+        s = 2.0 ** math.floor(math.log2(20000.0 / (8 * z)))
+        return s, bound(l2_norm=s, dim=dim, beta=math.exp(-0.5))
+
+    z = calibrate_distributed(target_epsilon=4.0, target_delta=1e-5, steps=rounds, audience=audience,
+                              sampling=PoissonSampling(rate=q), encoding_for=encoding_for)
+
+    def eps_at(zz: float) -> float:
+        cs, _ = encoding_for(zz)
+        d = XNoiseDesign(total_variance=(zz * cs) ** 2, roster=20, min_survivors=11)
+        rel = release_privacy(d, survivors=18, clip_norm=1.0, scale=cs, dim=dim, beta=math.exp(-0.5))
+        e = audience_epsilons([rel] * rounds, delta=1e-5, sampling=PoissonSampling(rate=q))
+        return e.server if audience == "server" else e.observers
+
+    assert eps_at(z) <= 4.0
+    assert eps_at(z / 1.01) > 4.0  # and not much more noise than needed
+    cs, d2 = encoding_for(z)
+    assert accounted_noise_multiplier(noise_multiplier=z, clip_scale=cs, l2_sensitivity=d2) > 0
+    with pytest.raises(ValueError, match="audience"):
+        calibrate_distributed(target_epsilon=4.0, target_delta=1e-5, steps=3, audience="public",
+                              encoding_for=encoding_for)
