@@ -34,7 +34,7 @@ import torch
 
 from fedprivacy.dp.clipping import flatten, unflatten
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.ml.data import Split, load_digits_split
+from fedprivacy.ml.data import Split, load_dataset
 from fedprivacy.ml.models import build_model, get_weights, set_weights
 from fedprivacy.ml.partition import partition
 from fedprivacy.ml.train import evaluate, train_local
@@ -72,13 +72,13 @@ def _largest_scale(*, bits: int, kw: dict[str, Any]) -> DistributedDPConfig:
 
 
 def run(setup: Setup, *, mode: str, bits: int, seed: int, z: float, clip: float, lr: float,
-        epochs: int, dropout: float) -> dict[str, Any]:
+        epochs: int, dropout: float, dataset: str = "digits") -> dict[str, Any]:
     torch.set_num_threads(1)
-    train, test = load_digits_split(seed=seed, test_fraction=0.2)
+    train, test = load_dataset(dataset, seed=seed, test_fraction=0.2)
     parts = partition(train, num_partitions=setup.clients, seed=seed)
     splits = [Split(x=train.x[i], y=train.y[i]) for i in parts]
-    model = build_model(setup.model, input_shape=(1, 8, 8), num_classes=10, hidden=setup.hidden,
-                        seed=seed)
+    model = build_model(setup.model, input_shape=tuple(train.x.shape[1:]),
+                        num_classes=int(train.y.max()) + 1, hidden=setup.hidden, seed=seed)
     weights = [w.astype(np.float64) for w in get_weights(model)]
     dim = sum(w.size for w in weights)
     denom = max(1.0, setup.sample_rate * setup.clients)
@@ -142,6 +142,7 @@ def run(setup: Setup, *, mode: str, bits: int, seed: int, z: float, clip: float,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="digits", help="a registered data set (digits, fashion-mnist)")
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=sorted(SETUPS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--bits", nargs="+", type=int, default=[12, 16, 20, 32])
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_seed.append(run(setup, mode=mode, bits=bits, seed=seed,
                                         z=a.noise_multiplier, clip=a.clip_norm,
                                         lr=a.learning_rate, epochs=a.local_epochs,
-                                        dropout=a.dropout))
+                                        dropout=a.dropout, dataset=a.dataset))
                 except ValueError as exc:  # headroom refused every scale
                     per_seed.append({"refused": str(exc)})
             accs = [r["accuracy"] for r in per_seed if "accuracy" in r]
@@ -184,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             info = (f" scale={extra.get('scale')} infl={extra.get('sensitivity_inflation', 0):.4f}"
                     f" noise/target={extra.get('noise_std_over_target') or 0:.4f}"
                     if "scale" in extra else "")
-            print(f"{name:8s} {row['mode']:16s} acc={acc} per-seed={[round(x, 4) for x in accs]}"
+            print(f"{a.dataset} {name:8s} {row['mode']:16s} acc={acc} per-seed={[round(x, 4) for x in accs]}"
                   f"{info}", flush=True)
-    result = {"benchmark": "ddp_bits", "noise_multiplier": a.noise_multiplier,
+    result = {"benchmark": "ddp_bits", "dataset": a.dataset, "noise_multiplier": a.noise_multiplier,
               "clip_norm": a.clip_norm, "dropout": a.dropout, "rows": rows,
               "seconds": time.perf_counter() - t0,
               "setups": {k: asdict(v) for k, v in SETUPS.items() if k in a.setups}}
