@@ -533,73 +533,18 @@ class SecureRound:
 
 # ----------------------------------------------------------------------------- client side
 def export_session(session: ClientSession) -> dict[str, Any]:
-    """A client session as flat fields (ints, bytes, str and lists of them) for the node's own state.
+    """A client session as flat fields for the node's own state: :meth:`ClientSession.to_state`.
 
     It holds the round's secrets (private keys, self-mask seed, held shares): it must stay on the
     client side (Flower's ``context.state`` lives in the SuperNode and its ClientApp process and is
     never sent to the server), and must never be logged, put in metrics or written to disk.
     """
-    from fedprivacy.secagg import wire
-
-    _, setup = wire.encode(session.setup)
-    graph_nodes = sorted(session._graph)
-    held = sorted(session._held_seed_shares)
-    pubs = sorted(session._mask_publics)
-    revealed = sorted(session._revealed)
-    seal = sorted(session._seal_keys)
-    return {
-        **{f"setup.{k}": v for k, v in setup.items()},
-        "node_id": session.node_id, "corrupted": session.corrupted, "stage": session._stage.name,
-        "enc_private": session._enc.private.reveal(), "enc_public": session._enc.public,
-        "mask_private": session._mask.private.reveal(), "mask_public": session._mask.public,
-        "seed": session._seed.reveal(), "own_seed_share": session._own_seed_share,
-        "seal_peers": seal, "seal_keys": [session._seal_keys[j] for j in seal],
-        "neighbours": list(session._neighbours),
-        "graph_nodes": graph_nodes, "graph_sizes": [len(session._graph[i]) for i in graph_nodes],
-        "graph_flat": [j for i in graph_nodes for j in session._graph[i]],
-        "pub_nodes": pubs, "mask_publics": [session._mask_publics[i] for i in pubs],
-        "enc_publics": [session._enc_publics[i] for i in pubs],
-        "held_peers": held, "held_seed": [session._held_seed_shares[j] for j in held],
-        "held_key": [session._held_key_shares[j] for j in held],
-        "peers": list(session._peers),
-        "revealed_peers": revealed, "revealed_kinds": [session._revealed[j] for j in revealed],
-    }
+    return session.to_state()
 
 
 def import_session(fields: Mapping[str, Any]) -> ClientSession:
-    """Rebuild a :class:`ClientSession` from :func:`export_session` (the inverse, field by field)."""
-    from fedprivacy.secagg.keys import KeyPair, Secret, load_private
-    from fedprivacy.secagg.protocol import _Stage
-
-    f = dict(fields)
-    setup = SetupRequest(**{k[len("setup."):]: int(v) for k, v in f.items() if k.startswith("setup.")})
-    session = object.__new__(ClientSession)
-    session.node_id = int(f["node_id"])
-    session.setup = setup
-    session.corrupted = int(f["corrupted"])
-    session._stage = _Stage[str(f["stage"])]
-    session._enc = KeyPair(Secret(bytes(f["enc_private"])), bytes(f["enc_public"]))
-    session._mask = KeyPair(Secret(bytes(f["mask_private"])), bytes(f["mask_public"]))
-    session._seed = Secret(bytes(f["seed"]))
-    session._enc_key = load_private(session._enc.private)
-    session._mask_key = load_private(session._mask.private)
-    session._seal_keys = {int(j): bytes(k) for j, k in zip(f["seal_peers"], f["seal_keys"], strict=True)}
-    session._neighbours = tuple(int(j) for j in f["neighbours"])
-    graph: dict[int, tuple[int, ...]] = {}
-    flat = [int(j) for j in f["graph_flat"]]
-    pos = 0
-    for i, size in zip(f["graph_nodes"], f["graph_sizes"], strict=True):
-        graph[int(i)] = tuple(flat[pos:pos + int(size)])
-        pos += int(size)
-    session._graph = graph
-    session._mask_publics = {int(i): bytes(k) for i, k in zip(f["pub_nodes"], f["mask_publics"], strict=True)}
-    session._enc_publics = {int(i): bytes(k) for i, k in zip(f["pub_nodes"], f["enc_publics"], strict=True)}
-    session._held_seed_shares = {int(j): bytes(v) for j, v in zip(f["held_peers"], f["held_seed"], strict=True)}
-    session._held_key_shares = {int(j): bytes(v) for j, v in zip(f["held_peers"], f["held_key"], strict=True)}
-    session._peers = tuple(int(j) for j in f["peers"])
-    session._own_seed_share = bytes(f["own_seed_share"])
-    session._revealed = {int(j): str(k) for j, k in zip(f["revealed_peers"], f["revealed_kinds"], strict=True)}
-    return session
+    """Rebuild a :class:`ClientSession` from :func:`export_session` (:meth:`ClientSession.from_state`)."""
+    return ClientSession.from_state(fields)
 
 
 class SessionStore:

@@ -12,25 +12,38 @@ neighbourhood of its choosing: a client refuses a neighbour list that differs fr
 computation. (A server can still grind by excluding clients from the roster; Bell et al. assume the
 graph is random given the set of participants.)
 
-Safety rule (:func:`check_safe`). A client u Shamir-shares its self-mask seed ``b_u`` and its masking
-key ``s_u`` among ``k + 1`` holders, its ``k`` neighbours and itself, threshold ``t``. An honest holder
-reveals, for a given peer and round, *either* its share of ``b_u`` (u survived) *or* its share of ``s_u``
-(u dropped), never both; u itself, being alive, only ever reveals its share of ``b_u``. To unmask a live
-u the server needs ``t`` shares of each. With ``c`` corrupted neighbours (who reveal everything) it
-needs ``t - 1 - c`` honest neighbours for ``b_u`` (u gives one) and a disjoint set of ``t - c`` honest
-neighbours for ``s_u``, out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c) > k - c``, i.e.
-``t > (k + 1 + c) / 2``. For the complete graph (``k = n - 1``) and ``c = 0`` this is ``t > n / 2``,
-the bound of Bonawitz et al. (2017, Sec. 4) against a server that lies about who dropped out; we
-enforce it for the neighbourhood (semi-honest clients by default, ``corrupted`` raises it).
-Reconstruction needs ``t <= k + 1``.
+Safety rules (:func:`check_safe`), with ``c`` clients colluding with the server ("colluders").
+A client u Shamir-shares its self-mask seed ``b_u`` and its masking key ``s_u`` among ``k + 1``
+holders, its ``k`` neighbours and itself, threshold ``t``.
 
-Connectivity rule (:func:`is_connected`). After unmasking, the server can cancel every pairwise mask
-inside a connected component of the survivors' graph, so if that graph splits, it learns the sum of
-each component separately (Bell et al. 2020 bound the size of such sets; with a ring-structured
-Harary graph a server that ignores two blocks of ``k/2`` clients would learn the sum of an arc of
-about ``k/2 + 1`` clients). Clients therefore refuse to unmask when the survivor list induces a
-disconnected subgraph, and the honest server aborts such rounds itself; together with a large
-``min_survivors`` this stops a server from presenting small, isolated survivor sets.
+* ``k > c``: with ``k <= c`` every neighbour of a client could be a colluder, who knows every pairwise
+  mask of that client, so one self-mask seed would unmask it.
+* ``t > (k + 1 + c)/2`` (Bonawitz et al. 2017, Sec. 4, applied per neighbourhood): an honest holder
+  reveals, for a given peer and round, *either* its share of ``b_u`` (u survived) *or* its share of
+  ``s_u`` (u dropped), never both; u itself only reveals its share of ``b_u``. To unmask a live u a
+  server that lies about who dropped needs ``t`` shares of each: with ``c`` colluding neighbours
+  (who reveal everything) that is ``t - 1 - c`` honest neighbours for ``b_u`` and a disjoint
+  ``t - c`` for ``s_u`` out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c) > k - c``. It implies
+  ``t > c``, so colluders alone never hold ``t`` shares. For the complete graph (``k = n - 1``) and
+  ``c = 0`` it is ``t > n/2``. The actively secure schedule of :mod:`.protocol` no longer *needs* this
+  rule (its certified view makes every honest holder give the same kind of share for a peer), but it
+  is kept: it is what protects the semi-honest schedule, and it bounds the damage of a broken
+  signature assumption.
+* ``t <= k + 1``: reconstruction is possible.
+
+Consistency rule (:func:`min_signers`): an honest client signs at most one view of a round, so two
+different views each signed by ``T`` members of one roster of ``n`` share at least ``2T - n`` signers,
+all of them colluders; ``T > (n + c)/2`` makes two certified views impossible.
+
+Connectivity rule (:func:`is_k_connected`). After unmasking, the server can cancel every pairwise mask
+inside a connected component of the graph of masks it cannot remove, so if that graph splits it learns
+the sum of each component separately (Bell et al. 2020; with a ring-structured Harary graph a server
+that ignores two blocks of ``k/2`` clients would learn the sum of an arc of about ``k/2 + 1``
+clients). The masks it cannot remove join honest survivors; colluders' masks are known to it. So
+clients check the graph of the edges *really used* (both ends masked with each other) among the
+survivors, and require it to be ``(c + 1)``-vertex-connected: whichever ``<= c`` survivors collude,
+the honest survivors stay connected, and the only sum over honest clients the server can learn is the
+sum over all of them.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 __all__ = [
     "abort_probability_bound",
@@ -46,7 +59,9 @@ __all__ = [
     "graph_seed",
     "harary_neighbours",
     "is_connected",
+    "is_k_connected",
     "min_safe_threshold",
+    "min_signers",
 ]
 
 
@@ -99,19 +114,24 @@ def harary_neighbours(
     return {i: tuple(sorted(s)) for i, s in nb.items()}
 
 
-def min_safe_threshold(degree: int, *, corrupted: int = 0) -> int:
-    """Smallest ``t`` with ``t > (degree + 1 + corrupted) / 2``."""
-    return (degree + 1 + corrupted) // 2 + 1
+def min_safe_threshold(degree: int, *, colluders: int = 0) -> int:
+    """Smallest ``t`` with ``t > (degree + 1 + colluders) / 2``."""
+    return (degree + 1 + colluders) // 2 + 1
 
 
-def check_safe(*, num_clients: int, degree: int, threshold: int, corrupted: int = 0) -> int:
-    """Refuse unsafe (degree, threshold); returns the effective degree.
+def min_signers(num_clients: int, *, colluders: int = 0) -> int:
+    """Signatures a view of a roster of ``num_clients`` needs: ``floor((n + c)/2) + 1`` (``> (n+c)/2``)."""
+    return (num_clients + colluders) // 2 + 1
+
+
+def check_safe(*, num_clients: int, degree: int, threshold: int, colluders: int = 0) -> int:
+    """Refuse unsafe (degree, threshold) for ``colluders`` colluding clients; returns the effective degree.
 
     Raises:
-        ValueError: with the violated rule, e.g. ``threshold must be > (degree+1+corrupted)/2 = 4.0``.
+        ValueError: with the violated rule, e.g. ``threshold must be > (degree+1+colluders)/2 = 4.0``.
     """
     for name, v in (("num_clients", num_clients), ("degree", degree), ("threshold", threshold),
-                    ("corrupted", corrupted)):
+                    ("colluders", colluders)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     if num_clients < 3:
@@ -119,14 +139,17 @@ def check_safe(*, num_clients: int, degree: int, threshold: int, corrupted: int 
     k = effective_degree(num_clients, degree)
     if k < 2:
         raise ValueError(f"degree must be >= 2 (a single neighbour learns the input), got {degree}")
-    if corrupted < 0:
-        raise ValueError(f"corrupted must be >= 0, got {corrupted}")
+    if colluders < 0:
+        raise ValueError(f"colluders must be >= 0, got {colluders}")
+    if k <= colluders:
+        raise ValueError(f"degree must be > colluders={colluders} (else all neighbours of a client may "
+                         f"collude and know its pairwise masks), got effective degree {k}")
     if threshold > k + 1:
         raise ValueError(f"threshold must be <= degree+1={k + 1} share holders (else nothing can be "
                          f"reconstructed), got {threshold}")
-    if 2 * threshold <= k + 1 + corrupted:
+    if 2 * threshold <= k + 1 + colluders:
         raise ValueError(
-            f"threshold must be > (degree+1+corrupted)/2 = {(k + 1 + corrupted) / 2} so that a server "
+            f"threshold must be > (degree+1+colluders)/2 = {(k + 1 + colluders) / 2} so that a server "
             f"lying about dropouts cannot collect both the self-mask and the key shares of a live "
             f"client (Bonawitz et al. 2017, Sec. 4); got threshold={threshold}"
         )
@@ -177,3 +200,106 @@ def is_connected(nodes: set[int] | frozenset[int], neighbours: dict[int, tuple[i
                 seen.add(v)
                 stack.append(v)
     return len(seen) == len(nodes)
+
+
+def _disjoint_paths(adj: Mapping[int, set[int]], source: int | None, sources: frozenset[int],
+                    sink: int, need: int) -> int:
+    """Internally vertex-disjoint paths from ``sources`` (or one ``source``) to ``sink``, up to ``need``.
+
+    Unit-capacity augmenting paths on the split graph (every vertex ``v`` becomes ``v_in -> v_out`` of
+    capacity 1), so paths share no vertex other than the endpoints (Menger's theorem).
+    """
+    # residual capacities on arcs between ("in"/"out", v) nodes; None stands for the super source
+    cap: dict[tuple[object, object], int] = {}
+
+    def arc(a: object, b: object, c: int) -> None:
+        cap[(a, b)] = cap.get((a, b), 0) + c
+        cap.setdefault((b, a), 0)
+
+    starts = sources if source is None else frozenset({source})
+    for v in adj:
+        if v not in starts and v != sink:
+            arc(("in", v), ("out", v), 1)
+        for w in adj[v]:
+            if w in adj:
+                arc(("out", v), ("in", w), 1)
+    for v in starts:  # one start vertex is an endpoint of `need` paths, a fan vertex of at most one
+        arc("S", ("out", v), need if source is not None else 1)
+    out_arcs: dict[object, list[object]] = {}
+    for a, b in cap:
+        out_arcs.setdefault(a, []).append(b)
+    target = ("in", sink)
+    found = 0
+    while found < need:
+        parent: dict[object, object] = {"S": None}
+        queue: list[object] = ["S"]
+        while queue and target not in parent:
+            nxt = []
+            for a in queue:
+                for b in out_arcs.get(a, ()):
+                    if b not in parent and cap[(a, b)] > 0:
+                        parent[b] = a
+                        nxt.append(b)
+            queue = nxt
+        if target not in parent:
+            break
+        node: object = target
+        while parent[node] is not None:
+            prev = parent[node]
+            cap[(prev, node)] -= 1
+            cap[(node, prev)] += 1
+            node = prev
+        found += 1
+    return found
+
+
+def is_k_connected(nodes: set[int] | frozenset[int], neighbours: Mapping[int, Collection[int]],
+                   k: int) -> bool:
+    """Whether the subgraph induced by ``nodes`` is ``k``-vertex-connected.
+
+    A graph is ``k``-connected if it has more than ``k`` vertices and stays connected after removing
+    any ``k - 1`` of them. Test of Even (1975, "An algorithm for determining whether the connectivity
+    of a graph is at least k", SIAM J. Comput. 4(3)): order the vertices ``v_1..v_n``; it is
+    ``k``-connected iff (1) every non-adjacent pair among ``v_1..v_k`` is joined by ``k`` internally
+    disjoint paths and (2) for every ``j > k`` a new vertex joined to ``v_1..v_{j-1}`` has ``k``
+    disjoint paths to ``v_j``. A ``v_j`` with ``k`` neighbours among ``v_1..v_{j-1}`` passes (2)
+    trivially, so a greedy clique followed by a breadth-first order makes almost every step free on the
+    graphs used here.
+    ``k = 1`` is plain connectivity (:func:`is_connected`).
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if len(nodes) <= k:
+        return False
+    adj = {v: {w for w in neighbours.get(v, ()) if w in nodes and w != v} for v in nodes}
+    if not is_connected(frozenset(nodes), {v: tuple(ws) for v, ws in adj.items()}):
+        return False
+    if k == 1:
+        return True
+    if min(len(ws) for ws in adj.values()) < k:
+        return False
+    # start from a greedy clique (its pairs need no flow), then breadth-first
+    start = max(sorted(adj), key=lambda v: len(adj[v]))
+    order = [start]
+    candidates = set(adj[start])
+    while len(order) < k and candidates:
+        w = max(sorted(candidates), key=lambda u: len(adj[u] & candidates))
+        order.append(w)
+        candidates &= adj[w]
+    seen = set(order)
+    for v in order:
+        for w in sorted(adj[v]):
+            if w not in seen:
+                seen.add(w)
+                order.append(w)
+    first = order[:k]
+    for i, a in enumerate(first):
+        for b in first[i + 1:]:
+            if b not in adj[a] and _disjoint_paths(adj, a, frozenset(), b, k) < k:
+                return False
+    earlier: set[int] = set(first)
+    for v in order[k:]:
+        if len(adj[v] & earlier) < k and _disjoint_paths(adj, None, frozenset(earlier), v, k) < k:
+            return False
+        earlier.add(v)
+    return True

@@ -1,8 +1,9 @@
-"""Run one SecAgg+ round in a single process (tests, benchmarks, the in-process engine).
+"""Run one secure-aggregation round in a single process (tests, benchmarks, the in-process engine).
 
 This is the reference driver of the state machines in :mod:`.protocol`: it passes each stage's
 messages between one :class:`ServerSession` and many :class:`ClientSession` objects and lets clients
-drop out before a chosen stage. It does no cryptography of its own.
+drop out before a chosen stage. It does no cryptography of its own. With ``setup.active`` the round has
+the consistency stage (five stages); without it, the four of the semi-honest schedule.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fedprivacy.secagg.protocol import ClientSession, ServerSession, SetupReques
 
 __all__ = ["STAGES", "run_round"]
 
-STAGES = ("advertise", "share", "masked", "unmask")
+STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 
 
 def run_round(
@@ -28,8 +29,9 @@ def run_round(
     """Run a round; ``drop_before[node] = stage`` makes ``node`` vanish before that stage.
 
     If ``transcript`` is a list, every message the server sends or receives is appended to it (what a
-    curious server sees). Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``) and the clients.
-    Raises :class:`.protocol.RoundAborted` when too few clients remain.
+    curious server sees). Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``,
+    ``failures``) and the clients. Raises :class:`.protocol.RoundAborted` when too few clients remain.
+    A ``"consistency"`` dropout in the semi-honest schedule acts at the unmask stage.
     """
     drop_before = dict(drop_before or {})
     for node, stage in drop_before.items():
@@ -42,7 +44,8 @@ def run_round(
 
     seen = transcript if transcript is not None else []
     server = ServerSession(setup)
-    clients = {i: ClientSession(node_id=i, setup=setup) for i in inputs}
+    clients = {i: ClientSession(node_id=i, setup=setup, colluders=setup.colluders,
+                                require_active=setup.active) for i in inputs}
     adv = [c.advertise_keys() for i, c in clients.items() if alive(i, "advertise")]
     seen.extend(adv)
     roster = server.receive_keys(adv)
@@ -53,8 +56,15 @@ def run_round(
     seen.extend(reqs.values())
     masked = [clients[i].masked_input(r, inputs[i]) for i, r in reqs.items() if alive(i, "masked")]
     seen.extend(masked)
-    unmask_reqs = server.receive_masked(masked)
-    seen.extend(unmask_reqs.values())
-    replies = [clients[i].unmask(r) for i, r in unmask_reqs.items() if alive(i, "unmask")]
+    nxt = server.receive_masked(masked)
+    seen.extend(nxt.values())
+    if setup.active:
+        views = [clients[i].sign_view(r) for i, r in nxt.items()  # type: ignore[arg-type]
+                 if alive(i, "consistency")]
+        seen.extend(views)
+        nxt = server.receive_consistency(views)
+        seen.extend(nxt.values())
+    replies = [clients[i].unmask(r) for i, r in nxt.items()  # type: ignore[arg-type]
+               if alive(i, "consistency" if not setup.active else "unmask") and alive(i, "unmask")]
     seen.extend(replies)
     return server.receive_unmask(replies), server, clients

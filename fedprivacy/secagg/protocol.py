@@ -1,83 +1,106 @@
-"""SecAgg+ state machines: :class:`ClientSession` and :class:`ServerSession`, transport-free.
+"""SecAgg+ state machines secure against a malicious server: :class:`ClientSession`, :class:`ServerSession`.
 
-Protocol (Bonawitz et al. 2017, "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning", CCS, Fig. 4; with the sparse graph of Bell et al. 2020, CCS). One session = one round.
-Every message is a frozen dataclass of ints, bytes, lists and numpy arrays, so it maps 1:1 onto Flower
-``ConfigRecord``/``ArrayRecord`` values.
+Protocol: Bonawitz et al. 2017 ("Practical Secure Aggregation for Privacy-Preserving Machine Learning",
+CCS; Fig. 4 for the semi-honest rounds, Sec. 6 / Fig. 5 for the consistency check against an active
+server) on the sparse Harary graph of Bell et al. 2020 (CCS). One session = one round. Every message is
+a frozen dataclass of ints, bools, bytes, lists and numpy arrays (:mod:`.wire` maps them 1:1 onto
+Flower records). ``docs/SECAGG.md`` has the tables; the argument is here.
 
-0. ``SetupRequest`` (server -> clients): round, threshold t, degree k, modulus bits b, dim d.
-1. Advertise keys: each client draws two fresh X25519 pairs, ``c`` (sealing shares) and ``s`` (pairwise
-   masks), and a fresh 32-byte self-mask seed ``b``; it sends ``(c_pk, s_pk)``.
-2. Share keys: the server broadcasts the roster U1. Each client recomputes the public graph
-   (:mod:`.graph`; the seed hashes round and roster), refuses an unsafe (k, t), Shamir-shares ``b`` and
-   ``s_sk`` (threshold t) among its k neighbours and itself (it keeps its own share of ``b``, so that
-   t survivors suffice) and seals each pair of shares to its neighbour with
-   ChaCha20-Poly1305 under HKDF(X25519(c_sk, c_pk'), info="fedprivacy/v1/share-seal"), associated data
-   (round, sender, receiver). U2 = clients whose sealed shares arrived.
-3. Masked input: the server forwards to each client the ciphertexts addressed to it from U2. The client
-   opens them (refusing tampered or replayed ones), needs at least t holders of its shares (the
-   senders and itself), and uploads
-   ``y = x + PRG(b) + sum_{j in P} sgn(i, j) PRG(HKDF(X25519(s_sk, s_pk_j), info="fedprivacy/v1/mask"))``
-   mod 2^b, where P are the peers whose shares it received and sgn = +1 if i < j else -1, so the pairwise
-   masks cancel in the sum. U3 = clients whose masked vector arrived (the server checks length, dtype,
-   range).
-4. Unmask: the server sends the survivor list U3 and the dropped list D = U2 \\ U3. A client reveals,
-   for each peer in P, its share of ``b`` if the peer survived and its share of ``s_sk`` if it dropped,
-   and never both for one peer in one round; it adds its own share of its own ``b``. The server reconstructs, removes the self masks of U3
-   and the pairwise masks between U3 and D, and obtains ``sum_{i in U3} x_i mod 2^b`` exactly.
+Stages (``setup.active``; the semi-honest schedule skips stage 4 and its checks):
 
-Dropouts: clients may vanish at any stage. The round completes exactly as long as at least
-``min_survivors`` (default t) clients survive and every needed secret has t shares from survivors (for
-the complete graph: at least t survivors). Otherwise the server raises :class:`RoundAborted` *before* it
-asks for any share, and honest clients refuse an unmask request listing fewer than ``min_survivors``
-survivors, so an aborted round reveals nothing about any client.
+0. ``SetupRequest`` (server -> clients): round, threshold t, degree k, modulus bits b, dim d,
+   ``min_survivors``, ``colluders`` c, ``active``. A client refuses a setup with fewer colluders than
+   its own floor, or a semi-honest one when it requires active security.
+1. Advertise: fresh X25519 pairs ``c`` (seals shares) and ``s`` (pairwise masks), a fresh Ed25519 pair
+   (signs statements), a fresh 32-byte self-mask seed ``b`` and its commitment
+   ``SHA-256("fedprivacy/v1/seed-commit" | round | id | b)``.
+2. Share keys: the server sends the roster U1. Each client computes the *world id*
+   ``W = SHA-256(setup | roster)``, which seeds the graph and is bound into every AEAD associated data,
+   HKDF salt and signature, so clients shown different rosters or setups can never combine anything;
+   it refuses unsafe (k, t, c) (:func:`.graph.check_safe`), Shamir-shares ``b`` and ``s_sk`` among its
+   k neighbours and itself, and seals each pair of shares to its neighbour (ChaCha20-Poly1305 under
+   HKDF(X25519), info ``fedprivacy/v1/share-seal``). U2 = clients whose shares arrived.
+3. Masked input: the server forwards ciphertexts. A client keeps the senders whose ciphertext opens
+   (the others are listed as ``rejected``): that is its peer set ``P_i``. It needs ``|P_i| + 1 >= t``
+   holders (and ``|P_i| >= c + 1`` when active), uploads
+   ``y_i = x_i + PRG(b_i) + sum_{j in P_i} sgn(i, j) PRG(s_ij) mod 2^b`` and *signs* ``(W, i, P_i)``:
+   the server cannot later claim that i masked with other peers than it really did.
+4. Consistency (active only): the server proposes one view ``V = (U3, D, {P_u, sig_u}_{u in U3})``.
+   A client signs ``SHA-256(V)`` only if: it is in U3; U3 and D are disjoint roster members;
+   ``|U3| >= max(t, min_survivors, T)`` with ``T = floor((n + c)/2) + 1`` (:func:`.graph.min_signers`);
+   every ``P_u`` is signed by u and lies in u's graph neighbourhood, its own is the one it used; every
+   edge inside U3 is mutual (``w in P_u <=> u in P_w``); ``D = (union of P_u) \\ U3``; and the graph of
+   those mutual edges on U3 is ``(c + 1)``-vertex-connected (:func:`.graph.is_k_connected`). It signs
+   at most one view per round.
+5. Unmask: the server sends ``T`` signatures of members of U3 on the same view. A client verifies
+   them, and only for the view it signed itself reveals its share of ``b_j`` for ``j in P_i cap U3``
+   (and its own), its share of ``s_j`` for ``j in P_i cap D``, never both kinds for one peer (this memory
+   is kept across requests). The server reconstructs with Reed–Solomon decoding (:mod:`.robust`) and
+   checks each seed against its commitment and each key against its public key, so a corrupt share is
+   corrected or detected (the sum is never silently wrong), removes the masks and gets
+   ``sum_{i in U3} x_i mod 2^b``.
 
-Threat model and security argument:
+Threat model: a server that deviates arbitrarily (chooses every message, forwards what it likes to whom,
+shows different clients different things, replays and tampers) together with at most ``c`` clients
+that collude with it. Assumptions that remain: (A1) the server relays each client's public keys
+faithfully (no PKI: a server that substitutes keys simulates every other client to its victim);
+(A2) no Sybils: the roster holds real clients, at most ``c`` of them colluding; (A3) the Diffie–Hellman,
+AEAD, PRG, hash and signature primitives are secure.
 
-* Server: may be malicious in the ways listed below; clients refuse and the round aborts. Clients:
-  honest-but-curious, up to ``corrupted`` of them may collude with the server (the safety check uses
-  ``t > (k + 1 + corrupted)/2``, see :func:`.graph.check_safe`).
-* Key authenticity: without a PKI a server can substitute public keys (man in the middle); like
-  Bonawitz et al.'s semi-honest variant we assume the roster is relayed faithfully (deploy with
-  signed keys to remove this assumption).
-* Refused server behaviour (all tested): asking one client for both the self-mask share and the key
-  share of the same peer (per-peer memory, also across repeated requests); survivor and dropout lists
-  that overlap, omit a peer, or leave out the client itself; survivor lists whose masking graph is
-  disconnected (partial sums, see :mod:`.graph`); messages from another round (every request
-  carries the round, every ciphertext's AD binds it, every HKDF salt binds it); tampered ciphertexts
-  (AEAD); a neighbour list different from the public graph; unsafe (k, t); fewer than t shares.
-* What the server sees of an honest client: ``y_i``, uniformly distributed mod 2^b given everything
-  else, because it contains PRG(b_i) (whose seed is revealed only if i survived) and PRG(s_ij) for every
-  surviving peer j (whose key is never revealed while both i and j survive).
+Claim (active schedule). In every round, for each world, the server learns about the inputs of honest
+clients at most their sum over ``U3 \\ C`` for one view ``V`` certified by honest clients, where C is the
+set of colluders; ``|U3 \\ C| >= max(t, min_survivors, T) - c``. Argument:
 
-Merging stages (to save Flower message exchanges, each costing >= 0.1 s):
+1. *One view.* Honest clients sign at most one view per round; two certified views of one roster of n
+   would have ``2T - n > c`` common signers, all colluders: impossible. So every honest client that
+   reveals anything uses the same V.
+2. *One kind of share per secret.* For honest ``u in U3`` honest holders reveal only ``b_u``
+   shares; for honest ``d in D`` only ``s_d`` shares; for everyone else nothing. Colluders add at most
+   ``c < t`` shares. So the server knows ``b_u`` exactly for honest ``u in U3``, ``s_d`` exactly for
+   ``d in D``, and the secrets of colluders.
+3. *What can be solved for.* The server holds ``y_u`` and removes the masks it knows. Treating every
+   unknown PRG output as an independent uniform vector, a combination ``sum a_u y_u`` reveals anything
+   only if every unknown mask cancels: ``a_u = 0`` when ``b_u`` is unknown, and for a pairwise mask of
+   two honest clients with unknown keys, ``a_u = a_w`` if the edge is mutual and ``a_u = 0`` if
+   one-sided. The pairwise keys it does not know are exactly those between honest members of U3, and
+   those edges are mutual (checked) and connect ``U3 \\ C`` (the used graph is (c+1)-connected). So the
+   only learnable combinations are multiples of the sum over ``U3 \\ C``.
+4. Replays, other rounds and other rosters fail AEAD, HKDF or signature checks (all bind W), and each
+   client takes part in a round once (:class:`RoundLog`, kept by the node per run).
 
-* Allowed: stages 1 and 2 of round r+1 may ride on round r's stage-3 and stage-4 messages (advertise
-  with r's masked-input reply, share keys with r's unmask reply), for clients that take part in both
-  rounds. It is safe because round r+1 uses fresh keys and seeds independent of round r, all its
-  ciphertexts and derived keys bind r+1, and masks do not depend on data, so nothing of round r+1 is
-  revealed by r's unmasking. The cohort of r+1 must be fixed before r's unmask stage (the roster
-  determines the graph) and must be chosen independently of round-r data (sampling stays
-  data-independent, as the accountant assumes).
-* Not allowed: merging stage 3 with stage 4 of the same round (a client must never reveal shares before
-  the server has committed to the survivor list), or stage 2 with stage 3 of the same round (a client
-  must know that at least t peers hold its shares before it uploads, and must mask with exactly the
-  peers whose shares it holds so that a dropped peer's masks can be removed).
+The semi-honest schedule (``active=False``: no stage 4, survivors checked on the public graph) is safe
+only against a server that follows the protocol; item 1 of issue 10 (a server forwarding t-1 share
+sets to its victim and calling them dropped) breaks it, as ``tests/secagg/test_secagg_adversary.py``
+shows. It saves the consistency exchange (see ``docs/SECAGG.md``, "Exchanges per round").
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import secrets
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedprivacy.secagg import shamir
-from fedprivacy.secagg.graph import check_safe, graph_seed, harary_neighbours, is_connected
+from fedprivacy.secagg.graph import (
+    check_safe,
+    harary_neighbours,
+    is_connected,
+    is_k_connected,
+    min_signers,
+)
 from fedprivacy.secagg.keys import (
     KeyPair,
+    SealError,
     Secret,
     context_bytes,
     derive_key,
@@ -87,24 +110,32 @@ from fedprivacy.secagg.keys import (
     seal,
 )
 from fedprivacy.secagg.prg import apply_masks
+from fedprivacy.secagg.robust import recover
 
 __all__ = [
     "AdvertiseKeys",
     "ClientSession",
+    "ConsistencyRequest",
+    "ConsistencyResponse",
     "MaskedInput",
     "MaskedInputRequest",
     "ProtocolViolation",
     "RoundAborted",
+    "RoundLog",
     "ServerSession",
     "SetupRequest",
     "ShareKeysRequest",
     "SharedKeys",
     "UnmaskRequest",
     "UnmaskResponse",
+    "seed_commitment",
+    "world_id",
 ]
 
 _SHARE_SEAL = "share-seal"
 _MASK = "mask"
+_KEY_BYTES = 32
+_SIG_BYTES = 64
 
 
 class ProtocolViolation(ValueError):
@@ -112,13 +143,18 @@ class ProtocolViolation(ValueError):
 
 
 class RoundAborted(RuntimeError):
-    """The round cannot complete; nothing about any client has been revealed."""
+    """The round cannot complete; the server has no sum, and no honest input is revealed."""
 
 
 # ----------------------------------------------------------------------------- messages
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetupRequest:
-    """Stage 0, server -> client: the round's public parameters."""
+    """Stage 0, server -> client: the round's public parameters.
+
+    ``colluders`` is the number of clients assumed to collude with the server (it enters the threshold
+    rule, the signature threshold and the connectivity check); ``active`` selects the schedule with
+    the consistency stage (secure against a malicious server) or the semi-honest one without it.
+    """
 
     round: int
     threshold: int
@@ -126,12 +162,16 @@ class SetupRequest:
     modulus_bits: int = 32
     dim: int
     min_survivors: int = 0  # 0 means "threshold"
+    colluders: int = 0
+    active: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("round", "threshold", "degree", "modulus_bits", "dim", "min_survivors"):
+        for name in ("round", "threshold", "degree", "modulus_bits", "dim", "min_survivors", "colluders"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if not isinstance(self.active, bool):
+            raise TypeError(f"active must be a bool, got {type(self.active).__name__}")
         if not 0 <= self.round < 2**64:
             raise ValueError(f"round must be in [0, 2**64), got {self.round}")
         if not 16 <= self.modulus_bits <= 32:
@@ -142,6 +182,8 @@ class SetupRequest:
             raise ValueError(f"threshold must be >= 1, got {self.threshold}")
         if self.min_survivors < 0:
             raise ValueError(f"min_survivors must be >= 0, got {self.min_survivors}")
+        if self.colluders < 0:
+            raise ValueError(f"colluders must be >= 0, got {self.colluders}")
 
     @property
     def required_survivors(self) -> int:
@@ -150,12 +192,14 @@ class SetupRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdvertiseKeys:
-    """Stage 1, client -> server."""
+    """Stage 1, client -> server: three fresh public keys and the commitment to the self-mask seed."""
 
     round: int
     node_id: int
     enc_public: bytes
     mask_public: bytes
+    sign_public: bytes
+    seed_commitment: bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +210,8 @@ class ShareKeysRequest:
     node_ids: list[int]
     enc_publics: list[bytes]
     mask_publics: list[bytes]
+    sign_publics: list[bytes]
+    seed_commitments: list[bytes]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,29 +235,58 @@ class MaskedInputRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MaskedInput:
-    """Stage 3, client -> server."""
+    """Stage 3, client -> server: the masked vector, the peers it masked with (signed), the rejected."""
 
     round: int
     node_id: int
     masked: np.ndarray  # uint32, shape (dim,), values < 2**modulus_bits
+    peers: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    signature: bytes = b""
 
     def __repr__(self) -> str:
-        return (f"MaskedInput(round={self.round}, node_id={self.node_id}, "
-                f"masked=<{self.masked.dtype} x {self.masked.shape}>)")
+        return (f"MaskedInput(round={self.round}, node_id={self.node_id}, peers={self.peers}, "
+                f"rejected={self.rejected}, masked=<{self.masked.dtype} x {self.masked.shape}>)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class UnmaskRequest:
-    """Stage 4, server -> client: U3 (survivors) and D = U2 \\ U3 (dropped)."""
+class ConsistencyRequest:
+    """Stage 4, server -> survivors: the proposed view (U3, D and every survivor's signed peer set).
+
+    ``peer_counts[i]`` peers of ``survivors[i]`` follow each other in ``peer_flat``.
+    """
 
     round: int
     survivors: list[int]
     dropped: list[int]
+    peer_counts: list[int]
+    peer_flat: list[int]
+    peer_signatures: list[bytes]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsistencyResponse:
+    """Stage 4, client -> server: the client's signature on the view."""
+
+    round: int
+    node_id: int
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnmaskRequest:
+    """Stage 5, server -> client: U3, D and (active schedule) >= T signatures of U3 members on the view."""
+
+    round: int
+    survivors: list[int]
+    dropped: list[int]
+    signers: list[int] = field(default_factory=list)
+    signatures: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnmaskResponse:
-    """Stage 4, client -> server: shares of survivors' self-mask seeds and dropped peers' keys."""
+    """Stage 5, client -> server: shares of survivors' self-mask seeds and dropped peers' keys."""
 
     round: int
     node_id: int
@@ -231,24 +306,87 @@ class _Stage(Enum):
     ADVERTISED = 1
     SHARED = 2
     MASKED = 3
-    DONE = 4
-    ABORTED = 5
+    SIGNED = 4
+    DONE = 5
+    ABORTED = 6
 
 
 def _x(node_id: int) -> int:
-    """Shamir abscissa of a node (node ids are in [0, 2**64), so x is in [1, 2**64])."""
+    """Shamir abscissa of a node (node ids are in [0, 2**64 - 1), so x is in [1, 2**64))."""
     return node_id + 1
 
 
-def _pair_context(round_: int, a: int, b: int) -> bytes:
-    lo, hi = (a, b) if a < b else (b, a)
-    return context_bytes(round=round_, sender=lo, receiver=hi)
+def _u64s(values: Iterable[int]) -> bytes:
+    vals = list(values)
+    return struct.pack(f">Q{len(vals)}Q", len(vals), *vals)
 
 
-def _pair_seed(mask_private: Secret | bytes | X25519PrivateKey, peer_mask_public: bytes, *,
-               round_: int, me: int, peer: int) -> bytes:
+def seed_commitment(*, round: int, node_id: int, seed: bytes) -> bytes:
+    """``SHA-256("fedprivacy/v1/seed-commit" | round | node_id | seed)``: binding, and hiding for a
+    uniformly random 256-bit seed (random-oracle model)."""
+    return hashlib.sha256(b"fedprivacy/v1/seed-commit" + struct.pack(">QQ", round, node_id)
+                          + bytes(seed)).digest()
+
+
+def world_id(setup: SetupRequest, roster: ShareKeysRequest) -> bytes:
+    """``SHA-256`` over every setup field and the sorted roster: the identity of one protocol instance."""
+    h = hashlib.sha256(b"fedprivacy/v1/world")
+    h.update(struct.pack(">QQQQQQQ?", setup.round, setup.threshold, setup.degree, setup.modulus_bits,
+                         setup.dim, setup.min_survivors, setup.colluders, setup.active))
+    entries = sorted(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, roster.sign_publics,
+                         roster.seed_commitments, strict=True))
+    h.update(struct.pack(">Q", len(entries)))
+    for node_id, *keys in entries:
+        h.update(struct.pack(">Q", node_id))
+        for k in keys:
+            h.update(struct.pack(">H", len(k)) + bytes(k))
+    return h.digest()
+
+
+def _context(world: bytes, round_: int, sender: int, receiver: int) -> bytes:
+    return world + context_bytes(round=round_, sender=sender, receiver=receiver)
+
+
+def _pair_seed(mask_private: X25519PrivateKey, peer_mask_public: bytes, *, world: bytes, round_: int,
+               me: int, peer: int) -> bytes:
+    lo, hi = (me, peer) if me < peer else (peer, me)
     return derive_key(mask_private, peer_mask_public, purpose=_MASK,
-                      context=_pair_context(round_, me, peer))
+                      context=_context(world, round_, lo, hi))
+
+
+def _peers_statement(world: bytes, node_id: int, peers: Sequence[int]) -> bytes:
+    return b"fedprivacy/v1/peers" + world + struct.pack(">Q", node_id) + _u64s(peers)
+
+
+def _view_digest(world: bytes, survivors: Sequence[int], dropped: Sequence[int],
+                 peer_sets: Mapping[int, Sequence[int]]) -> bytes:
+    h = hashlib.sha256(b"fedprivacy/v1/view" + world)
+    h.update(_u64s(sorted(survivors)))
+    h.update(_u64s(sorted(dropped)))
+    for u in sorted(survivors):
+        h.update(_u64s(peer_sets[u]))
+    return h.digest()
+
+
+def _view_statement(digest: bytes) -> bytes:
+    return b"fedprivacy/v1/view-signature" + digest
+
+
+def _sign(private: Secret, data: bytes) -> bytes:
+    return Ed25519PrivateKey.from_private_bytes(private.reveal()).sign(data)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _verify(public: bytes, signature: bytes, data: bytes) -> bool:
+    """Ed25519 verification (RFC 8032). Cached: in one process (the in-process engine) many clients
+    verify the same statement, and a triple that verified once stays valid."""
+    if len(public) != _KEY_BYTES or len(signature) != _SIG_BYTES:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def _check_round(expected: int, got: int, what: str) -> None:
@@ -263,36 +401,145 @@ def _check_node_id(node_id: int) -> int:
     return node_id
 
 
+def _unique(values: Sequence[int], what: str) -> list[int]:
+    vals = list(values)
+    if len(set(vals)) != len(vals):
+        raise ProtocolViolation(f"{what} repeats a node")
+    return vals
+
+
+def _split_peer_lists(survivors: Sequence[int], counts: Sequence[int], flat: Sequence[int]
+                      ) -> dict[int, tuple[int, ...]]:
+    if len(counts) != len(survivors) or any(c < 0 for c in counts) or sum(counts) != len(flat):
+        raise ProtocolViolation("peer lists do not match the survivors")
+    out, pos = {}, 0
+    for u, c in zip(survivors, counts, strict=True):
+        out[u] = tuple(flat[pos:pos + c])
+        pos += c
+    return out
+
+
+def _used_graph(peer_sets: Mapping[int, Sequence[int]]) -> dict[int, set[int]]:
+    """Mutual edges among the keys of ``peer_sets`` (both ends masked with each other)."""
+    return {u: {w for w in ps if w in peer_sets and u in peer_sets[w]} for u, ps in peer_sets.items()}
+
+
+def _check_vector(vector: object, setup: SetupRequest, what: str) -> np.ndarray:
+    if not isinstance(vector, np.ndarray) or vector.dtype != np.uint32 or vector.shape != (setup.dim,):
+        got = f"{vector.dtype} x {vector.shape}" if isinstance(vector, np.ndarray) else type(vector).__name__
+        raise ProtocolViolation(f"{what} must be uint32 x ({setup.dim},), got {got}")
+    if setup.modulus_bits < 32 and int(vector.max(initial=0)) >= 1 << setup.modulus_bits:
+        raise ProtocolViolation(f"{what} has values >= 2^{setup.modulus_bits}")
+    return vector
+
+
+# ----------------------------------------------------------------------------- round record
+class RoundLog:
+    """The rounds one client has taken part in, for one run: it refuses a round twice or out of order.
+
+    A round is taken part in from the moment the client advertises keys for it; round numbers must
+    strictly increase, so a server can neither run a round again with a different survivor set
+    (differencing) nor open two sessions of one round. The record belongs in the node's own state
+    (Flower: ``context.state``, which is per run and never leaves the client); a new run starts a new
+    record, so exposure across runs is a matter for the client's own budget, not this log.
+    """
+
+    __slots__ = ("last_round",)
+
+    def __init__(self, last_round: int = -1) -> None:
+        if isinstance(last_round, bool) or not isinstance(last_round, int) or last_round < -1:
+            raise ValueError(f"last_round must be an int >= -1, got {last_round!r}")
+        self.last_round = last_round
+
+    def check(self, round: int) -> None:
+        if round <= self.last_round:
+            raise ProtocolViolation(f"round {round} is not after the last round this client took part "
+                                    f"in ({self.last_round}): refusing to take part twice")
+
+    def admit(self, round: int) -> None:
+        self.check(round)
+        self.last_round = round
+
+    def to_state(self) -> dict[str, Any]:
+        return {"last_round": self.last_round}
+
+    @classmethod
+    def from_state(cls, fields: Mapping[str, Any]) -> RoundLog:
+        return cls(int(fields["last_round"]))
+
+    def __repr__(self) -> str:
+        return f"RoundLog(last_round={self.last_round})"
+
+
 # ----------------------------------------------------------------------------- client
 class ClientSession:
-    """One client's side of one SecAgg+ round. Methods must be called in stage order.
+    """One client's side of one round. Methods must be called in stage order.
 
     Every method validates the whole request before it changes any state; a refused request raises
     :class:`ProtocolViolation` (or ValueError/TypeError) and leaves the session as it was.
+
+    Args:
+        node_id: this client's id in the protocol.
+        setup: the round's parameters (from the server; checked against this client's own floor).
+        colluders: the client's own assumption on colluding clients; a setup with fewer is refused.
+        require_active: refuse the semi-honest schedule.
     """
 
-    def __init__(self, *, node_id: int, setup: SetupRequest, corrupted: int = 0) -> None:
+    __slots__ = (
+        "node_id", "setup", "colluders", "require_active", "_stage",
+        "_enc", "_mask", "_sign", "_sign_public", "_seed",
+        "_world", "_roster_ids", "_mask_publics", "_sign_publics", "_graph", "_neighbours",
+        "_seal_keys", "_own_seed_share", "_held_seed_shares", "_held_key_shares", "_peers",
+        "_view_survivors", "_view_dropped", "_view_digest", "_view_signature", "_revealed",
+        "_enc_key", "_mask_key",
+    )
+    #: slots rebuilt from others by :meth:`from_state` (parsed key objects), not part of the state
+    DERIVED = ("_enc_key", "_mask_key")
+
+    def __init__(self, *, node_id: int, setup: SetupRequest, colluders: int = 0,
+                 require_active: bool = False) -> None:
         if not isinstance(setup, SetupRequest):
             raise TypeError(f"setup must be a SetupRequest, got {type(setup).__name__}")
+        if isinstance(colluders, bool) or not isinstance(colluders, int) or colluders < 0:
+            raise ValueError(f"colluders must be an int >= 0, got {colluders!r}")
+        if setup.colluders < colluders:
+            raise ProtocolViolation(f"setup assumes {setup.colluders} colluding clients, this client "
+                                    f"assumes {colluders}: refusing")
+        if require_active and not setup.active:
+            raise ProtocolViolation("setup asks for the semi-honest schedule, this client requires the "
+                                    "actively secure one: refusing")
         self.node_id = _check_node_id(node_id)
         self.setup = setup
-        self.corrupted = corrupted
+        self.colluders = colluders
+        self.require_active = bool(require_active)
         self._stage = _Stage.NEW
         self._enc = KeyPair.generate()
         self._mask = KeyPair.generate()
-        self._seed = Secret(secrets.token_bytes(32))
-        self._enc_key = load_private(self._enc.private)  # parsed once, used for every exchange
-        self._mask_key = load_private(self._mask.private)
-        self._seal_keys: dict[int, bytes] = {}  # peer -> share-sealing key (derived in stage 2)
-        self._neighbours: tuple[int, ...] = ()
-        self._graph: dict[int, tuple[int, ...]] = {}
+        self._sign = Secret(secrets.token_bytes(_KEY_BYTES))
+        self._sign_public = Ed25519PrivateKey.from_private_bytes(self._sign.reveal()).public_key(
+        ).public_bytes_raw()
+        self._seed = Secret(secrets.token_bytes(_KEY_BYTES))
+        self._world = b""
+        self._roster_ids: tuple[int, ...] = ()
         self._mask_publics: dict[int, bytes] = {}
-        self._enc_publics: dict[int, bytes] = {}
-        self._held_seed_shares: dict[int, bytes] = {}  # peer -> encoded share of the peer's b
-        self._held_key_shares: dict[int, bytes] = {}  # peer -> encoded share of the peer's s_sk
-        self._peers: tuple[int, ...] = ()
+        self._sign_publics: dict[int, bytes] = {}
+        self._graph: dict[int, tuple[int, ...]] = {}
+        self._neighbours: tuple[int, ...] = ()
+        self._seal_keys: dict[int, bytes] = {}
         self._own_seed_share = b""
-        self._revealed: dict[int, str] = {}  # peer -> "seed" | "key"
+        self._held_seed_shares: dict[int, bytes] = {}
+        self._held_key_shares: dict[int, bytes] = {}
+        self._peers: tuple[int, ...] = ()
+        self._view_survivors: tuple[int, ...] = ()
+        self._view_dropped: tuple[int, ...] = ()
+        self._view_digest = b""
+        self._view_signature = b""
+        self._revealed: dict[int, str] = {}
+        self._derive()
+
+    def _derive(self) -> None:
+        self._enc_key = load_private(self._enc.private)
+        self._mask_key = load_private(self._mask.private)
 
     def __repr__(self) -> str:
         return (f"ClientSession(node_id={self.node_id}, round={self.setup.round}, "
@@ -302,74 +549,100 @@ class ClientSession:
     def stage(self) -> str:
         return self._stage.name
 
+    @property
+    def peers(self) -> tuple[int, ...]:
+        """The peers this client masked with (stage 3 on)."""
+        return self._peers
+
+    @property
+    def revealed(self) -> dict[int, str]:
+        """Peer -> kind of share revealed ("seed" or "key"); a copy."""
+        return dict(self._revealed)
+
     def _expect(self, stage: _Stage, what: str) -> None:
         if self._stage is not stage:
             raise ProtocolViolation(f"{what} not allowed in stage {self._stage.name}")
 
+    @property
+    def _signers_needed(self) -> int:
+        return min_signers(len(self._roster_ids), colluders=self.setup.colluders)
+
     # stage 1
-    def advertise_keys(self) -> AdvertiseKeys:
+    def advertise_keys(self, *, log: RoundLog | None = None) -> AdvertiseKeys:
+        """Stage 1; with ``log``, refuse a round this client already took part in (and record it)."""
         self._expect(_Stage.NEW, "advertise_keys")
+        if log is not None:
+            log.admit(self.setup.round)
         self._stage = _Stage.ADVERTISED
-        return AdvertiseKeys(round=self.setup.round, node_id=self.node_id,
-                             enc_public=self._enc.public, mask_public=self._mask.public)
+        return AdvertiseKeys(
+            round=self.setup.round, node_id=self.node_id, enc_public=self._enc.public,
+            mask_public=self._mask.public, sign_public=self._sign_public,
+            seed_commitment=seed_commitment(round=self.setup.round, node_id=self.node_id,
+                                            seed=self._seed.reveal()))
 
     # stage 2
     def share_keys(self, request: ShareKeysRequest) -> SharedKeys:
         self._expect(_Stage.ADVERTISED, "share_keys")
         s = self.setup
         _check_round(s.round, request.round, "ShareKeysRequest")
-        ids = list(request.node_ids)
-        if not (len(ids) == len(request.enc_publics) == len(request.mask_publics)):
+        ids = _unique(request.node_ids, "roster")
+        cols = (request.enc_publics, request.mask_publics, request.sign_publics, request.seed_commitments)
+        if any(len(c) != len(ids) for c in cols):
             raise ProtocolViolation("roster lists have different lengths")
-        if len(set(ids)) != len(ids):
-            raise ProtocolViolation("roster lists a node twice")
-        roster = list(zip(ids, request.enc_publics, request.mask_publics, strict=True))
-        mine = [(e, m) for i, e, m in roster if i == self.node_id]
-        if mine != [(self._enc.public, self._mask.public)]:
-            raise ProtocolViolation("roster does not carry this client's own public keys")
-        if len({m for _, _, m in roster}) != len(roster) or len({e for _, e, _ in roster}) != len(roster):
-            raise ProtocolViolation("roster repeats a public key")
-        if len(roster) < s.required_survivors:
-            raise ProtocolViolation(f"roster has {len(roster)} clients, fewer than the "
+        for i in ids:
+            _check_node_id(i)
+        if any(len(k) != _KEY_BYTES for c in cols for k in c):
+            raise ProtocolViolation("roster carries a malformed key or commitment")
+        for c in cols[:3]:
+            if len(set(c)) != len(c):
+                raise ProtocolViolation("roster repeats a public key")
+        mine = [(e, m, g, h) for i, e, m, g, h in zip(ids, *cols, strict=True) if i == self.node_id]
+        own = (self._enc.public, self._mask.public, self._sign_public,
+               seed_commitment(round=s.round, node_id=self.node_id, seed=self._seed.reveal()))
+        if mine != [own]:
+            raise ProtocolViolation("roster does not carry this client's own keys")
+        if len(ids) < s.required_survivors:
+            raise ProtocolViolation(f"roster has {len(ids)} clients, fewer than the "
                                     f"{s.required_survivors} required")
         try:
-            check_safe(num_clients=len(roster), degree=s.degree, threshold=s.threshold,
-                       corrupted=self.corrupted)
+            check_safe(num_clients=len(ids), degree=s.degree, threshold=s.threshold,
+                       colluders=s.colluders)
         except ValueError as exc:
             raise ProtocolViolation(f"unsafe round parameters: {exc}") from None
-        gseed = graph_seed(round=s.round, roster=roster)
-        graph = harary_neighbours(ids, degree=s.degree, seed=gseed)
+        if s.active and min_signers(len(ids), colluders=s.colluders) > len(ids):
+            raise ProtocolViolation("roster too small for the signature threshold")
+        world = world_id(s, request)
+        graph = harary_neighbours(ids, degree=s.degree, seed=world)
         neighbours = graph[self.node_id]
-        enc_pub = {i: e for i, e, _ in roster}
-        mask_pub = {i: m for i, _, m in roster}
+        enc_pub = dict(zip(ids, request.enc_publics, strict=True))
         xs = [_x(j) for j in neighbours] + [_x(self.node_id)]
         seed_int = int.from_bytes(self._seed.reveal(), "big")
         key_int = int.from_bytes(self._mask.private.reveal(), "big")
         b_shares, k_shares = shamir.split_many([seed_int, key_int], threshold=s.threshold, xs=xs)
-        own_seed_share = shamir.encode_share(b_shares[-1])  # the own key share is discarded
-        cts = []
-        seal_keys = {}
+        cts, seal_keys = [], {}
         for j, bs, ks in zip(neighbours, b_shares[:-1], k_shares[:-1], strict=True):
+            lo, hi = (self.node_id, j) if self.node_id < j else (j, self.node_id)
             key = derive_key(self._enc_key, enc_pub[j], purpose=_SHARE_SEAL,
-                             context=_pair_context(s.round, self.node_id, j))
+                             context=_context(world, s.round, lo, hi))
             seal_keys[j] = key
-            plaintext = shamir.encode_share(bs) + shamir.encode_share(ks)
-            cts.append(seal(key, plaintext, purpose=_SHARE_SEAL,
-                            context=context_bytes(round=s.round, sender=self.node_id, receiver=j)))
-        # commit state
-        self._own_seed_share = own_seed_share
+            cts.append(seal(key, shamir.encode_share(bs) + shamir.encode_share(ks), purpose=_SHARE_SEAL,
+                            context=_context(world, s.round, self.node_id, j)))
+        # commit state (the own key share is discarded: a live client never reveals it)
+        self._own_seed_share = shamir.encode_share(b_shares[-1])
         self._seal_keys = seal_keys
+        self._world = world
+        self._roster_ids = tuple(ids)
+        self._mask_publics = dict(zip(ids, request.mask_publics, strict=True))
+        self._sign_publics = dict(zip(ids, request.sign_publics, strict=True))
         self._graph = graph
         self._neighbours = neighbours
-        self._enc_publics = enc_pub
-        self._mask_publics = mask_pub
         self._stage = _Stage.SHARED
         return SharedKeys(round=s.round, node_id=self.node_id, receivers=list(neighbours),
                           ciphertexts=cts)
 
     # stage 3
     def masked_input(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
-        """Mask ``vector`` (uint32 residues mod 2^b, length dim) with the peers that sent shares."""
+        """Mask ``vector`` (uint32 residues mod 2^b, length dim) with the peers whose shares opened."""
         self._expect(_Stage.SHARED, "masked_input")
         s = self.setup
         _check_round(s.round, request.round, "MaskedInputRequest")
@@ -377,65 +650,149 @@ class ClientSession:
             raise TypeError(f"vector must be a uint32 array of shape ({s.dim},)")
         if s.modulus_bits < 32 and int(vector.max(initial=0)) >= 1 << s.modulus_bits:
             raise ValueError(f"vector has values >= 2^{s.modulus_bits}")
-        senders = list(request.senders)
-        if len(senders) != len(request.ciphertexts) or len(set(senders)) != len(senders):
+        senders = _unique(request.senders, "senders")
+        if len(senders) != len(request.ciphertexts):
             raise ProtocolViolation("senders and ciphertexts do not match one-to-one")
         nb = set(self._neighbours)
         for j in senders:
             if j not in nb:
                 raise ProtocolViolation(f"ciphertext from {j}, which is not a neighbour")
-        if len(senders) + 1 < s.threshold:
-            raise ProtocolViolation(f"only {len(senders) + 1} holders of this client's shares, fewer "
-                                    f"than threshold {s.threshold}: refusing to upload")
-        seed_shares, key_shares = {}, {}
+        seed_shares, key_shares, rejected = {}, {}, []
         for j, ct in zip(senders, request.ciphertexts, strict=True):
-            pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
-                             context=context_bytes(round=s.round, sender=j, receiver=self.node_id))
-            if len(pt) != 2 * shamir.SHARE_BYTES:
-                raise ProtocolViolation(f"share plaintext from {j} has the wrong length")
-            seed_shares[j] = pt[: shamir.SHARE_BYTES]
-            key_shares[j] = pt[shamir.SHARE_BYTES:]
-        peers = tuple(sorted(senders))
+            try:
+                pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
+                                 context=_context(self._world, s.round, j, self.node_id))
+                seed_sh, key_sh = pt[: shamir.SHARE_BYTES], pt[shamir.SHARE_BYTES:]
+                if len(pt) != 2 * shamir.SHARE_BYTES:
+                    raise SealError("wrong plaintext length")
+                shamir.decode_share(seed_sh)
+                shamir.decode_share(key_sh)
+            except (SealError, TypeError, ValueError):
+                rejected.append(j)  # a bad share drops its sender for this client, not the round
+                continue
+            seed_shares[j], key_shares[j] = seed_sh, key_sh
+        peers = tuple(sorted(seed_shares))
+        if len(peers) + 1 < s.threshold:
+            raise ProtocolViolation(f"only {len(peers) + 1} holders of this client's shares, fewer "
+                                    f"than threshold {s.threshold}: refusing to upload")
+        if s.active and len(peers) < s.colluders + 1:
+            raise ProtocolViolation(f"only {len(peers)} peers to mask with; {s.colluders} may collude: "
+                                    f"refusing to upload")
         add = [self._seed.reveal()]
         sub: list[bytes] = []
         for j in peers:
-            seed = _pair_seed(self._mask_key, self._mask_publics[j], round_=s.round,
+            seed = _pair_seed(self._mask_key, self._mask_publics[j], world=self._world, round_=s.round,
                               me=self.node_id, peer=j)
             (add if self.node_id < j else sub).append(seed)
         y = np.empty(s.dim, dtype=np.uint32)
-        apply_masks(np.ascontiguousarray(vector), add=add, subtract=sub,
-                    modulus_bits=s.modulus_bits, out=y)
+        apply_masks(np.ascontiguousarray(vector), add=add, subtract=sub, modulus_bits=s.modulus_bits,
+                    out=y)
+        signature = _sign(self._sign, _peers_statement(self._world, self.node_id, peers))
         self._held_seed_shares = seed_shares
         self._held_key_shares = key_shares
         self._peers = peers
         self._stage = _Stage.MASKED
-        return MaskedInput(round=s.round, node_id=self.node_id, masked=y)
+        return MaskedInput(round=s.round, node_id=self.node_id, masked=y, peers=list(peers),
+                           rejected=sorted(rejected), signature=signature)
 
-    # stage 4
+    # stage 4 (active schedule)
+    def sign_view(self, request: ConsistencyRequest) -> ConsistencyResponse:
+        """Check the proposed view and sign it; at most one view per round (repeats get the same)."""
+        s = self.setup
+        if not s.active:
+            raise ProtocolViolation("the semi-honest schedule has no consistency stage")
+        if self._stage not in (_Stage.MASKED, _Stage.SIGNED):
+            raise ProtocolViolation(f"sign_view not allowed in stage {self._stage.name}")
+        _check_round(s.round, request.round, "ConsistencyRequest")
+        surv = _unique(request.survivors, "survivor list")
+        drop = _unique(request.dropped, "dropout list")
+        sset, dset = set(surv), set(drop)
+        if sset & dset:
+            raise ProtocolViolation(f"nodes listed as both survived and dropped: {sorted(sset & dset)}")
+        unknown = (sset | dset) - set(self._roster_ids)
+        if unknown:
+            raise ProtocolViolation(f"nodes {sorted(unknown)} are not in the roster")
+        if self.node_id not in sset:
+            raise ProtocolViolation("this client is asked to sign a view that does not list it as a survivor")
+        need = max(s.required_survivors, self._signers_needed)
+        if len(sset) < need:
+            raise ProtocolViolation(f"only {len(sset)} survivors in the view, fewer than {need}: refusing")
+        if len(request.peer_signatures) != len(surv):
+            raise ProtocolViolation("peer signatures do not match the survivors")
+        peer_sets = _split_peer_lists(surv, request.peer_counts, request.peer_flat)
+        for u, sig in zip(surv, request.peer_signatures, strict=True):
+            ps = peer_sets[u]
+            if list(ps) != sorted(set(ps)) or not set(ps) <= set(self._graph[u]):
+                raise ProtocolViolation(f"peer set of {u} is not a sorted subset of its neighbours")
+            if not _verify(self._sign_publics[u], bytes(sig), _peers_statement(self._world, u, ps)):
+                raise ProtocolViolation(f"peer set of {u} is not signed by {u}")
+        if peer_sets[self.node_id] != self._peers:
+            raise ProtocolViolation("the view misstates the peers this client masked with")
+        for u, ps in peer_sets.items():
+            for w in ps:
+                if w in sset and u not in peer_sets[w]:
+                    raise ProtocolViolation(f"{u} masked with {w} but {w} not with {u}: one-sided edge")
+        if dset != set().union(*peer_sets.values()) - sset:
+            raise ProtocolViolation("the dropout list is not exactly the survivors' peers outside U3")
+        if not is_k_connected(sset, _used_graph(peer_sets), s.colluders + 1):
+            raise ProtocolViolation(
+                f"the survivors' used masking graph is not {s.colluders + 1}-vertex-connected: with "
+                f"{s.colluders} colluders the server could learn partial sums; refusing")
+        digest = _view_digest(self._world, surv, drop, peer_sets)
+        if self._stage is _Stage.SIGNED:
+            if digest != self._view_digest:
+                raise ProtocolViolation("this client already signed another view of this round: refusing")
+            return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=self._view_signature)
+        signature = _sign(self._sign, _view_statement(digest))
+        self._view_survivors = tuple(sorted(surv))
+        self._view_dropped = tuple(sorted(drop))
+        self._view_digest = digest
+        self._view_signature = signature
+        self._stage = _Stage.SIGNED
+        return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=signature)
+
+    # stage 5
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
-        """Reveal one kind of share per peer; refuse contradictory or unsafe requests."""
-        if self._stage not in (_Stage.MASKED, _Stage.DONE):
-            raise ProtocolViolation(f"unmask not allowed in stage {self._stage.name}")
+        """Reveal one kind of share per peer; refuse contradictory, unsafe or uncertified requests."""
         s = self.setup
         _check_round(s.round, request.round, "UnmaskRequest")
-        surv, drop = list(request.survivors), list(request.dropped)
+        surv = _unique(request.survivors, "survivor list")
+        drop = _unique(request.dropped, "dropout list")
         sset, dset = set(surv), set(drop)
-        if len(sset) != len(surv) or len(dset) != len(drop):
-            raise ProtocolViolation("survivor or dropout list repeats a node")
-        both = sset & dset
-        if both:
-            raise ProtocolViolation(f"nodes listed as both survived and dropped: {sorted(both)}")
-        if self.node_id not in sset:
-            raise ProtocolViolation("this client is answering, yet it is not listed as a survivor")
-        if len(sset) < s.required_survivors:
-            raise ProtocolViolation(f"only {len(sset)} survivors listed, fewer than "
-                                    f"{s.required_survivors}: refusing to reveal any share")
-        unknown = sset - set(self._graph)
-        if unknown:
-            raise ProtocolViolation(f"survivors {sorted(unknown)} are not in the roster")
-        if not is_connected(sset, self._graph):
-            raise ProtocolViolation("the survivors' masking graph is disconnected: unmasking would "
-                                    "reveal partial sums; refusing")
+        if s.active:
+            if self._stage not in (_Stage.SIGNED, _Stage.DONE):
+                raise ProtocolViolation(f"unmask not allowed in stage {self._stage.name} (no signed view)")
+            if tuple(sorted(surv)) != self._view_survivors or tuple(sorted(drop)) != self._view_dropped:
+                raise ProtocolViolation("unmask request differs from the view this client signed")
+            signers = _unique(request.signers, "signer list")
+            if len(signers) != len(request.signatures):
+                raise ProtocolViolation("signers and signatures do not match one-to-one")
+            if not set(signers) <= sset:
+                raise ProtocolViolation("a signer of the view is not one of its survivors")
+            statement = _view_statement(self._view_digest)
+            bad = [u for u, sig in zip(signers, request.signatures, strict=True)
+                   if not _verify(self._sign_publics[u], bytes(sig), statement)]
+            if bad:
+                raise ProtocolViolation(f"signatures of {bad} on the view do not verify")
+            if len(signers) < self._signers_needed:
+                raise ProtocolViolation(f"only {len(signers)} signatures on the view, fewer than "
+                                        f"{self._signers_needed}: refusing to reveal any share")
+        else:
+            if self._stage not in (_Stage.MASKED, _Stage.DONE):
+                raise ProtocolViolation(f"unmask not allowed in stage {self._stage.name}")
+            if sset & dset:
+                raise ProtocolViolation(f"nodes listed as both survived and dropped: {sorted(sset & dset)}")
+            if self.node_id not in sset:
+                raise ProtocolViolation("this client is answering, yet it is not listed as a survivor")
+            if len(sset) < s.required_survivors:
+                raise ProtocolViolation(f"only {len(sset)} survivors listed, fewer than "
+                                        f"{s.required_survivors}: refusing to reveal any share")
+            unknown = sset - set(self._graph)
+            if unknown:
+                raise ProtocolViolation(f"survivors {sorted(unknown)} are not in the roster")
+            if not is_connected(sset, self._graph):
+                raise ProtocolViolation("the survivors' masking graph is disconnected: unmasking would "
+                                        "reveal partial sums; refusing")
         missing = [j for j in self._peers if j not in sset and j not in dset]
         if missing:
             raise ProtocolViolation(f"peers {missing} are neither survived nor dropped")
@@ -444,31 +801,134 @@ class ClientSession:
             kind = "seed" if j in sset else "key"
             prev = self._revealed.get(j)
             if prev is not None and prev != kind:
-                raise ProtocolViolation(
-                    f"server asks for the {kind} share of {j} after the {prev} share: refusing "
-                    f"(both would unmask {j})"
-                )
+                raise ProtocolViolation(f"server asks for the {kind} share of {j} after the {prev} share: "
+                                        f"refusing (both would unmask {j})")
             plan[j] = kind
+        seeds = [j for j in self._peers if plan[j] == "seed"]
+        keys = [j for j in self._peers if plan[j] == "key"]
         resp = UnmaskResponse(
             round=s.round, node_id=self.node_id,
-            seed_owners=[self.node_id] + [j for j in self._peers if plan[j] == "seed"],
-            seed_shares=[self._own_seed_share]
-            + [self._held_seed_shares[j] for j in self._peers if plan[j] == "seed"],
-            key_owners=[j for j in self._peers if plan[j] == "key"],
-            key_shares=[self._held_key_shares[j] for j in self._peers if plan[j] == "key"],
-        )
+            seed_owners=[self.node_id, *seeds],
+            seed_shares=[self._own_seed_share, *(self._held_seed_shares[j] for j in seeds)],
+            key_owners=keys, key_shares=[self._held_key_shares[j] for j in keys])
         self._revealed.update(plan)
         self._stage = _Stage.DONE
         return resp
 
+    # state
+    def to_state(self) -> dict[str, Any]:
+        """Every field as flat values (ints, bools, str, bytes and lists of them) for the node's state.
+
+        It holds the round's secrets (private keys, self-mask seed, held shares): keep it on the client
+        (Flower's ``context.state`` stays in the SuperNode and its ClientApp process), never in
+        messages, metrics, logs or files.
+        """
+        from fedprivacy.secagg import wire
+
+        _, setup = wire.encode(self.setup)
+        graph_nodes = sorted(self._graph)
+        held = sorted(self._held_seed_shares)
+        revealed = sorted(self._revealed)
+        seal_peers = sorted(self._seal_keys)
+        return {
+            **{f"setup.{k}": v for k, v in setup.items()},
+            "node_id": self.node_id, "colluders": self.colluders, "require_active": self.require_active,
+            "stage": self._stage.name,
+            "enc.private": self._enc.private.reveal(), "enc.public": self._enc.public,
+            "mask.private": self._mask.private.reveal(), "mask.public": self._mask.public,
+            "sign": self._sign.reveal(), "sign_public": self._sign_public, "seed": self._seed.reveal(),
+            "world": self._world, "roster_ids": list(self._roster_ids),
+            "mask_publics": [self._mask_publics[i] for i in self._roster_ids],
+            "sign_publics": [self._sign_publics[i] for i in self._roster_ids],
+            "graph.nodes": graph_nodes, "graph.sizes": [len(self._graph[i]) for i in graph_nodes],
+            "graph.flat": [j for i in graph_nodes for j in self._graph[i]],
+            "neighbours": list(self._neighbours),
+            "seal_keys.peers": seal_peers, "seal_keys.keys": [self._seal_keys[j] for j in seal_peers],
+            "own_seed_share": self._own_seed_share,
+            "held.peers": held, "held_seed_shares": [self._held_seed_shares[j] for j in held],
+            "held_key_shares": [self._held_key_shares[j] for j in held],
+            "peers": list(self._peers),
+            "view_survivors": list(self._view_survivors), "view_dropped": list(self._view_dropped),
+            "view_digest": self._view_digest, "view_signature": self._view_signature,
+            "revealed.peers": revealed, "revealed.kinds": [self._revealed[j] for j in revealed],
+        }
+
+    @classmethod
+    def from_state(cls, fields: Mapping[str, Any]) -> ClientSession:
+        """The inverse of :meth:`to_state`; validates every field (TypeError/ValueError if malformed)."""
+        from fedprivacy.secagg import wire
+
+        f = dict(fields)
+        setup = wire.decode("secagg.setup", {k[len("setup."):]: v for k, v in f.items()
+                                             if k.startswith("setup.")})
+
+        def ints(name: str) -> list[int]:
+            v = f[name]
+            if not isinstance(v, list | tuple) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                          for x in v):
+                raise TypeError(f"state field {name!r} must be a list of ints")
+            return [int(x) for x in v]
+
+        def blobs(name: str) -> list[bytes]:
+            v = f[name]
+            if not isinstance(v, list | tuple) or not all(isinstance(x, bytes) for x in v):
+                raise TypeError(f"state field {name!r} must be a list of bytes")
+            return [bytes(x) for x in v]
+
+        def blob(name: str) -> bytes:
+            if not isinstance(f[name], bytes):
+                raise TypeError(f"state field {name!r} must be bytes")
+            return bytes(f[name])
+
+        s = object.__new__(cls)
+        s.node_id = _check_node_id(int(f["node_id"]))
+        s.setup = setup
+        s.colluders = int(f["colluders"])
+        s.require_active = bool(f["require_active"])
+        s._stage = _Stage[str(f["stage"])]
+        s._enc = KeyPair(Secret(blob("enc.private")), blob("enc.public"))
+        s._mask = KeyPair(Secret(blob("mask.private")), blob("mask.public"))
+        s._sign = Secret(blob("sign"))
+        s._sign_public = blob("sign_public")
+        s._seed = Secret(blob("seed"))
+        s._world = blob("world")
+        s._roster_ids = tuple(ints("roster_ids"))
+        s._mask_publics = dict(zip(s._roster_ids, blobs("mask_publics"), strict=True))
+        s._sign_publics = dict(zip(s._roster_ids, blobs("sign_publics"), strict=True))
+        flat, graph, pos = ints("graph.flat"), {}, 0
+        for i, size in zip(ints("graph.nodes"), ints("graph.sizes"), strict=True):
+            graph[i] = tuple(flat[pos:pos + size])
+            pos += size
+        s._graph = graph
+        s._neighbours = tuple(ints("neighbours"))
+        s._seal_keys = dict(zip(ints("seal_keys.peers"), blobs("seal_keys.keys"), strict=True))
+        s._own_seed_share = blob("own_seed_share")
+        held = ints("held.peers")
+        s._held_seed_shares = dict(zip(held, blobs("held_seed_shares"), strict=True))
+        s._held_key_shares = dict(zip(held, blobs("held_key_shares"), strict=True))
+        s._peers = tuple(ints("peers"))
+        s._view_survivors = tuple(ints("view_survivors"))
+        s._view_dropped = tuple(ints("view_dropped"))
+        s._view_digest = blob("view_digest")
+        s._view_signature = blob("view_signature")
+        kinds = f["revealed.kinds"]
+        s._revealed = {j: str(k) for j, k in zip(ints("revealed.peers"), kinds, strict=True)}
+        if not set(s._revealed.values()) <= {"seed", "key"}:
+            raise ValueError("state field 'revealed.kinds' must hold 'seed' or 'key'")
+        if public_from_private(s._enc.private.reveal()) != s._enc.public or \
+                public_from_private(s._mask.private.reveal()) != s._mask.public:
+            raise ValueError("state holds a private key that does not match its public key")
+        s._derive()
+        return s
+
 
 # ----------------------------------------------------------------------------- server
 class ServerSession:
-    """The server's side of one SecAgg+ round. Feed each stage the replies that arrived.
+    """The honest server's side of one round. Feed each stage the replies that arrived.
 
-    Each ``receive_*`` validates every message before it stores any; a bad message raises
-    :class:`ProtocolViolation` and leaves the session unchanged. Too few clients raise
-    :class:`RoundAborted` (the session is then closed).
+    A bad or unexpected reply drops its sender (``failures[node] = reason``) instead of failing the
+    stage, so one faulty client cannot abort the round. Too few clients, an unsafe view or an
+    unrecoverable secret raise :class:`RoundAborted` (the session is then closed).
     """
 
     def __init__(self, setup: SetupRequest) -> None:
@@ -476,12 +936,18 @@ class ServerSession:
             raise TypeError(f"setup must be a SetupRequest, got {type(setup).__name__}")
         self.setup = setup
         self._stage = _Stage.NEW
-        self._roster: dict[int, tuple[bytes, bytes]] = {}
+        self.failures: dict[int, str] = {}
+        self._roster: dict[int, AdvertiseKeys] = {}
+        self._world = b""
         self._neighbours: dict[int, tuple[int, ...]] = {}
-        self._cts: dict[tuple[int, int], bytes] = {}  # (sender, receiver) -> ciphertext
+        self._forwarded: dict[int, tuple[int, ...]] = {}  # receiver -> senders forwarded to it
         self.u2: tuple[int, ...] = ()
         self.u3: tuple[int, ...] = ()
+        self.dropped: tuple[int, ...] = ()
+        self.signers: tuple[int, ...] = ()
         self._peers: dict[int, tuple[int, ...]] = {}
+        self._peer_sigs: dict[int, bytes] = {}
+        self._digest = b""
         self._sum: np.ndarray | None = None
 
     def __repr__(self) -> str:
@@ -491,164 +957,311 @@ class ServerSession:
     def stage(self) -> str:
         return self._stage.name
 
+    @property
+    def world(self) -> bytes:
+        return self._world
+
     def _abort(self, why: str) -> RoundAborted:
         self._stage = _Stage.ABORTED
         return RoundAborted(why)
 
-    def _need(self, count: int, what: str) -> None:
-        if count < self.setup.required_survivors:
-            raise self._abort(f"{what}: {count} clients left, fewer than "
-                              f"{self.setup.required_survivors}; round aborted, nothing revealed")
+    def _expect(self, stage: _Stage, what: str) -> None:
+        if self._stage is not stage:
+            raise ProtocolViolation(f"{what} not allowed in stage {self._stage.name}")
 
-    def receive_keys(self, messages: list[AdvertiseKeys]) -> ShareKeysRequest:
-        if self._stage is not _Stage.NEW:
-            raise ProtocolViolation(f"receive_keys not allowed in stage {self._stage.name}")
-        s = self.setup
-        roster: dict[int, tuple[bytes, bytes]] = {}
+    def _need(self, count: int, what: str) -> None:
+        need = self.setup.required_survivors
+        if count < need:
+            raise self._abort(f"{what}: {count} clients left, fewer than {need}; round aborted, "
+                              f"nothing revealed")
+
+    def _fail(self, node: object, reason: str) -> None:
+        if isinstance(node, int) and not isinstance(node, bool):
+            self.failures.setdefault(node, reason)
+
+    def _accept(self, messages: Sequence[object], cls: type, allowed: Iterable[int] | None, what: str
+                ) -> dict[int, Any]:
+        """The messages of the right type, round and sender, one per sender (a repeat drops the sender).
+
+        ``allowed=None`` accepts any valid node id (stage 1)."""
+        allowed = None if allowed is None else set(allowed)
+        out: dict[int, Any] = {}
+        repeated: set[int] = set()
         for m in messages:
-            _check_round(s.round, m.round, "AdvertiseKeys")
-            _check_node_id(m.node_id)
-            if m.node_id in roster:
-                raise ProtocolViolation(f"node {m.node_id} advertised twice")
-            if len(m.enc_public) != 32 or len(m.mask_public) != 32:
-                raise ProtocolViolation(f"node {m.node_id} advertised malformed keys")
-            roster[m.node_id] = (bytes(m.enc_public), bytes(m.mask_public))
+            node = getattr(m, "node_id", None)
+            if not isinstance(m, cls) or getattr(m, "round", None) != self.setup.round \
+                    or not isinstance(node, int):
+                self._fail(node, f"{what}: wrong message type or round")
+            elif (node not in allowed) if allowed is not None else not (
+                    isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 2**64 - 1):
+                self._fail(node, f"{what}: unexpected sender")
+            elif node in out:
+                repeated.add(node)
+            else:
+                out[node] = m
+        for node in repeated:
+            out.pop(node, None)
+            self._fail(node, f"{what}: sent twice")
+        return out
+
+    # stage 1 -> 2
+    def receive_keys(self, messages: Sequence[AdvertiseKeys]) -> ShareKeysRequest:
+        self._expect(_Stage.NEW, "receive_keys")
+        s = self.setup
+        roster: dict[int, AdvertiseKeys] = {}
+        for node, m in self._accept(messages, AdvertiseKeys, None, "advertise").items():
+            keys = (m.enc_public, m.mask_public, m.sign_public, m.seed_commitment)
+            if not all(isinstance(k, bytes) and len(k) == _KEY_BYTES for k in keys):
+                self._fail(node, "advertise: malformed keys")
+                continue
+            roster[node] = m
+        for attr in ("enc_public", "mask_public", "sign_public"):  # a repeated key drops both owners
+            owners: dict[bytes, list[int]] = {}
+            for node, m in roster.items():
+                owners.setdefault(getattr(m, attr), []).append(node)
+            for nodes in owners.values():
+                if len(nodes) > 1:
+                    for node in nodes:
+                        roster.pop(node, None)
+                        self._fail(node, "advertise: public key used by another client")
         self._need(len(roster), "key advertisement")
         try:
-            check_safe(num_clients=len(roster), degree=s.degree, threshold=s.threshold)
+            check_safe(num_clients=len(roster), degree=s.degree, threshold=s.threshold,
+                       colluders=s.colluders)
         except ValueError as exc:
             raise self._abort(f"unsafe for the {len(roster)} clients present: {exc}") from None
         ids = sorted(roster)
-        entries = [(i, *roster[i]) for i in ids]
-        self._neighbours = harary_neighbours(ids, degree=s.degree,
-                                             seed=graph_seed(round=s.round, roster=entries))
+        request = ShareKeysRequest(
+            round=s.round, node_ids=ids, enc_publics=[roster[i].enc_public for i in ids],
+            mask_publics=[roster[i].mask_public for i in ids],
+            sign_publics=[roster[i].sign_public for i in ids],
+            seed_commitments=[roster[i].seed_commitment for i in ids])
+        self._world = world_id(s, request)
+        self._neighbours = harary_neighbours(ids, degree=s.degree, seed=self._world)
         self._roster = roster
         self._stage = _Stage.ADVERTISED
-        return ShareKeysRequest(round=s.round, node_ids=ids,
-                                enc_publics=[roster[i][0] for i in ids],
-                                mask_publics=[roster[i][1] for i in ids])
+        return request
 
-    def receive_shares(self, messages: list[SharedKeys]) -> dict[int, MaskedInputRequest]:
-        if self._stage is not _Stage.ADVERTISED:
-            raise ProtocolViolation(f"receive_shares not allowed in stage {self._stage.name}")
+    # stage 2 -> 3
+    def receive_shares(self, messages: Sequence[SharedKeys]) -> dict[int, MaskedInputRequest]:
+        self._expect(_Stage.ADVERTISED, "receive_shares")
         s = self.setup
         cts: dict[tuple[int, int], bytes] = {}
         senders: set[int] = set()
-        for m in messages:
-            _check_round(s.round, m.round, "SharedKeys")
-            if m.node_id not in self._roster or m.node_id in senders:
-                raise ProtocolViolation(f"unexpected or repeated shares from node {m.node_id}")
-            if list(m.receivers) != list(self._neighbours[m.node_id]):
-                raise ProtocolViolation(f"node {m.node_id} sent shares to non-neighbours")
-            if len(m.ciphertexts) != len(m.receivers):
-                raise ProtocolViolation(f"node {m.node_id}: receivers and ciphertexts differ in length")
-            senders.add(m.node_id)
+        for node, m in self._accept(messages, SharedKeys, self._roster, "share").items():
+            if list(m.receivers) != list(self._neighbours[node]) or len(m.ciphertexts) != len(m.receivers) \
+                    or not all(isinstance(c, bytes) for c in m.ciphertexts):
+                self._fail(node, "share: receivers are not its graph neighbours, or malformed ciphertexts")
+                continue
+            senders.add(node)
             for r, ct in zip(m.receivers, m.ciphertexts, strict=True):
-                cts[(m.node_id, r)] = bytes(ct)
+                cts[(node, r)] = bytes(ct)
         self._need(len(senders), "share distribution")
         self.u2 = tuple(sorted(senders))
-        self._cts = cts
         out = {}
         for r in self.u2:
             peers = tuple(j for j in self._neighbours[r] if j in senders)
-            self._peers[r] = peers
+            self._forwarded[r] = peers
             out[r] = MaskedInputRequest(round=s.round, senders=list(peers),
                                         ciphertexts=[cts[(j, r)] for j in peers])
         self._stage = _Stage.SHARED
         return out
 
-    def receive_masked(self, messages: list[MaskedInput]) -> dict[int, UnmaskRequest]:
-        if self._stage is not _Stage.SHARED:
-            raise ProtocolViolation(f"receive_masked not allowed in stage {self._stage.name}")
+    # stage 3 -> 4 (active) or 5 (semi-honest)
+    def receive_masked(self, messages: Sequence[MaskedInput]) -> dict[int, Any]:
+        """Stage 3's replies -> a :class:`ConsistencyRequest` (active) or an :class:`UnmaskRequest`
+        (semi-honest) per survivor."""
+        self._expect(_Stage.SHARED, "receive_masked")
         s = self.setup
-        seen: set[int] = set()
-        for m in messages:
-            _check_round(s.round, m.round, "MaskedInput")
-            if m.node_id not in self._peers or m.node_id in seen:
-                raise ProtocolViolation(f"unexpected or repeated masked input from node {m.node_id}")
-            y = m.masked
-            if not isinstance(y, np.ndarray) or y.dtype != np.uint32 or y.shape != (s.dim,):
-                got = (f"{y.dtype} x {y.shape}" if isinstance(y, np.ndarray)
-                       else type(y).__name__)
-                raise ProtocolViolation(f"masked input of node {m.node_id} must be uint32 x "
-                                        f"({s.dim},), got {got}")
-            if s.modulus_bits < 32 and int(y.max(initial=0)) >= 1 << s.modulus_bits:
-                raise ProtocolViolation(f"masked input of node {m.node_id} has values >= "
-                                        f"2^{s.modulus_bits}")
-            seen.add(m.node_id)
-        self._need(len(seen), "masked input")
-        if not is_connected(seen, self._neighbours):
+        kept: dict[int, MaskedInput] = {}
+        for node, m in self._accept(messages, MaskedInput, self._forwarded, "masked").items():
+            try:
+                _check_vector(m.masked, s, f"masked input of node {node}")
+            except ProtocolViolation as exc:
+                self._fail(node, str(exc))
+                continue
+            fwd = set(self._forwarded[node])
+            peers, rejected = list(m.peers), list(m.rejected)
+            if (peers != sorted(set(peers)) or set(peers) | set(rejected) != fwd
+                    or len(peers) + len(rejected) != len(fwd) or len(peers) + 1 < s.threshold):
+                self._fail(node, "masked: peer and rejected lists do not match the forwarded shares")
+                continue
+            if s.active and not _verify(self._roster[node].sign_public, bytes(m.signature),
+                                        _peers_statement(self._world, node, tuple(peers))):
+                self._fail(node, "masked: peer set not signed")
+                continue
+            kept[node] = m
+        peer_sets = {u: tuple(m.peers) for u, m in kept.items()}
+        # a one-sided edge (u masked with w, w rejected u's shares) drops u: the sum stays exact
+        for u in sorted(peer_sets):
+            if any(w in peer_sets and u not in peer_sets[w] for w in peer_sets[u]):
+                self._fail(u, "masked with a peer that rejected its shares")
+        survivors = {u for u in peer_sets if u not in self.failures}
+        if s.active:
+            survivors = self._safe_core(survivors, peer_sets)
+        self._need(len(survivors), "masked input")
+        if s.active:
+            if len(survivors) < min_signers(len(self._roster), colluders=s.colluders):
+                raise self._abort(f"masked input: {len(survivors)} survivors cannot give the "
+                                  f"{min_signers(len(self._roster), colluders=s.colluders)} signatures "
+                                  f"the view needs; round aborted, nothing revealed")
+        elif not is_connected(survivors, self._neighbours):
             raise self._abort("the survivors' masking graph is disconnected (unmasking would reveal "
                               "partial sums); round aborted, nothing revealed")
+        self.u3 = tuple(sorted(survivors))
+        used = {u: peer_sets[u] for u in self.u3}
+        self.dropped = tuple(sorted(set().union(*used.values()) - survivors))
+        self._peers = used
+        self._peer_sigs = {u: bytes(kept[u].signature) for u in self.u3}
         total = np.zeros(s.dim, dtype=np.uint32)
-        for m in messages:
-            np.add(total, m.masked, out=total)
-        self.u3 = tuple(sorted(seen))
+        for u in self.u3:
+            np.add(total, kept[u].masked, out=total)
         self._sum = total
         self._stage = _Stage.MASKED
-        dropped = [i for i in self.u2 if i not in seen]
-        return {i: UnmaskRequest(round=s.round, survivors=list(self.u3), dropped=dropped)
-                for i in self.u3}
+        if not s.active:
+            return {u: UnmaskRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped))
+                    for u in self.u3}
+        self._digest = _view_digest(self._world, self.u3, self.dropped, used)
+        counts = [len(used[u]) for u in self.u3]
+        flat = [j for u in self.u3 for j in used[u]]
+        sigs = [self._peer_sigs[u] for u in self.u3]
+        return {u: ConsistencyRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped),
+                                      peer_counts=counts, peer_flat=flat, peer_signatures=sigs)
+                for u in self.u3}
 
-    def receive_unmask(self, messages: list[UnmaskResponse]) -> np.ndarray:
-        """The exact sum of the survivors' inputs mod 2^b (uint32), or :class:`RoundAborted`."""
-        if self._stage is not _Stage.MASKED:
-            raise ProtocolViolation(f"receive_unmask not allowed in stage {self._stage.name}")
+    def _safe_core(self, survivors: set[int], peer_sets: Mapping[int, Sequence[int]]) -> set[int]:
+        """The largest part of the survivors the clients will accept: peel clients with <= c mutual
+        peers among the survivors, keep the largest connected part, and check (c + 1)-connectivity.
+        Clients left out count as dropped (their masked input is not used)."""
+        c = self.setup.colluders
+        alive = set(survivors)
+        while True:
+            used = _used_graph({u: peer_sets[u] for u in alive})
+            weak = {u for u in alive if len(used[u]) <= c}
+            if not weak:
+                break
+            for u in weak:
+                self._fail(u, f"masked: {c + 1} or more surviving peers needed, it has fewer")
+            alive -= weak
+        if not alive:
+            return alive
+        used = _used_graph({u: peer_sets[u] for u in alive})
+        parts: list[set[int]] = []
+        left = set(alive)
+        while left:
+            start = min(left)
+            part, stack = {start}, [start]
+            while stack:
+                for w in used[stack.pop()]:
+                    if w not in part:
+                        part.add(w)
+                        stack.append(w)
+            parts.append(part)
+            left -= part
+        best = max(parts, key=lambda p: (len(p), -min(p)))
+        for u in alive - best:
+            self._fail(u, "masked: not connected to the largest part of the survivors")
+        if not is_k_connected(best, used, c + 1):
+            raise self._abort(f"the survivors' used masking graph is not {c + 1}-vertex-connected; "
+                              f"round aborted, nothing revealed")
+        return best
+
+    # stage 4 -> 5 (active)
+    def receive_consistency(self, messages: Sequence[ConsistencyResponse]) -> dict[int, UnmaskRequest]:
+        self._expect(_Stage.MASKED, "receive_consistency")
         s = self.setup
-        surv = set(self.u3)
-        dropped = [i for i in self.u2 if i not in surv]
+        if not s.active:
+            raise ProtocolViolation("the semi-honest schedule has no consistency stage")
+        statement = _view_statement(self._digest)
+        signers = {}
+        for node, m in self._accept(messages, ConsistencyResponse, self.u3, "consistency").items():
+            if isinstance(m.signature, bytes) and _verify(self._roster[node].sign_public, m.signature,
+                                                           statement):
+                signers[node] = m.signature
+            else:
+                self._fail(node, "consistency: no valid signature on the view")
+        need = min_signers(len(self._roster), colluders=s.colluders)
+        if len(signers) < need:
+            raise self._abort(f"consistency: {len(signers)} signatures on the view, fewer than {need}; "
+                              f"round aborted, nothing revealed")
+        self.signers = tuple(sorted(signers))
+        self._stage = _Stage.SIGNED
+        req = UnmaskRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped),
+                            signers=list(self.signers), signatures=[signers[u] for u in self.signers])
+        return dict.fromkeys(self.signers, req)
+
+    def _seed_check(self, node: int) -> Callable[[int], bool]:
+        """A reconstructed self-mask seed must open the commitment ``node`` advertised."""
+        commit, round_ = self._roster[node].seed_commitment, self.setup.round
+
+        def check(value: int) -> bool:
+            return value < 2**256 and seed_commitment(round=round_, node_id=node,
+                                                      seed=value.to_bytes(32, "big")) == commit
+        return check
+
+    def _key_check(self, node: int) -> Callable[[int], bool]:
+        """A reconstructed mask key must be the private key of the public key ``node`` advertised."""
+        public = self._roster[node].mask_public
+
+        def check(value: int) -> bool:
+            return value < 2**256 and public_from_private(value.to_bytes(32, "big")) == public
+        return check
+
+    # stage 5 -> sum
+    def receive_unmask(self, messages: Sequence[UnmaskResponse]) -> np.ndarray:
+        """The exact sum of the survivors' inputs mod 2^b (uint32), or :class:`RoundAborted`."""
+        self._expect(_Stage.SIGNED if self.setup.active else _Stage.MASKED, "receive_unmask")
+        s = self.setup
+        surv, dropped = set(self.u3), set(self.dropped)
         seed_pts: dict[int, list[tuple[int, int]]] = {i: [] for i in self.u3}
-        key_pts: dict[int, list[tuple[int, int]]] = {i: [] for i in dropped}
-        seen: set[int] = set()
-        for m in messages:
-            _check_round(s.round, m.round, "UnmaskResponse")
-            if m.node_id not in surv or m.node_id in seen:
-                raise ProtocolViolation(f"unexpected or repeated unmask reply from {m.node_id}")
-            holders = set(self._peers[m.node_id])
-            for owners, shares, table in ((m.seed_owners, m.seed_shares, seed_pts),
-                                          (m.key_owners, m.key_shares, key_pts)):
-                peers = holders | {m.node_id} if table is seed_pts else holders
-                if len(set(owners)) != len(owners):
-                    raise ProtocolViolation(f"node {m.node_id} repeats a share owner")
-                if len(owners) != len(shares):
-                    raise ProtocolViolation(f"node {m.node_id}: owners and shares differ in length")
-                for o, sh in zip(owners, shares, strict=True):
-                    if o not in peers or o not in table:
-                        raise ProtocolViolation(f"node {m.node_id} sent a share for {o} it "
-                                                f"should not hold or reveal")
-                    table[o].append((_x(m.node_id), shamir.decode_share(sh)))
-            seen.add(m.node_id)
+        key_pts: dict[int, list[tuple[int, int]]] = {i: [] for i in self.dropped}
+        answering = self.signers if s.active else self.u3
+        for node, m in self._accept(messages, UnmaskResponse, answering, "unmask").items():
+            holds = set(self._peers[node])
+            try:
+                got: list[tuple[dict[int, list[tuple[int, int]]], int, int]] = []
+                for owners, shares, table, allowed in (
+                        (m.seed_owners, m.seed_shares, seed_pts, (holds & surv) | {node}),
+                        (m.key_owners, m.key_shares, key_pts, holds & dropped)):
+                    if len(set(owners)) != len(owners) or len(owners) != len(shares):
+                        raise ValueError("owners and shares do not match one-to-one")
+                    for o, sh in zip(owners, shares, strict=True):
+                        if o not in allowed:
+                            raise ValueError(f"a share for {o} it should not hold or reveal")
+                        got.append((table, o, shamir.decode_share(sh)))
+            except (TypeError, ValueError) as exc:
+                self._fail(node, f"unmask: malformed reply ({exc})")
+                continue
+            for table, o, value in got:
+                table[o].append((_x(node), value))
         t = s.threshold
-        need_keys = [d for d in dropped if any(d in self._peers[u] for u in self.u3)]
-        short = [i for i in self.u3 if len(seed_pts[i]) < t] + [
-            d for d in need_keys if len(key_pts[d]) < t]
-        if short:
-            raise self._abort(f"fewer than threshold {t} shares for nodes {sorted(short)}; "
-                              f"round aborted")
-        assert self._sum is not None
-        total = self._sum.copy()
         subtract: list[bytes] = []
         add: list[bytes] = []
+        x_to_node = {_x(i): i for i in self._roster}
         for i in self.u3:
-            b = shamir.reconstruct(seed_pts[i], threshold=t)
-            if b >= 2**256:
-                raise self._abort(f"reconstructed self-mask seed of {i} is invalid")
-            subtract.append(b.to_bytes(32, "big"))
-        for d in need_keys:
-            sk_int = shamir.reconstruct(key_pts[d], threshold=t)
-            if sk_int >= 2**256:
-                raise self._abort(f"reconstructed key of {d} is invalid")
-            sk = sk_int.to_bytes(32, "big")
-            if public_from_private(sk) != self._roster[d][1]:
-                raise self._abort(f"reconstructed key of {d} does not match its public key "
-                                  f"(corrupt shares)")
-            sk_key = load_private(sk)
+            rec = recover(seed_pts[i], threshold=t, verify=self._seed_check(i))
+            if rec is None:
+                raise self._abort(f"self-mask seed of {i} not recoverable from {len(seed_pts[i])} shares "
+                                  f"(threshold {t}; corrupt shares or too few); round aborted")
+            for x in rec.bad:
+                self._fail(x_to_node[x], f"unmask: wrong share of the self-mask seed of {i}")
+            subtract.append(rec.secret.to_bytes(32, "big"))
+        for d in self.dropped:
+            rec = recover(key_pts[d], threshold=t, verify=self._key_check(d))
+            if rec is None:
+                raise self._abort(f"mask key of dropped {d} not recoverable from {len(key_pts[d])} shares "
+                                  f"(threshold {t}; corrupt shares or too few); round aborted")
+            for x in rec.bad:
+                self._fail(x_to_node[x], f"unmask: wrong share of the mask key of {d}")
+            sk_key = load_private(rec.secret.to_bytes(32, "big"))
             for u in self.u3:
                 if d in self._peers[u]:
-                    seed = _pair_seed(sk_key, self._roster[u][1], round_=s.round, me=d, peer=u)
-                    # u added the mask if u < d, subtracted it otherwise: undo that
-                    (subtract if u < d else add).append(seed)
+                    seed = _pair_seed(sk_key, self._roster[u].mask_public, world=self._world,
+                                      round_=s.round, me=d, peer=u)
+                    (subtract if u < d else add).append(seed)  # undo what u applied
+        if self._sum is None:  # pragma: no cover - guarded by the stage check
+            raise self._abort("no masked sum")
+        total = self._sum.copy()
         apply_masks(total, add=add, subtract=subtract, modulus_bits=s.modulus_bits)
         self._stage = _Stage.DONE
         return total
-

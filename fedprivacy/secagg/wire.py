@@ -1,21 +1,27 @@
 """Flat encoding of the protocol messages for a transport (e.g. Flower ``ConfigRecord``/``ArrayRecord``).
 
-``encode(msg)`` returns ``(kind, fields)`` where ``fields`` maps names to ``int``, ``bytes``,
+``encode(msg)`` returns ``(kind, fields)`` where ``fields`` maps names to ``int``, ``bool``, ``bytes``,
 ``list[int]``, ``list[bytes]`` or a numpy array only; ``decode(kind, fields)`` rebuilds the dataclass
 and validates every field's type (a transport is untrusted input: TypeError on a wrong type, the
-dataclass and session checks do the rest). Secrets never travel: only public keys, sealed shares,
-revealed shares in stage 4 and masked vectors.
+dataclass and session checks do the rest). The expected type of each field is read from the
+message dataclass itself, so a new field needs no second table here. Secrets never travel: only
+public keys, commitments, signatures, sealed shares, revealed shares in the unmask stage and masked
+vectors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from fedprivacy.secagg.protocol import (
     AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencyResponse,
     MaskedInput,
     MaskedInputRequest,
     SetupRequest,
@@ -34,21 +40,38 @@ MESSAGE_TYPES: dict[str, type] = {
     "secagg.shares": SharedKeys,
     "secagg.masked-request": MaskedInputRequest,
     "secagg.masked": MaskedInput,
+    "secagg.consistency-request": ConsistencyRequest,
+    "secagg.consistency": ConsistencyResponse,
     "secagg.unmask-request": UnmaskRequest,
     "secagg.unmask": UnmaskResponse,
 }
 _KIND_OF = {cls: kind for kind, cls in MESSAGE_TYPES.items()}
 
-_FIELD_TYPES: dict[str, str] = {
-    "round": "int", "threshold": "int", "degree": "int", "modulus_bits": "int", "dim": "int",
-    "min_survivors": "int", "node_id": "int",
-    "enc_public": "bytes", "mask_public": "bytes",
-    "node_ids": "ints", "receivers": "ints", "senders": "ints", "survivors": "ints",
-    "dropped": "ints", "seed_owners": "ints", "key_owners": "ints",
-    "enc_publics": "bytes_list", "mask_publics": "bytes_list", "ciphertexts": "bytes_list",
-    "seed_shares": "bytes_list", "key_shares": "bytes_list",
-    "masked": "array",
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an int", _is_int),
+    "bool": ("a bool", lambda v: isinstance(v, bool)),
+    "bytes": ("bytes", lambda v: isinstance(v, bytes)),
+    "list[int]": ("a list of ints", lambda v: isinstance(v, list) and all(_is_int(x) for x in v)),
+    "list[bytes]": ("a list of bytes", lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v)),
+    "np.ndarray": ("a numpy array", lambda v: isinstance(v, np.ndarray)),
 }
+
+
+@functools.cache
+def _field_types(cls: Any) -> dict[str, str]:
+    """Field name -> annotation string of a message dataclass (``from __future__ import annotations``)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if t not in _CHECKS:  # pragma: no cover - a new message field of a type the wire cannot carry
+            raise TypeError(f"{cls.__name__}.{f.name} has type {t}, which the wire format cannot carry")
+        out[f.name] = t
+    return out
 
 
 def encode(msg: object) -> tuple[str, dict[str, Any]]:
@@ -57,25 +80,11 @@ def encode(msg: object) -> tuple[str, dict[str, Any]]:
     if kind is None:
         raise TypeError(f"not a secagg message: {type(msg).__name__}")
     fields: dict[str, Any] = {}
-    for f in dataclasses.fields(msg):  # type: ignore[arg-type]
-        v = getattr(msg, f.name)
-        fields[f.name] = list(v) if isinstance(v, list | tuple) else v
+    cls: Any = type(msg)
+    for name in _field_types(cls):
+        v = getattr(msg, name)
+        fields[name] = list(v) if isinstance(v, list | tuple) else v
     return kind, fields
-
-
-def _check(name: str, value: Any) -> Any:
-    t = _FIELD_TYPES.get(name)
-    ok = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "bytes": lambda v: isinstance(v, bytes),
-        "ints": lambda v: isinstance(v, list) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in v),
-        "bytes_list": lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v),
-        "array": lambda v: isinstance(v, np.ndarray),
-    }.get(t or "", lambda v: False)(value)
-    if not ok:
-        raise TypeError(f"field {name!r} must be {t or 'a known field'}, got {type(value).__name__}")
-    return value
 
 
 def decode(kind: str, fields: dict[str, Any]) -> Any:
@@ -83,8 +92,12 @@ def decode(kind: str, fields: dict[str, Any]) -> Any:
     cls = MESSAGE_TYPES.get(kind)
     if cls is None:
         raise ValueError(f"unknown secagg message kind {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    extra = set(fields) - names
+    types = _field_types(cls)
+    extra = set(fields) - set(types)
     if extra:
         raise ValueError(f"unexpected fields for {kind}: {sorted(extra)}")
-    return cls(**{k: _check(k, v) for k, v in fields.items()})
+    for name, value in fields.items():
+        what, ok = _CHECKS[types[name]]
+        if not ok(value):
+            raise TypeError(f"field {name!r} must be {what}, got {type(value).__name__}")
+    return cls(**fields)

@@ -229,8 +229,11 @@ def test_check_safe_refuses_low_thresholds_and_degrees() -> None:
         check_safe(num_clients=100, degree=8, threshold=10)
     with pytest.raises(ValueError, match="degree must be >= 2"):
         check_safe(num_clients=100, degree=1, threshold=1)
-    with pytest.raises(ValueError, match="corrupted"):
-        check_safe(num_clients=100, degree=8, threshold=5, corrupted=1)
+    with pytest.raises(ValueError, match="colluders"):
+        check_safe(num_clients=100, degree=8, threshold=5, colluders=1)
+    # k > c: two colluding neighbours of a degree-2 client know all of its pairwise masks
+    with pytest.raises(ValueError, match="degree must be > colluders"):
+        check_safe(num_clients=10, degree=2, threshold=3, colluders=2)
     assert min_safe_threshold(99) == 51  # complete graph on 100: t > n/2
 
 
