@@ -18,8 +18,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MODES: dict[str, dict[str, Any]] = {
-    "plain": {"privacy": "none"},
-    "central": {"privacy": "central"},
+    "plain": {"privacy": "none", "secagg": False},  # the pyproject default is secagg=true
+    "central": {"privacy": "central", "secagg": False},
     "secure": {"privacy": "none", "secagg": True},
     "distributed": {"privacy": "distributed", "secagg": True, "accountant": "rdp"},
 }
