@@ -140,6 +140,7 @@ __all__ = [
     "audience_epsilons",
     "calibrate_distributed",
     "gaussian_domination",
+    "legacy_release",
     "release_privacy",
     "sum_pmf_log_bounds",
     "theta_excess",
@@ -545,6 +546,7 @@ class DistributedRelease:
     eta: float
     rdp_log_upper: float  # m log A of the RDP cross-check
     rdp_log_lower: float  # m log B (<= 0)
+    exact: bool = True  # the released noise does not depend on the survivor count (XNoise)
 
     @property
     def noise_multiplier(self) -> float:
@@ -575,21 +577,48 @@ def release_privacy(design: XNoiseDesign, *, survivors: int, clip_norm: float, s
         clip_norm: ``C``; scale: ``s`` (integer units per unit); dim: padded dimension ``m``.
         beta: conditional rounding parameter (0: unconditional, trivial norm bound).
     """
+    return _release(design.honest_kept_variances(survivors=survivors), survivors=survivors,
+                    colluders=design.colluders,
+                    released_variance=design.released_variance(survivors=survivors), exact=True,
+                    clip_norm=clip_norm, scale=scale, dim=dim, beta=beta,
+                    smoothing_variance=smoothing_variance)
+
+
+def legacy_release(*, local_variance: float, survivors: int, colluders: int = 0, clip_norm: float,
+                   scale: float, dim: int, beta: float,
+                   smoothing_variance: float = SMOOTHING_VARIANCE) -> DistributedRelease:
+    """A round of the legacy share (each survivor adds ``N_Z(0, local_variance)``), same lemma.
+
+    Its noise, ``s local_variance``, depends on the survivor count, so it is not ``exact``: the
+    observers' figure claims no amplification for it (:func:`audience_epsilons`).
+    """
+    s = _int_arg("survivors", survivors, 1)
+    c = _int_arg("colluders", colluders, 0)
+    if c >= s:
+        raise ValueError(f"colluders must be < survivors={s}, got {c}")
+    return _release((float(local_variance),) * (s - c), survivors=s, colluders=c,
+                    released_variance=s * float(local_variance), exact=False, clip_norm=clip_norm,
+                    scale=scale, dim=dim, beta=beta, smoothing_variance=smoothing_variance)
+
+
+def _release(variances: Sequence[float], *, survivors: int, colluders: int,
+             released_variance: float, exact: bool, clip_norm: float, scale: float, dim: int,
+             beta: float, smoothing_variance: float) -> DistributedRelease:
     if not clip_norm > 0 or not scale > 0:
         raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
-    variances = design.honest_kept_variances(survivors=survivors)
     dom = gaussian_domination(variances, dim=dim, smoothing_variance=smoothing_variance)
     log_lo, log_hi = sum_pmf_log_bounds(variances)
     honest = math.fsum(variances)
     # against N_Z(0, V) = phi_V / (1 + e(V)): A = U (1 + e(V)), B = L (1 + e(V)), per coordinate
     shift = math.log1p(theta_excess(honest))
     return DistributedRelease(
-        survivors=survivors, honest_survivors=survivors - design.colluders,
+        survivors=survivors, honest_survivors=survivors - colluders,
         l2_sensitivity=rounded_l2_norm_bound(l2_norm=clip_norm * scale, dim=dim, beta=beta),
-        dim=dim, released_variance=design.released_variance(survivors=survivors),
+        dim=dim, released_variance=released_variance,
         honest_variance=honest, min_component_variance=min(variances),
         continuous_std=dom.continuous_std, eta=dom.eta,
-        rdp_log_upper=dim * max(log_hi + shift, 0.0), rdp_log_lower=dim * min(log_lo + shift, 0.0))
+        rdp_log_upper=dim * max(log_hi + shift, 0.0), rdp_log_lower=dim * min(log_lo + shift, 0.0),
+        exact=exact)
 
 
 # ============================================================================ two audiences
@@ -606,6 +635,8 @@ class AudienceEpsilons:
     ``observers``: only the released models, amplified by the sampling that ran, never above
     ``server`` (the models are a post-processing of the server's view). ``slack`` is ``H``.
     ``server_rdp`` is the RDP cross-check (``server`` is the smaller of it and the PLD bound).
+    ``amplified`` says whether the observers' figure claims amplification (only when every round
+    is ``exact``: with the legacy share the noise level reveals the survivor count).
     """
 
     server: float
@@ -616,6 +647,7 @@ class AudienceEpsilons:
     slack: float
     delta: float
     rounds: int
+    amplified: bool = False
 
 
 def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling, *,
@@ -662,14 +694,14 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
                                         strict=True)]
     server_rdp = float(rdp_lib.compute_epsilon(orders, curve, delta)[0])
     server = min(server_pld, server_rdp)
-    if sampling is None or isinstance(sampling, NoSampling):
-        obs_pld = server_pld
+    if sampling is None or isinstance(sampling, NoSampling) or not all(r.exact for r in releases):
+        obs_pld = server_pld  # no amplification claimed (nothing sampled, or noise tied to s)
     else:
         obs_pld = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
                                     backend=backend) + 2.0 * slack
     return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
                             observers_pld=obs_pld, server_rdp=server_rdp, slack=slack,
-                            delta=delta, rounds=len(releases))
+                            delta=delta, rounds=len(releases), amplified=obs_pld is not server_pld)
 
 
 # ============================================================================ calibration

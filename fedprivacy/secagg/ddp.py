@@ -34,6 +34,7 @@ from fedprivacy.accounting.distributed import (
     DistributedRound,
     XNoiseDesign,
     distributed_round,
+    legacy_release,
     release_privacy,
     rounded_l2_norm_bound,
 )
@@ -119,10 +120,16 @@ class DistributedDPConfig:
                             min_survivors=self.min_survivors, colluders=self.colluders)
 
     def release(self, *, roster: int, survivors: int) -> DistributedRelease:
-        """The privacy of a completed XNoise round (:func:`~fedprivacy.accounting.distributed.release_privacy`)."""
-        return release_privacy(self.design(roster=roster), survivors=survivors,
-                               clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
-                               beta=self.beta)
+        """The privacy of a completed round from the noise left in its sum: XNoise
+        (:func:`~fedprivacy.accounting.distributed.release_privacy`) or the legacy share
+        (:func:`~fedprivacy.accounting.distributed.legacy_release`, not exact)."""
+        if self.xnoise:
+            return release_privacy(self.design(roster=roster), survivors=survivors,
+                                   clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+                                   beta=self.beta)
+        return legacy_release(local_variance=self.local_sigma**2, survivors=survivors,
+                              colluders=self.colluders, clip_norm=self.clip_norm, scale=self.scale,
+                              dim=self.padded_dim, beta=self.beta)
 
     @property
     def released_variance_bound(self) -> float:

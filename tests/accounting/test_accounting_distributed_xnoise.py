@@ -257,3 +257,22 @@ def test_calibration_meets_the_audience_target_without_overshooting(audience: st
     with pytest.raises(ValueError, match="audience"):
         calibrate_distributed(target_epsilon=4.0, target_delta=1e-5, steps=3, audience="public",
                               encoding_for=encoding_for)
+
+
+def test_the_legacy_share_gets_the_pld_but_no_amplification() -> None:
+    from fedprivacy.accounting.distributed import legacy_release
+
+    scale, t = 4096.0, 6
+    rel = legacy_release(local_variance=scale**2 / t, survivors=6, clip_norm=1.0, scale=scale,
+                         dim=2**14, beta=math.exp(-0.5))
+    assert not rel.exact and math.isclose(rel.honest_variance, scale**2)
+    eps = audience_epsilons([rel] * 20, delta=1e-5, sampling=PoissonSampling(rate=0.1))
+    assert eps.observers == eps.server and not eps.amplified
+    exact = audience_epsilons([_release()] * 20, delta=1e-5, sampling=PoissonSampling(rate=0.1))
+    assert exact.amplified and exact.observers < exact.server
+    # the PLD of the legacy round is below its old zCDP/RDP figure (the tighter conversion)
+    from fedprivacy.accounting.distributed import distributed_round, zcdp_epsilon
+
+    old = distributed_round(clip_norm=1.0, scale=scale, dim=2**14, beta=math.exp(-0.5),
+                            local_sigma=scale / math.sqrt(t), num_survivors=6)
+    assert eps.server < zcdp_epsilon(rho=20 * old.rho, delta=1e-5)
