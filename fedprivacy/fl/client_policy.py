@@ -1,0 +1,233 @@
+"""The client's own privacy floor: what it agrees to, decided on the client's side only.
+
+Threat model (issue 10, items 2-4): the server chooses every field of its messages, and in a Flower
+deployment ``context.run_config`` is chosen by whoever submits the run, normally the server side. Only
+``node_config`` (set by the SuperNode's operator) and the ClientApp's own code belong to the client.
+So the privacy mode, the minimum noise multiplier, the largest per-round privacy loss, the colluders
+assumed, the secure-aggregation schedule, whether a seeded research mode may be used and which
+metrics may leave the client are read from ``node_config`` keys ``client-*`` (:data:`NODE_CONFIG_KEYS`),
+with safe defaults in code (:class:`ClientPolicy`'s defaults). A server request outside the floor is
+refused with a :class:`PolicyRefusal` naming the rule; the ClientApp replies with an error, which the
+server counts as that client's dropout.
+
+Per-round privacy loss, as zCDP ρ of this client's contribution (Bun & Steinke 2016, Prop. 1.6: a
+Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-zCDP):
+
+* ``local``: the client adds ``N(0, (z C)²)`` to its clipped update (sensitivity ``2C`` between any two
+  clipped updates, the relation the local accounting uses): ``ρ = 2/z²``. The client adds *its own*
+  noise: ``z = max(requested, min_noise_multiplier)``; a request for less noise is not obeyed.
+* ``distributed``: from the complete encoding the server sent (C, scale, modulus bits, padded dimension,
+  t_min, σ, colluders) and the roster size, the dominating Gaussian of the worst released sum
+  (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` at ``t_min`` survivors, colluders' noise not
+  counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one.
+
+Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedprivacy.secagg.ddp import DistributedDPConfig
+    from fedprivacy.secagg.protocol import SetupRequest
+
+__all__ = ["NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+
+MODES = ("none", "central", "local", "distributed")
+SCHEDULES = ("active", "semi-honest")
+METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
+
+
+class PolicyRefusal(ValueError):
+    """The server asked for something outside this client's own floor."""
+
+
+#: node_config key -> ClientPolicy field
+NODE_CONFIG_KEYS = {
+    "client-privacy-modes": "modes",
+    "client-min-noise-multiplier": "min_noise_multiplier",
+    "client-max-rho-per-round": "max_rho_per_round",
+    "client-neighbouring": "neighbouring",
+    "client-secagg-colluders": "colluders",
+    "client-secagg-schedule": "schedule",
+    "client-allow-seeded": "allow_seeded",
+    "client-disclose": "disclose",
+}
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"{what} must be a comma-separated string, got {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientPolicy:
+    """A client's privacy floor. The defaults are what a client with no configuration accepts.
+
+    Attributes:
+        modes: privacy modes it takes part in; by default only those where the server never sees its
+            update un-noised (``local``, ``distributed``).
+        min_noise_multiplier: the smallest ``z`` it accepts (``local``: of its own noise; ``distributed``:
+            of the dominating Gaussian of the worst released sum).
+        max_rho_per_round: the largest zCDP ρ of one round it will spend.
+        neighbouring: the relation its ρ is computed under.
+        colluders: clients it assumes collude with the server; setups and encodings assuming fewer are
+            refused.
+        schedule: the weakest secure-aggregation schedule it accepts (``active`` = secure against a
+            malicious server; ``semi-honest`` also accepts the two-exchange schedule).
+        allow_seeded: whether the seeded research mode (not private) may be used.
+        disclose: metrics it may send beside its update.
+    """
+
+    modes: tuple[str, ...] = ("local", "distributed")
+    min_noise_multiplier: float = 0.5
+    max_rho_per_round: float = 2.0
+    neighbouring: str = "add-remove"
+    colluders: int = 0
+    schedule: str = "active"
+    allow_seeded: bool = False
+    disclose: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for m in self.modes:
+            if m not in MODES:
+                raise ValueError(f"modes must be among {MODES}, got {m!r}")
+        if not (math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier >= 0):
+            raise ValueError(f"min_noise_multiplier must be >= 0, got {self.min_noise_multiplier}")
+        if not self.max_rho_per_round > 0:
+            raise ValueError(f"max_rho_per_round must be > 0, got {self.max_rho_per_round}")
+        if self.neighbouring not in ("add-remove", "replace-one"):
+            raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {self.neighbouring!r}")
+        if isinstance(self.colluders, bool) or not isinstance(self.colluders, int) or self.colluders < 0:
+            raise ValueError(f"colluders must be an int >= 0, got {self.colluders!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not isinstance(self.allow_seeded, bool):
+            raise TypeError(f"allow_seeded must be a bool, got {type(self.allow_seeded).__name__}")
+        for m in self.disclose:
+            if m not in METRICS:
+                raise ValueError(f"disclose must be among {METRICS}, got {m!r}")
+
+    # ------------------------------------------------------------------ configuration
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, Any]) -> ClientPolicy:
+        """The policy of ``client-*`` keys in ``node_config`` (other keys are ignored; an unknown
+        ``client-*`` key is refused, so a typo cannot silently fall back to a default)."""
+        kwargs: dict[str, Any] = {}
+        for key, value in node_config.items():
+            if not key.startswith("client-"):
+                continue
+            name = NODE_CONFIG_KEYS.get(key)
+            if name is None:
+                raise ValueError(f"unknown client policy key {key!r}; known: {sorted(NODE_CONFIG_KEYS)}")
+            if name in ("modes", "disclose"):
+                kwargs[name] = _names(value, key)
+            elif name in ("min_noise_multiplier", "max_rho_per_round"):
+                kwargs[name] = float(value)
+            elif name == "colluders":
+                if isinstance(value, bool) or int(value) != value:
+                    raise ValueError(f"{key} must be an int, got {value!r}")
+                kwargs[name] = int(value)
+            elif name == "allow_seeded":
+                if not isinstance(value, bool) and value not in ("true", "false"):
+                    raise ValueError(f"{key} must be true or false, got {value!r}")
+                kwargs[name] = value is True or value == "true"
+            else:
+                kwargs[name] = str(value)
+        return cls(**kwargs)
+
+    def to_node_config(self) -> dict[str, str | int | float | bool]:
+        """The inverse of :meth:`from_node_config` (what a launcher passes to a SuperNode)."""
+        inverse = {v: k for k, v in NODE_CONFIG_KEYS.items()}
+        out: dict[str, str | int | float | bool] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[inverse[f.name]] = ",".join(v) if isinstance(v, tuple) else v
+        return out
+
+    # ------------------------------------------------------------------ checks
+    def check_mode(self, privacy: str) -> None:
+        if privacy not in self.modes:
+            raise PolicyRefusal(f"server asks for privacy {privacy!r}; this client takes part only in "
+                                f"{list(self.modes)} (node config client-privacy-modes)")
+
+    def seed(self, requested: int) -> int:
+        """The seed this client uses: ``-1`` (its own secure source) unless its side allows seeding."""
+        if requested < 0:
+            return -1
+        if not self.allow_seeded:
+            raise PolicyRefusal(f"server asks for the seeded research mode (seed={requested}); this "
+                                f"client does not allow it (node config client-allow-seeded)")
+        return requested
+
+    def _rho(self, z: float) -> float:
+        if z <= 0:
+            return math.inf
+        return (1.0 if self.neighbouring == "add-remove" else 4.0) / (2.0 * z * z)
+
+    def _check_rho(self, rho: float, what: str) -> None:
+        if rho > self.max_rho_per_round:
+            raise PolicyRefusal(f"{what}: one round would cost rho = {rho:.4g} > {self.max_rho_per_round:g} "
+                                f"(node config client-max-rho-per-round)")
+
+    def local_noise_multiplier(self, *, clip_norm: float, requested_std: float) -> float:
+        """The ``z`` of the noise this client adds itself in ``local`` mode (never below its floor)."""
+        self.check_mode("local")
+        if not clip_norm > 0:
+            raise PolicyRefusal(f"local mode needs a clip norm > 0, got {clip_norm}")
+        z = max(requested_std / clip_norm, self.min_noise_multiplier)
+        if z <= 0:
+            raise PolicyRefusal("local mode with no noise (client-min-noise-multiplier is 0 and the "
+                                "server asks for none)")
+        # local accounting: sensitivity 2C between two clipped updates, so rho = (2C)^2 / (2 (zC)^2)
+        rho = 2.0 / (z * z)
+        self._check_rho(rho, f"local noise z = {z:.4g}")
+        return z
+
+    def check_secagg(self, setup: SetupRequest) -> None:
+        """The secure-aggregation setup: schedule and colluders."""
+        if self.schedule == "active" and not setup.active:
+            raise PolicyRefusal("server asks for the semi-honest secure-aggregation schedule; this "
+                                "client requires the actively secure one (node config client-secagg-schedule)")
+        if setup.colluders < self.colluders:
+            raise PolicyRefusal(f"server's setup assumes {setup.colluders} colluding clients, this client "
+                                f"assumes {self.colluders} (node config client-secagg-colluders)")
+
+    def check_distributed(self, config: DistributedDPConfig, *, setup: SetupRequest, roster: int) -> float:
+        """Refuse a distributed encoding outside the floor; returns the worst-case ρ of the round.
+
+        ``config`` is the complete encoding as the server sent it; ``roster`` the size of the round's
+        roster as this client saw it.
+        """
+        self.check_mode("distributed")
+        self.check_secagg(setup)
+        if config.colluders < self.colluders:
+            raise PolicyRefusal(f"encoding assumes {config.colluders} colluders, this client assumes "
+                                f"{self.colluders}")
+        if config.padded_dim != setup.dim or config.modulus_bits != setup.modulus_bits:
+            raise PolicyRefusal("encoding does not match the round's secure-aggregation setup")
+        if config.min_survivors > setup.required_survivors:
+            raise PolicyRefusal(f"encoding assumes {config.min_survivors} noisy survivors but the round "
+                                f"releases sums of {setup.required_survivors}")
+        try:
+            z = config.release(roster=roster, survivors=config.min_survivors).noise_multiplier
+        except ValueError as exc:  # e.g. a scale too small to analyse: no bound, no participation
+            raise PolicyRefusal(f"distributed encoding cannot be accounted: {exc}") from None
+        if z < self.min_noise_multiplier:
+            raise PolicyRefusal(f"the worst released sum carries noise multiplier {z:.4g} < "
+                                f"{self.min_noise_multiplier:g} (node config client-min-noise-multiplier)")
+        rho = self._rho(z)
+        self._check_rho(rho, f"distributed encoding (worst sum: {config.min_survivors} survivors, "
+                             f"{config.colluders} colluders)")
+        return rho
+
+    def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Only the metrics this client may send."""
+        return {k: v for k, v in metrics.items() if k in self.disclose}

@@ -1,0 +1,102 @@
+"""The client's own floor (issue 10, items 2-4): a server request outside it is refused, whatever
+the server sends; the policy comes from node_config keys with safe defaults in code."""
+
+import dataclasses
+import math
+
+import pytest
+
+from fedprivacy.fl.client_policy import NODE_CONFIG_KEYS, ClientPolicy, PolicyRefusal
+from fedprivacy.secagg.ddp import DistributedDPConfig
+from fedprivacy.secagg.protocol import SetupRequest
+
+
+def _encoding(**kw) -> DistributedDPConfig:
+    base = dict(dim=1000, clip_norm=1.0, noise_multiplier=1.0, min_survivors=6, scale=2.0**10,
+                modulus_bits=32, max_clients=40)
+    return DistributedDPConfig(**{**base, **kw})
+
+
+def _setup(cfg: DistributedDPConfig, **kw) -> SetupRequest:
+    return SetupRequest(**{**dict(round=1, threshold=6, degree=9, dim=cfg.padded_dim, modulus_bits=32,
+                                  active=True), **kw})
+
+
+def test_defaults_refuse_modes_where_the_server_sees_raw_updates_and_the_seeded_mode() -> None:
+    policy = ClientPolicy()
+    for mode in ("none", "central"):
+        with pytest.raises(PolicyRefusal, match="client-privacy-modes"):
+            policy.check_mode(mode)
+    with pytest.raises(PolicyRefusal, match="client-allow-seeded"):
+        policy.seed(0)  # item 2: a server-sent seed would let it regenerate the noise
+    assert policy.seed(-1) == -1
+    assert ClientPolicy(allow_seeded=True).seed(7) == 7
+    assert policy.disclosed({"train-loss": 0.3, "num-examples": 12.0}) == {}  # item 4
+
+
+def test_local_mode_adds_the_clients_own_noise_whatever_the_server_asks() -> None:
+    policy = ClientPolicy(min_noise_multiplier=0.8, max_rho_per_round=4.0)
+    # item 4: the server sends std 1e-12; the client uses its own floor z = 0.8
+    assert policy.local_noise_multiplier(clip_norm=1.0, requested_std=1e-12) == 0.8
+    assert policy.local_noise_multiplier(clip_norm=2.0, requested_std=4.0) == 2.0  # more is fine
+    # rho = 2 / z^2 (sensitivity 2C): z = 0.8 costs 3.125, above a cap of 2
+    with pytest.raises(PolicyRefusal, match="rho = 3.125"):
+        ClientPolicy(min_noise_multiplier=0.8, max_rho_per_round=2.0).local_noise_multiplier(
+            clip_norm=1.0, requested_std=0.0)
+
+
+def test_distributed_rho_is_computed_from_the_complete_encoding() -> None:
+    policy = ClientPolicy()
+    cfg = _encoding()
+    rho = policy.check_distributed(cfg, setup=_setup(cfg), roster=10)
+    z = cfg.release(roster=10, survivors=6).noise_multiplier
+    assert math.isclose(rho, 1 / (2 * z * z), rel_tol=1e-12)
+    assert math.isclose(ClientPolicy(neighbouring="replace-one", max_rho_per_round=10).check_distributed(
+        cfg, setup=_setup(cfg), roster=10), 4 * rho, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("tamper", [
+    {"scale": 4.0},  # item 3: the server shrinks the fixed-point scale: rounding dominates
+    {"scale": 0.25},  # so small the round cannot even be accounted
+    {"noise_multiplier": 0.3},
+    {"colluders": 0},  # fewer colluders than the client assumes (policy below has c = 1)
+])
+def test_tampered_encodings_are_refused(tamper) -> None:
+    policy = ClientPolicy(colluders=1)
+    good = _encoding(colluders=1)
+    setup = _setup(good, colluders=1)
+    policy.check_distributed(good, setup=setup, roster=10)
+    try:
+        bad = dataclasses.replace(good, **tamper)
+    except ValueError:  # refused by the encoding's own checks already
+        return
+    with pytest.raises(PolicyRefusal):
+        policy.check_distributed(bad, setup=_setup(bad, colluders=1), roster=10)
+
+
+def test_secagg_setup_must_meet_the_schedule_and_colluders_floor() -> None:
+    cfg = _encoding()
+    with pytest.raises(PolicyRefusal, match="semi-honest"):
+        ClientPolicy().check_distributed(cfg, setup=_setup(cfg, active=False), roster=10)
+    ClientPolicy(schedule="semi-honest").check_distributed(cfg, setup=_setup(cfg, active=False), roster=10)
+    with pytest.raises(PolicyRefusal, match="colluding"):
+        ClientPolicy(colluders=2).check_secagg(_setup(cfg, colluders=1))
+    with pytest.raises(PolicyRefusal, match="releases sums of"):
+        ClientPolicy().check_distributed(cfg, setup=_setup(cfg, threshold=5, degree=8), roster=10)
+
+
+def test_node_config_round_trip_and_typo_refusal() -> None:
+    policy = ClientPolicy(modes=("distributed",), min_noise_multiplier=1.2, max_rho_per_round=0.5,
+                          neighbouring="replace-one", colluders=2, schedule="semi-honest",
+                          allow_seeded=True, disclose=("num-examples",))
+    nc = policy.to_node_config()
+    assert set(nc) == set(NODE_CONFIG_KEYS)
+    assert ClientPolicy.from_node_config({**nc, "partition-id": 3}) == policy
+    # the string form flower-supernode --node-config gives
+    as_str = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in nc.items()}
+    assert ClientPolicy.from_node_config(as_str) == policy
+    with pytest.raises(ValueError, match="unknown client policy key"):
+        ClientPolicy.from_node_config({"client-min-noise-multipler": 2.0})
+    with pytest.raises(ValueError, match="modes must be among"):
+        ClientPolicy.from_node_config({"client-privacy-modes": "distributed,centrel"})
+    assert ClientPolicy.from_node_config({}) == ClientPolicy()
