@@ -45,6 +45,7 @@ from fedprivacy.secagg.quantize import (
     Headroom,
     check_headroom,
     from_ring,
+    to_ring,
 )
 from fedprivacy.secagg.rotation import inverse_rotate, padded_dim, rotate
 from fedprivacy.secagg.xnoise import ComponentSeeds, client_noise
@@ -170,7 +171,7 @@ def encode_update(
 
     The steps are small functions so that a new noise component slots in between rounding and the
     ring: :func:`_clip_scale_rotate` (1-3), :func:`conditional_round` (4), the discrete Gaussian
-    (5) added to the int64 vector in place, and :func:`_to_ring` (6). Output and random draws are
+    (5) added to the int64 vector in place, and :func:`~fedprivacy.secagg.quantize.to_ring` (6). Output and random draws are
     bit-identical to the plain step-by-step encoder (``tests/secagg/test_secagg_fast_paths.py``).
 
     With ``config.xnoise`` the client's ``components`` (its own seeds for the round's design) are
@@ -190,7 +191,7 @@ def encode_update(
         q += client_noise(components, size=q.shape[0], rng=rng)
     else:
         q += sample_discrete_gaussian(sigma=config.local_sigma, size=q.shape[0], rng=rng)
-    return _to_ring(q, modulus_bits=config.modulus_bits)
+    return to_ring(q, modulus_bits=config.modulus_bits)
 
 
 def _clip_scale_rotate(update: np.ndarray, *, config: DistributedDPConfig,
@@ -247,14 +248,6 @@ def conditional_round(r: np.ndarray, *, bound: float, rng: RandomSource, beta: f
             q += up
             return q
     raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={beta})")
-
-
-def _to_ring(q: np.ndarray, *, modulus_bits: int) -> np.ndarray:
-    """Step 6: int64 -> uint32 residues mod ``2^b`` (the int64 -> uint32 cast is reduction mod 2^32)."""
-    out = q.astype(np.uint32)
-    if modulus_bits < 32:
-        np.bitwise_and(out, np.uint32((1 << modulus_bits) - 1), out=out)
-    return out
 
 
 def decode_sum(total: np.ndarray, *, config: DistributedDPConfig, rotation_seed: bytes) -> np.ndarray:

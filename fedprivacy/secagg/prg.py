@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["SEED_BYTES", "apply_masks", "expand_mask", "reduce_mod"]
+__all__ = ["SEED_BYTES", "apply_masks", "expand_mask", "keystream", "reduce_mod"]
 
 SEED_BYTES = 32
 CHUNK_WORDS = 1 << 14
@@ -38,6 +38,13 @@ def _encryptor(seed: bytes):  # noqa: ANN202 - cryptography's CipherContext
     if len(seed) != SEED_BYTES:
         raise ValueError(f"seed must be {SEED_BYTES} bytes (256 bits), got {len(seed)}")
     return Cipher(algorithms.AES(bytes(seed)), modes.CTR(_ZERO_COUNTER)).encryptor()
+
+
+def keystream(seed: bytes, nbytes: int) -> bytes:
+    """The first ``nbytes`` of the AES-256-CTR keystream of ``seed`` (zero counter block)."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return _encryptor(seed).update(bytes(nbytes))
 
 
 def _check_bits(modulus_bits: int) -> int:

@@ -53,12 +53,13 @@ def _bits(modulus_bits: int) -> int:
 def stochastic_round(x: np.ndarray, *, rng: RandomSource) -> np.ndarray:
     """Unbiased randomised rounding to int64: ``floor(x) + [u < x - floor(x)]``, ``u ~ U[0, 1)``."""
     x = np.asarray(x, dtype=np.float64)
-    if not np.all(np.isfinite(x)):
+    if not np.isfinite(x).all():
         raise ValueError("x must be finite")
     lo = np.floor(x)
     frac = x - lo
-    up = rng.uniform(size=x.shape) < frac
-    return lo.astype(np.int64) + up.astype(np.int64)
+    q = lo.astype(np.int64)
+    q += rng.uniform(size=x.shape) < frac
+    return q
 
 
 def to_ring(q: np.ndarray, *, modulus_bits: int = 32) -> np.ndarray:
@@ -67,7 +68,11 @@ def to_ring(q: np.ndarray, *, modulus_bits: int = 32) -> np.ndarray:
     q = np.asarray(q)
     if q.dtype.kind not in "iu":
         raise TypeError(f"q must be an integer array, got dtype {q.dtype}")
-    return (q.astype(np.int64) & np.int64((1 << modulus_bits) - 1)).astype(np.uint32)
+    # an integer -> uint32 cast keeps the value mod 2^32 (two's complement): one pass, no int64 copy
+    out = q.astype(np.uint32)
+    if modulus_bits < 32:
+        np.bitwise_and(out, np.uint32((1 << modulus_bits) - 1), out=out)
+    return out
 
 
 def from_ring(v: np.ndarray, *, modulus_bits: int = 32) -> np.ndarray:
@@ -163,9 +168,9 @@ def encode_fixed_point(
     if not clip_norm > 0 or not scale > 0:
         raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
     norm = l2_norm(v)  # no BLAS (see fedprivacy.dp.clipping)
-    if norm > clip_norm:
-        v = v * (clip_norm / norm)
-    return to_ring(stochastic_round(v * scale, rng=rng), modulus_bits=modulus_bits)
+    v = v * (clip_norm / norm) if norm > clip_norm else v.copy()
+    v *= scale  # clip, then scale: the same two roundings as always
+    return to_ring(stochastic_round(v, rng=rng), modulus_bits=modulus_bits)
 
 
 def decode_fixed_point(total: np.ndarray, *, scale: float, modulus_bits: int) -> np.ndarray:

@@ -31,7 +31,8 @@ import functools
 import math
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from fedprivacy.secagg.prg import keystream
 
 __all__ = ["BLOCK", "fwht", "inverse_rotate", "padded_dim", "random_signs", "rotate"]
 
@@ -48,9 +49,7 @@ def padded_dim(dim: int) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _signs(seed: bytes, n: int) -> np.ndarray:
-    nbytes = (n + 7) // 8
-    enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
-    bits = np.unpackbits(np.frombuffer(enc.update(bytes(nbytes)), dtype=np.uint8))[:n]
+    bits = np.unpackbits(np.frombuffer(keystream(seed, (n + 7) // 8), dtype=np.uint8))[:n]
     out = 1.0 - 2.0 * bits.astype(np.float64)
     out.setflags(write=False)
     return out

@@ -17,7 +17,7 @@ from fedprivacy.dp.clipping import l2_norm
 from fedprivacy.dp.discrete import _acceptance, sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.ddp import DistributedDPConfig, conditional_round, decode_sum, encode_update
-from fedprivacy.secagg.quantize import from_ring, stochastic_round, to_ring
+from fedprivacy.secagg.quantize import encode_fixed_point, from_ring, stochastic_round, to_ring
 from fedprivacy.secagg.rotation import BLOCK, fwht, inverse_rotate, padded_dim, random_signs, rotate
 
 KEY = bytes(range(32))
@@ -98,12 +98,31 @@ def _encode_plain(update: np.ndarray, config: DistributedDPConfig, seed: bytes,
     r = _rotate_plain(x * config.scale, seed)
     bound_sq = config.norm_bound**2
     while True:
-        q = stochastic_round(r, rng=rng)
+        q = _stochastic_round_plain(r, rng)
         qf = q.astype(np.float64)
         if float(np.add.reduce(qf * qf)) <= bound_sq:
             break
     q += _discrete_gaussian_plain(config.local_sigma, q.shape[0], rng)
-    return to_ring(q, modulus_bits=config.modulus_bits)
+    return _to_ring_plain(q, config.modulus_bits)
+
+
+def _stochastic_round_plain(x: np.ndarray, rng: RandomSource) -> np.ndarray:
+    lo = np.floor(x)
+    up = rng.uniform(size=x.shape) < x - lo
+    return lo.astype(np.int64) + up.astype(np.int64)
+
+
+def _to_ring_plain(q: np.ndarray, bits: int) -> np.ndarray:
+    return (q.astype(np.int64) & np.int64((1 << bits) - 1)).astype(np.uint32)
+
+
+def _encode_fixed_point_plain(x: np.ndarray, clip: float, scale: float, bits: int,
+                              rng: RandomSource) -> np.ndarray:
+    v = np.asarray(x, dtype=np.float64).reshape(-1)
+    norm = l2_norm(v)
+    if norm > clip:
+        v = v * (clip / norm)
+    return _to_ring_plain(_stochastic_round_plain(v * scale, rng), bits)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -216,3 +235,28 @@ def test_conditional_round_refuses_after_max_tries() -> None:
         assert "3 times" in str(exc)
     else:  # pragma: no cover - the test fails here
         raise AssertionError("conditional_round accepted a norm above the bound")
+
+
+# ----------------------------------------------------------------------------- fixed point, ring
+@settings(max_examples=30, deadline=None)
+@given(dim=st.integers(1, 4000), norm=st.floats(0.01, 10.0), log_scale=st.integers(0, 24),
+       bits=st.integers(16, 32), seed=st.integers(0, 2**32 - 1))
+def test_fixed_point_encoding_is_bit_identical_to_the_plain_code(dim: int, norm: float, log_scale: int,
+                                                                 bits: int, seed: int) -> None:
+    x = RandomSource.seeded(seed).normal(std=1.0, size=dim)
+    x *= norm / max(float(np.linalg.norm(x)), 1e-300)
+    got = encode_fixed_point(x, clip_norm=1.0, scale=2.0**log_scale, modulus_bits=bits,
+                             rng=RandomSource.seeded(seed + 1))
+    want = _encode_fixed_point_plain(x, 1.0, 2.0**log_scale, bits, RandomSource.seeded(seed + 1))
+    assert got.dtype == np.uint32 and np.array_equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bits=st.integers(16, 32), vals=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=50),
+       dtype=st.sampled_from([np.int64, np.int32, np.uint64, np.uint8]))
+def test_to_ring_is_the_plain_reduction_for_every_integer_dtype(bits: int, vals: list[int], dtype: type) -> None:
+    info = np.iinfo(dtype)
+    q = np.array([v for v in vals if info.min <= v <= info.max] or [0], dtype=dtype)
+    assert np.array_equal(to_ring(q, modulus_bits=bits), _to_ring_plain(q, bits))
+    assert np.array_equal(stochastic_round(np.array([0.25, -1.5, 3.0]), rng=RandomSource.seeded(1)),
+                          _stochastic_round_plain(np.array([0.25, -1.5, 3.0]), RandomSource.seeded(1)))
