@@ -1,273 +1,393 @@
-"""Benchmark fedprivacy's SecAgg+ against Flower 1.42's SecAgg+ primitives, in one run.
+"""Secure aggregation per client against its cryptographic floor, measured primitive by primitive.
 
-Usage: python scripts/secagg_bench.py --clients N --dim D --neighbours K --dropout F [--stage S]
-       [--bits B] [--json PATH]
+Usage: ``python scripts/secagg_bench.py [--clients 100] [--dim 100000] [--neighbours 0] [--dropout 0.1]
+[--modes distributed,none] [--repeats 3] [--baseline-tree DIR] [--flower] [--json PATH]``
 
-fedprivacy: a full in-process round (fedprivacy.secagg.local.run_round) with a fraction F of the
-clients dropping before stage S; one client's masked-input call is timed (decrypting its shares,
-deriving pair seeds, masking) and compared with the AES-256-CTR keystream bound ((k+1) masks of 4d
-bytes into a preallocated buffer, measured here); the server's unmasking call is timed.
-Flower: the same client's path with flwr's primitives (its quantize, numpy-MT19937 pseudo_rand_gen
-for the self mask and k pairwise masks, P-384 ECDH + HKDF per neighbour, Shamir split of two
-secrets over GF(2^128)) and the server's unmask path (Shamir combine for every needed secret and
-mask regeneration). Flower is imported only here, never by the library.
+**Floor** (issue 16): what one client's cryptography and encoding must cost, each primitive timed
+alone at its best (min over repeats) in this run: ``k`` X25519 agreements with HKDF, 2 Shamir splits
+of ``t``-of-``(k+1)`` (the self-mask seed and the mask key), ``k`` AEAD seals of a share pair,
+``k+1`` AES-256-CTR keystream expansions of the (padded) vector into a preallocated buffer and, in
+``distributed`` mode, the Hadamard rotation (FWHT of the padded vector) and the discrete Gaussian
+(``padded_dim`` draws from the secure source). The *protocol floor* adds what the protocol cannot
+avoid beyond that list: the second set of ``k`` agreements (share sealing and masking use separate
+key pairs, Bonawitz et al. 2017), the two key-pair generations, ``k`` AEAD opens and, in
+the stochastic rounding's uniforms (one per coordinate).
+
+**Achieved**: a whole round of the real state machines (``fedprivacy.secagg.local.run_round``) with
+every public method of ``ClientSession`` and ``ServerSession`` timed (outermost calls only), plus
+each client's real encoding (``encode_update`` / ``encode_fixed_point``); per client the sum over
+its calls, median over clients, min over ``--repeats`` rounds. The server's time is reported as a
+total and per client. Times are CPU seconds of this process (``time.process_time``: other
+processes on a shared machine inflate wall time, not this); wall times are reported beside them.
+
+``--allocator tuned`` (the default) gives both trees' processes the glibc setting of
+:func:`fedprivacy.runtime.keep_freed_memory` through its environment variables, as the engine runs;
+``default`` leaves glibc's thresholds alone (then page faults of fresh temporaries dominate).
+
+``--baseline-tree DIR`` runs the same achieved measurement with the library of another checkout
+(e.g. main before the speed work) in a child process, in this same run. ``--flower`` adds the old
+comparison with Flower 1.42's SecAgg+ primitives (imported only here).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
+import os
 import secrets
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from fedprivacy.dp.rng import RandomSource
-from fedprivacy.secagg.graph import abort_probability_bound, min_safe_threshold
-from fedprivacy.secagg.local import STAGES, run_round
-from fedprivacy.secagg.protocol import (
-    ClientSession,
-    MaskedInput,
-    RoundAborted,
-    SetupRequest,
-    SharedKeys,
-    UnmaskResponse,
-)
-from fedprivacy.secagg.quantize import check_headroom, from_ring, stochastic_round, to_ring
+CPU = time.process_time
+WALL = time.perf_counter
 
 
-def _keystream_bound(dim: int, count: int) -> float:
-    """Pure AES-256-CTR cost of ``count`` masks of ``dim`` words: the best of a whole-buffer and a
-    cache-sized-chunk keystream generation (no arithmetic), min over 3 repeats."""
-    best = math.inf
-    zeros = bytes(4 * dim)
-    whole = bytearray(4 * dim + 15)
-    chunk = 1 << 14
-    small = bytearray(4 * chunk + 15)
-    zc = bytes(4 * chunk)
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(count):
-            enc = Cipher(algorithms.AES(secrets.token_bytes(32)), modes.CTR(bytes(16))).encryptor()
-            enc.update_into(zeros, whole)
-        best = min(best, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        encs = [Cipher(algorithms.AES(secrets.token_bytes(32)), modes.CTR(bytes(16))).encryptor()
-                for _ in range(count)]
-        for start in range(0, dim, chunk):
-            n = min(chunk, dim - start)
-            for enc in encs:
-                enc.update_into(zc if n == chunk else zc[: 4 * n], small)
-        best = min(best, time.perf_counter() - t0)
+def _best(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(min CPU seconds, min wall seconds) of ``fn`` over ``repeats`` calls."""
+    cpu, wall = math.inf, math.inf
+    for _ in range(repeats):
+        c0, w0 = CPU(), WALL()
+        fn()
+        cpu, wall = min(cpu, CPU() - c0), min(wall, WALL() - w0)
+    return cpu, wall
+
+
+# ----------------------------------------------------------------------------- parameters
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    from fedprivacy.secagg.graph import min_safe_threshold
+
+    n = args.clients
+    k = args.neighbours or (n - 1 if n <= 30 else min(n - 1, 2 * math.ceil(math.log2(n)) + 1))
+    k = min(k, n - 1)
+    return {"clients": n, "dim": args.dim, "degree": k, "threshold": min_safe_threshold(k),
+            "bits": args.bits, "dropout": args.dropout, "noise_multiplier": 1.0, "clip_norm": 1.0}
+
+
+def _encoder(mode: str, p: dict[str, Any]) -> tuple[Callable[..., np.ndarray], int, dict[str, Any]]:
+    """(encode(x, rng) -> uint32 vector, vector length, details) for a mode, as the engine sizes it."""
+    from fedprivacy.secagg.quantize import check_headroom, encode_fixed_point
+
+    n, d, bits, clip = p["clients"], p["dim"], p["bits"], p["clip_norm"]
+    if mode == "none":
+        scale = min(2.0**20, 2.0 ** math.floor(math.log2(((1 << (bits - 1)) - 1) / (n * clip) - 1)))
+        check_headroom(num_clients=n, clip_norm=clip, scale=scale, modulus_bits=bits)
+
+        def enc_fp(x: np.ndarray, rng: Any) -> np.ndarray:
+            return encode_fixed_point(x, clip_norm=clip, scale=scale, modulus_bits=bits, rng=rng)
+
+        return enc_fp, d, {"scale": scale}
+    from fedprivacy.secagg.ddp import DistributedDPConfig, encode_update
+
+    scale = 2.0**20
+    while True:  # the largest power-of-two scale whose sum cannot wrap (as fl.secure sizes it)
+        try:
+            cfg = DistributedDPConfig(dim=d, clip_norm=clip, noise_multiplier=p["noise_multiplier"],
+                                      min_survivors=p["threshold"], scale=scale, modulus_bits=bits,
+                                      max_clients=4 * n)
+            break
+        except ValueError:
+            scale /= 2.0
+    rseed = secrets.token_bytes(32)
+
+    def enc_dd(x: np.ndarray, rng: Any) -> np.ndarray:
+        return encode_update(x, config=cfg, rotation_seed=rseed, rng=rng)
+
+    return enc_dd, cfg.padded_dim, {"scale": scale, "local_sigma": cfg.local_sigma}
+
+
+# ----------------------------------------------------------------------------- floor
+def measure_floor(mode: str, p: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """Each primitive of one client's round, timed alone (CPU seconds, min over repeats)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from fedprivacy.dp.discrete import sample_discrete_gaussian
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg import shamir
+    from fedprivacy.secagg.keys import (
+        KeyPair,
+        context_bytes,
+        derive_keys,
+        load_private,
+        open_many,
+        seal_many,
+    )
+    from fedprivacy.secagg.rotation import fwht
+
+    k, t = p["degree"], p["threshold"]
+    _, length, details = _encoder(mode, p)
+    me = load_private(KeyPair.generate().private)
+    pubs = [KeyPair.generate().public for _ in range(k)]
+    ctxs = [context_bytes(round=1, sender=0, receiver=j + 1) for j in range(k)]
+    seeds = [secrets.token_bytes(32), secrets.token_bytes(32)]
+    xs = list(range(1, k + 2))
+    keys = derive_keys(me, pubs, purpose="share-seal", contexts=ctxs)
+    pair = shamir.encode_shares(shamir.split_secrets(seeds, threshold=t, xs=xs)[0])
+    sealed = seal_many(keys, [pair] * k, purpose="share-seal", contexts=ctxs)
+    zeros = bytes(4 * length)
+    buf = bytearray(4 * length + 15)
+
+    def expand() -> None:
+        for _ in range(k + 1):
+            Cipher(algorithms.AES(secrets.token_bytes(32)), modes.CTR(bytes(16))).encryptor().update_into(zeros, buf)
+
+    rows: dict[str, Callable[[], object]] = {
+        "x25519_hkdf_k": lambda: derive_keys(me, pubs, purpose="mask", contexts=ctxs),
+        "shamir_2_splits": lambda: shamir.split_secrets(seeds, threshold=t, xs=xs),
+        "aead_seal_k": lambda: seal_many(keys, [pair] * k, purpose="share-seal", contexts=ctxs),
+        "aes_ctr_k_plus_1": expand,
+    }
+    src = RandomSource.secure()
+    if mode == "distributed":
+        v = src.normal(std=1.0, size=length)
+        rows["rotation_fwht"] = lambda: fwht(v)
+        rows["discrete_gaussian"] = lambda: sample_discrete_gaussian(sigma=details["local_sigma"],
+                                                                     size=length, rng=src)
+    extras: dict[str, Callable[[], object]] = {
+        "x25519_hkdf_second_k": rows["x25519_hkdf_k"],
+        "keypair_generation_2": lambda: (KeyPair.generate(), KeyPair.generate()),
+        "aead_open_k": lambda: open_many(keys, sealed, purpose="share-seal", contexts=ctxs),
+    }
+    extras["rounding_uniforms"] = lambda: src.uniform(size=length) < 0.5  # stochastic rounding
+    floor = {name: _best(fn, repeats)[0] for name, fn in rows.items()}
+    extra = {name: _best(fn, repeats)[0] for name, fn in extras.items()}
+    return {"primitives": floor, "floor": sum(floor.values()), "protocol_extras": extra,
+            "protocol_floor": sum(floor.values()) + sum(extra.values()), "vector_length": length,
+            **details}
+
+
+# ----------------------------------------------------------------------------- achieved
+class _Timer:
+    """Accumulates CPU and wall time of the outermost public-method calls, per party."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[object, dict[str, float]] = {}
+        self.wall: dict[object, float] = {}
+        self._depth = 0
+
+    def add(self, who: object, what: str, cpu: float, wall: float) -> None:
+        row = self.cpu.setdefault(who, {})
+        row[what] = row.get(what, 0.0) + cpu
+        self.wall[who] = self.wall.get(who, 0.0) + wall
+
+    def timed(self, base: type, who: Callable[[Any], object]) -> type:
+        """A subclass of ``base`` whose ``__init__`` and public methods are timed."""
+        timer = self
+        ns: dict[str, Any] = {}
+        for name, attr in inspect.getmembers(base):
+            static = inspect.getattr_static(base, name)
+            if (name.startswith("_") and name != "__init__") or not callable(attr) or isinstance(
+                    static, property | staticmethod | classmethod):
+                continue
+
+            def wrap(fn: Callable[..., Any], name: str = name) -> Callable[..., Any]:
+                def timed_call(self: Any, *a: Any, **kw: Any) -> Any:
+                    if timer._depth:
+                        return fn(self, *a, **kw)
+                    timer._depth += 1
+                    c0, w0 = CPU(), WALL()
+                    try:
+                        return fn(self, *a, **kw)
+                    finally:
+                        timer._depth -= 1
+                        timer.add(who(self), name, CPU() - c0, WALL() - w0)
+                return timed_call
+
+            ns[name] = wrap(attr)
+        return type(f"Timed{base.__name__}", (base,), ns)
+
+
+def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """Per-client CPU seconds of real rounds (see the module docstring)."""
+    import fedprivacy
+    import fedprivacy.secagg.local as local
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg.protocol import RoundAborted, SetupRequest
+
+    n, t, k = p["clients"], p["threshold"], p["degree"]
+    encode, length, _ = _encoder(mode, p)
+    src = RandomSource.secure()
+    updates = [src.normal(std=1.0, size=p["dim"]) for _ in range(4)]
+    ids = list(range(1, n + 1))
+    ndrop = int(round(p["dropout"] * n))
+    drop = {i: "masked" for i in ids[n - ndrop:]}
+    orig_client, orig_server = local.ClientSession, local.ServerSession
+    best: dict[str, Any] | None = None
+    try:
+        for rep in range(repeats):
+            timer = _Timer()
+            local.ClientSession = timer.timed(orig_client, lambda s: s.node_id)  # type: ignore[misc,assignment]
+            local.ServerSession = timer.timed(orig_server, lambda s: "server")  # type: ignore[misc,assignment]
+            inputs = {}
+            for i in ids:
+                c0, w0 = CPU(), WALL()
+                inputs[i] = encode(updates[i % 4], RandomSource.secure())
+                timer.add(i, "encode", CPU() - c0, WALL() - w0)
+            setup = SetupRequest(round=rep + 1, threshold=t, degree=k, modulus_bits=p["bits"], dim=length)
+            w0 = WALL()
+            try:
+                local.run_round(setup, inputs, drop_before=drop)
+            except RoundAborted as exc:
+                return {"aborted": str(exc)}
+            round_wall = WALL() - w0
+            per_client = [sum(timer.cpu[i].values()) for i in ids if i in timer.cpu and i not in drop]
+            server = sum(timer.cpu.get("server", {}).values())
+            row = {
+                "client_seconds": statistics.median(per_client),
+                "client_seconds_max": max(per_client),
+                "client_wall_seconds": statistics.median([timer.wall[i] for i in ids if i not in drop]),
+                "client_by_call": {name: statistics.median([timer.cpu[i].get(name, 0.0) for i in ids
+                                                            if i not in drop])
+                                   for name in sorted({c for i in ids if i not in drop for c in timer.cpu[i]})},
+                "server_seconds": server,
+                "server_by_call": timer.cpu.get("server", {}),
+                "server_seconds_per_client": server / n,
+                "round_wall_seconds": round_wall,
+            }
+            if best is None or row["client_seconds"] < best["client_seconds"]:
+                best = row
+    finally:
+        local.ClientSession, local.ServerSession = orig_client, orig_server  # type: ignore[misc,assignment]
+    assert best is not None
+    best["library"] = str(Path(fedprivacy.__file__).resolve().parent)
     return best
 
 
-class _TimedClient(ClientSession):
-    """Records the wall time of masked_input (the client's masking stage)."""
-
-    timings: list[float] = []
-
-    def masked_input(self, request, vector):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        out = super().masked_input(request, vector)
-        _TimedClient.timings.append(time.perf_counter() - t0)
-        return out
-
-
-def _fedprivacy(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any]:
-    n, d, bits = args.clients, args.dim, args.bits
-    k = min(args.neighbours, n - 1)
-    t = min_safe_threshold(k)
-    clip = 1.0
-    # largest fixed-point scale the worst-case headroom check accepts for n clients
-    scale = float(((1 << (bits - 1)) - 1) // n - 1) / clip
-    check_headroom(num_clients=n, clip_norm=clip, scale=scale, modulus_bits=bits)
-    rng = RandomSource.secure()
-    t0 = time.perf_counter()
-    distinct = [to_ring(stochastic_round(floats[0] * scale, rng=rng), modulus_bits=bits)]
-    quant_s = time.perf_counter() - t0
-    distinct += [to_ring(stochastic_round(f * scale, rng=rng), modulus_bits=bits) for f in floats[1:]]
-    ids = list(range(1, n + 1))
-    inputs = {i: distinct[i % len(distinct)] for i in ids}
-    ndrop = int(round(args.dropout * n))
-    drop = {i: args.stage for i in ids[-ndrop:]} if ndrop else {}
-    setup = SetupRequest(round=1, threshold=t, degree=k, modulus_bits=bits, dim=d)
-    abort_p = abort_probability_bound(num_clients=n, degree=k, threshold=t, dropout=args.dropout)
-    import fedprivacy.secagg.local as local
-
-    orig = local.ClientSession
-    local.ClientSession = _TimedClient  # type: ignore[misc]
-    _TimedClient.timings = []
-    transcript: list[object] = []
-    try:
-        t0 = time.perf_counter()
-        # time the server's unmask call by wrapping the session method
-        from fedprivacy.secagg.protocol import ServerSession
-
-        unmask_time: list[float] = []
-        orig_unmask = ServerSession.receive_unmask
-
-        def timed(self, msgs):  # type: ignore[no-untyped-def]
-            s0 = time.perf_counter()
-            out = orig_unmask(self, msgs)
-            unmask_time.append(time.perf_counter() - s0)
-            return out
-
-        ServerSession.receive_unmask = timed  # type: ignore[method-assign]
-        try:
-            total, server, _ = run_round(setup, inputs, drop_before=drop, transcript=transcript)
-        except RoundAborted as exc:
-            return {"aborted": str(exc), "abort_probability_bound": abort_p,
-                    "client_mask_seconds": float(np.median(_TimedClient.timings or [math.nan]))}
-        round_seconds = time.perf_counter() - t0
-    finally:
-        local.ClientSession = orig  # type: ignore[misc]
-        ServerSession.receive_unmask = orig_unmask  # type: ignore[method-assign]
-    expected = sum(floats[i % len(floats)].astype(np.float64) for i in server.u3)
-    got = from_ring(total, modulus_bits=bits) / scale
-    mask_s = float(np.median(_TimedClient.timings))
-    mask_min = float(np.min(_TimedClient.timings))
-    bound = _keystream_bound(d, k + 1)
-    me = ids[0]
-    up = 64  # two X25519 public keys
-    up += sum(sum(len(c) for c in m.ciphertexts) for m in transcript
-              if isinstance(m, SharedKeys) and m.node_id == me)
-    up += sum(m.masked.nbytes for m in transcript if isinstance(m, MaskedInput) and m.node_id == me)
-    up += sum(sum(map(len, m.seed_shares)) + sum(map(len, m.key_shares)) for m in transcript
-              if isinstance(m, UnmaskResponse) and m.node_id == me)
-    return {
-        "client_mask_seconds": mask_s,
-        "keystream_bound_seconds": bound,
-        "mask_over_bound": mask_s / bound,
-        "client_mask_seconds_min": mask_min,
-        "mask_min_over_bound": mask_min / bound,
-        "client_quantize_seconds": quant_s,
-        "server_unmask_seconds": unmask_time[0],
-        "round_seconds_in_process": round_seconds,
-        "upload_bytes_per_client": up,
-        "upload_bytes_per_coordinate": up / d,
-        "max_abs_error": float(np.max(np.abs(got - expected))),
-        "threshold": t,
-        "degree": k,
-        "abort_probability_bound": abort_p,
-        "survivors": len(server.u3),
-        "scale": scale,
-    }
+def _child(tree: Path | None, mode: str, args: argparse.Namespace, *, floor: bool) -> dict[str, Any]:
+    """One round (and optionally the floor) in a fresh process, with the library of ``tree``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--modes", mode,
+           "--clients", str(args.clients), "--dim", str(args.dim), "--neighbours", str(args.neighbours),
+           "--dropout", str(args.dropout), "--bits", str(args.bits)] + (["--with-floor"] if floor else [])
+    env = dict(os.environ)
+    if args.allocator == "tuned":  # what fedprivacy.runtime.keep_freed_memory sets, for either tree
+        env.update(MALLOC_MMAP_THRESHOLD_=str(16 << 20), MALLOC_TRIM_THRESHOLD_=str(32 << 20))
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree.resolve())
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                         cwd=tree if tree is not None else None)
+    return json.loads(out.stdout)[mode]
 
 
-def _flower(args: argparse.Namespace, floats: list[np.ndarray]) -> dict[str, Any]:
+def _min_by(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return min(rows, key=lambda r: r.get(key, math.inf))
+
+
+# ----------------------------------------------------------------------------- Flower
+def measure_flower(p: dict[str, Any]) -> dict[str, Any]:
+    """Flower 1.42's client path for the same round: quantize, MT19937 masks, P-384, GF(2^128) Shamir."""
     from cryptography.hazmat.primitives.asymmetric import ec
-    from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+    from flwr.common.secure_aggregation.crypto.shamir import create_shares
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
     from flwr.common.secure_aggregation.ndarrays_arithmetic import (
         parameters_addition,
         parameters_mod,
         parameters_subtraction,
     )
-    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+    from flwr.common.secure_aggregation.quantization import quantize
     from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
-    from flwr.common.typing import NDArray
 
-    n, d = args.clients, args.dim
-    k = min(args.neighbours, n - 1)
-    t = min_safe_threshold(k)
-    clipping_range, target_range, mod_range = 8.0, 1 << 22, 1 << 32  # Flower's defaults
-    dims: list[tuple[int, ...]] = [(d,)]
+    k, t, d = p["degree"], p["threshold"], p["dim"]
+    x = np.random.default_rng(0).normal(size=d)
+    x /= np.linalg.norm(x)
     my_sk = ec.generate_private_key(ec.SECP384R1())
     peers = [ec.generate_private_key(ec.SECP384R1()).public_key() for _ in range(k)]
-    rd_seed = secrets.token_bytes(32)
-    t0 = time.perf_counter()
-    sk_bytes = secrets.token_bytes(48)
-    create_shares(rd_seed, t, k + 1)
-    create_shares(sk_bytes, t, k + 1)
-    shamir_split = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    q = quantize([floats[0]], clipping_range, target_range)
-    quant_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    vec: list[NDArray] = parameters_addition(q, pseudo_rand_gen(rd_seed, mod_range, dims))
+    c0 = CPU()
+    seed = secrets.token_bytes(32)
+    create_shares(seed, t, k + 1)
+    create_shares(secrets.token_bytes(48), t, k + 1)
+    vec = parameters_addition(quantize([x], 8.0, 1 << 22), pseudo_rand_gen(seed, 1 << 32, [(d,)]))
     for j, pk in enumerate(peers):
-        key = generate_shared_key(my_sk, pk)
-        pm = pseudo_rand_gen(key, mod_range, dims)
+        pm = pseudo_rand_gen(generate_shared_key(my_sk, pk), 1 << 32, [(d,)])
         vec = parameters_addition(vec, pm) if j % 2 else parameters_subtraction(vec, pm)
-    vec = parameters_mod(vec, mod_range)
-    mask_s = time.perf_counter() - t0
-    upload = int(vec[0].astype(np.int64).nbytes)  # Flower ships int64 ndarrays
-    # server: combine t shares for each survivor's seed and each dropped key, regenerate masks
-    # clients lost in the unmask stage still uploaded: nobody's key must be reconstructed
-    ndrop = 0 if args.stage == "unmask" else int(round(args.dropout * n))
-    shares_seed = create_shares(rd_seed, t, k + 1)
-    shares_key = create_shares(sk_bytes, t, k + 1)
-    acc: np.ndarray = np.zeros(d, dtype=np.int64)
-    t0 = time.perf_counter()
-    for _ in range(n - ndrop):
-        seed = combine_shares(shares_seed[:t])
-        acc -= pseudo_rand_gen(seed, mod_range, dims)[0]
-    for _ in range(ndrop):
-        combine_shares(shares_key[:t])
-        for _ in range(k):
-            acc += pseudo_rand_gen(secrets.token_bytes(32), mod_range, dims)[0]
-    acc %= mod_range
-    unmask_s = time.perf_counter() - t0
-    # accuracy of Flower's quantisation on the same survivors' sum
-    survivors = n - ndrop if args.stage in ("advertise", "share", "masked") else n
-    total = np.zeros(d, dtype=np.int64)
-    for i in range(survivors):
-        total += quantize([floats[(i + 1) % len(floats)]], clipping_range, target_range)[0]
-    deq = dequantize([total % mod_range], clipping_range, target_range)[0]
-    deq = deq - (survivors - 1) * clipping_range  # dequantize subtracts one offset, a sum has n
-    expected = sum(floats[(i + 1) % len(floats)] for i in range(survivors))
-    return {
-        "client_mask_seconds": mask_s,
-        "client_shamir_split_seconds": shamir_split,
-        "client_quantize_seconds": quant_s,
-        "server_unmask_seconds": unmask_s,
-        "upload_bytes_per_client": upload,
-        "upload_bytes_per_coordinate": upload / d,
-        "max_abs_error": float(np.max(np.abs(deq - expected))),
-        "note": "primitives only (quantize, MT19937 masks, P-384 ECDH, GF(2^128) Shamir)",
-    }
+    parameters_mod(vec, 1 << 32)
+    return {"client_seconds": CPU() - c0,
+            "note": "Flower primitives only (quantize, MT19937 masks, P-384 ECDH, GF(2^128) Shamir)"}
 
 
+# ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--dim", type=int, default=1_000_000)
-    p.add_argument("--neighbours", type=int, default=7)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--stage", choices=STAGES, default="masked",
-                   help="stage before which the dropped clients vanish")
-    p.add_argument("--bits", type=int, default=32)
-    p.add_argument("--json", type=str, default=None)
-    p.add_argument("--no-flower", action="store_true")
-    args = p.parse_args(argv)
-    if not 0 <= args.dropout < 1 or args.clients < 3 or args.dim < 1:
-        print("error: need --clients >= 3, --dim >= 1, 0 <= --dropout < 1", file=sys.stderr)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--dim", type=int, default=100_000)
+    ap.add_argument("--neighbours", type=int, default=0, help="degree k (0: the engine's automatic rule)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="fraction dropping before the masked stage")
+    ap.add_argument("--bits", type=int, default=32)
+    ap.add_argument("--modes", default="distributed,none")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline-tree", type=Path, default=None)
+    ap.add_argument("--flower", action="store_true")
+    ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
+                    help="tuned: glibc keeps freed memory (fedprivacy.runtime.keep_freed_memory), as "
+                         "the engine runs; default: glibc's own thresholds")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--with-floor", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    modes = args.modes.split(",")
+    if args.clients < 3 or args.dim < 1 or not 0 <= args.dropout < 0.5 or not set(modes) <= {"distributed", "none"}:
+        print("error: need --clients >= 3, --dim >= 1, 0 <= --dropout < 0.5, --modes from "
+              "distributed,none", file=sys.stderr)
         return 2
-    rng = RandomSource.secure()
-    # four distinct client updates of L2 norm <= 1 (inputs are reused to save memory)
-    floats = []
-    for _ in range(4):
-        v = rng.normal(std=1.0, size=args.dim)
-        floats.append(v / max(1.0, float(np.linalg.norm(v))))
-    out: dict[str, Any] = {"clients": args.clients, "dim": args.dim, "neighbours": args.neighbours,
-                           "dropout": args.dropout, "stage": args.stage, "bits": args.bits}
-    out.update(_fedprivacy(args, floats))
-    if not args.no_flower and "aborted" not in out:
-        out["flower"] = _flower(args, floats)
-        out["speedup_client_mask_vs_flower"] = (
-            (out["flower"]["client_mask_seconds"] + out["flower"]["client_shamir_split_seconds"])
-            / out["client_mask_seconds"])
-        out["speedup_server_unmask_vs_flower"] = (out["flower"]["server_unmask_seconds"]
-                                                  / out["server_unmask_seconds"])
-    print(json.dumps(out, indent=2))
+    p = _params(args)
+    if args.child:  # one measurement in this process (see _child)
+        one: dict[str, Any] = {"achieved": measure_achieved(modes[0], p, 1)}
+        if args.with_floor:
+            one["floor"] = measure_floor(modes[0], p, 5)
+        print(json.dumps({modes[0]: one}))
+        return 0
+    out: dict[str, Any] = {"params": p, "allocator": args.allocator, "load_before": os.getloadavg(), "modes": {},
+                           "method": "each repeat runs the current tree, then the baseline tree, each in a "
+                                     "fresh process; per quantity the repeat with the lowest value is kept "
+                                     "(CPU seconds)"}
+    for mode in modes:
+        cur: list[dict[str, Any]] = []
+        base: list[dict[str, Any]] = []
+        for _ in range(args.repeats):  # interleaved, so that both see the same machine load
+            cur.append(_child(None, mode, args, floor=True))
+            if args.baseline_tree is not None:
+                base.append(_child(args.baseline_tree, mode, args, floor=False)["achieved"])
+        floors = [c["floor"] for c in cur]
+        floor = _min_by(floors, "floor")
+        floor["primitives"] = {k: min(f["primitives"][k] for f in floors) for k in floor["primitives"]}
+        floor["protocol_extras"] = {k: min(f["protocol_extras"][k] for f in floors)
+                                    for k in floor["protocol_extras"]}
+        floor["floor"] = sum(floor["primitives"].values())
+        floor["protocol_floor"] = floor["floor"] + sum(floor["protocol_extras"].values())
+        ach = _min_by([c["achieved"] for c in cur], "client_seconds")
+        row: dict[str, Any] = {"floor": floor, "achieved": ach}
+        if "aborted" not in ach:
+            row["client_over_floor"] = ach["client_seconds"] / floor["floor"]
+            row["client_over_protocol_floor"] = ach["client_seconds"] / floor["protocol_floor"]
+        if base:
+            b = _min_by(base, "client_seconds")
+            row["baseline"] = b
+            if "aborted" not in b and "aborted" not in ach:
+                row["baseline_client_over_floor"] = b["client_seconds"] / floor["floor"]
+                row["speedup_client_vs_baseline"] = b["client_seconds"] / ach["client_seconds"]
+                row["speedup_server_vs_baseline"] = b["server_seconds"] / ach["server_seconds"]
+        out["modes"][mode] = row
+        print(f"{mode:12s} client {ach.get('client_seconds', math.nan) * 1e3:8.2f} ms CPU  floor "
+              f"{floor['floor'] * 1e3:7.2f} ms (x{row.get('client_over_floor', math.nan):.2f}), protocol "
+              f"floor {floor['protocol_floor'] * 1e3:7.2f} ms (x{row.get('client_over_protocol_floor', math.nan):.2f})"
+              f"  server {ach.get('server_seconds', math.nan) * 1e3:8.1f} ms"
+              + (f"  baseline client {row['baseline']['client_seconds'] * 1e3:.2f} ms"
+                 if "baseline" in row and "client_seconds" in row["baseline"] else ""),
+              file=sys.stderr, flush=True)
+    if args.flower:
+        out["flower"] = measure_flower(p)
+    out["load_after"] = os.getloadavg()
+    text = json.dumps(out, indent=1)
+    print(text)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+        args.json.write_text(text + "\n", encoding="utf-8")
     return 0
 
 

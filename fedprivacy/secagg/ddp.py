@@ -208,18 +208,14 @@ def _clip_scale_rotate(update: np.ndarray, *, config: DistributedDPConfig,
     return rotate(x, seed=rotation_seed)
 
 
-_EXACT_SQUARES = 2.0**52  # float64 sums of integer squares below this are exact
-
-
 def conditional_round(r: np.ndarray, *, bound: float, rng: RandomSource, beta: float,
                       max_tries: int = 1000) -> np.ndarray:
     """KLS 2021 conditional randomised rounding: ``floor(r) + Bernoulli(frac)`` until ``||q|| <= bound``.
 
-    One uniform per coordinate per try (:func:`fedprivacy.secagg.quantize.stochastic_round`'s draws).
-    ``floor`` and the fractions are computed once; with ``q = lo + up`` (``up`` in {0, 1}) the
-    squared norm is ``sum lo^2 + sum_{up} (2 lo + 1)``, an exact integer in float64 while it is
-    below 2^52 (``C s < 2^26``); beyond that it falls back to the plain int64 rounding and float sum.
-    Each try succeeds with probability >= 1 - beta (``rounded_l2_norm_bound``).
+    One uniform per coordinate per try (:func:`fedprivacy.secagg.quantize.stochastic_round`'s draws);
+    ``floor`` and the fractions are computed once for all tries, and the squared norm is summed
+    over the same float64 values ``lo + up`` as the plain code (int64, then float), so every
+    decision is the same. Each try succeeds with probability >= 1 - beta (``rounded_l2_norm_bound``).
 
     Returns:
         the rounded int64 vector.
@@ -233,20 +229,12 @@ def conditional_round(r: np.ndarray, *, bound: float, rng: RandomSource, beta: f
     bound_sq = bound * bound
     lo = np.floor(r)
     frac = r - lo
-    sq0 = float(np.add.reduce(lo * lo))
-    fast = bound_sq < _EXACT_SQUARES and sq0 < _EXACT_SQUARES
-    step = 2.0 * lo + 1.0  # (lo + 1)^2 - lo^2
     for _ in range(max_tries):
         up = rng.uniform(size=r.shape) < frac
-        if fast:
-            ok = sq0 + float(np.add.reduce(step * up)) <= bound_sq  # (masked reduce is 10x slower)
-        else:
-            qf = lo + up
-            ok = float(np.add.reduce(qf * qf)) <= bound_sq  # no BLAS dot (see fedprivacy.dp.clipping)
-        if ok:
-            q = lo.astype(np.int64)
-            q += up
-            return q
+        q = lo + up
+        sq = q * q
+        if float(np.add.reduce(sq)) <= bound_sq:  # no BLAS dot (see fedprivacy.dp.clipping)
+            return q.astype(np.int64)
     raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={beta})")
 
 

@@ -130,9 +130,10 @@ def rotate(x: np.ndarray, *, seed: bytes) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     m = padded_dim(x.shape[0])
     signs = random_signs(seed, m)
-    padded = np.zeros(m, dtype=np.float64)
-    padded[: x.shape[0]] = x
-    padded *= signs  # the padding too, as the plain loop does (its zeros take the signs: -0.0)
+    d = x.shape[0]
+    padded = np.empty(m, dtype=np.float64)
+    np.multiply(x, signs[:d], out=padded[:d])
+    np.multiply(signs[d:], 0.0, out=padded[d:])  # signed zeros, as zero padding times the signs
     y = _fwht_unscaled(padded)
     y *= 1.0 / math.sqrt(m)
     return y

@@ -214,8 +214,8 @@ def test_encode_update_large_model_secure_and_seeded_sources_match_the_plain_enc
         assert np.array_equal(got, _encode_plain(x, cfg, KEY, make()))
 
 
-def test_conditional_round_large_norms_take_the_exact_fallback_and_still_match() -> None:
-    # C s = 2^27: squared norms beyond 2^52, where the fast float sum would not be exact
+def test_conditional_round_matches_the_plain_loop_at_large_norms() -> None:
+    # C s = 2^27: squared norms beyond 2^53, where float sums round
     r = RandomSource.seeded(3).normal(std=2.0**27 / 32, size=1024)
     bound = float(np.linalg.norm(r)) + 32.0
     got = conditional_round(r, bound=bound, rng=RandomSource.seeded(5), beta=0.5)
