@@ -92,17 +92,17 @@ def _partition_indices(
     if partitioner == "natural":
         return _natural_partition(groups, num_partitions)
 
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        PathologicalPartitioner,
-    )
+    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 
     rng = np.random.Generator(np.random.PCG64(seed))
     if partitioner == "iid":
-        p: Any = IidPartitioner(num_partitions=num_partitions)
-        p.dataset = _label_dataset(y, rng.permutation(n).astype(np.int64))
-    elif partitioner == "dirichlet":
+        # IidPartitioner gives partition i the i-th contiguous shard (``Dataset.shard(contiguous=True)``)
+        # of the permuted indices, which is ``np.array_split`` (tests/ml/test_partition.py checks it
+        # against IidPartitioner); done in numpy because one ``shard`` per partition costs ~5 ms, 14 s
+        # for Fashion-MNIST's 3000 clients in every process of a simulation.
+        return list(np.array_split(rng.permutation(n).astype(np.int64), num_partitions))
+    p: Any
+    if partitioner == "dirichlet":
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0 for partitioner 'dirichlet', got {alpha}")
         p = DirichletPartitioner(

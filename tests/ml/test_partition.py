@@ -141,3 +141,20 @@ def test_natural_partition_matches_flwr_datasets_natural_id_partitioner() -> Non
     ref.dataset = datasets.Dataset.from_dict({"g": groups.tolist(), "i": list(range(200))})
     for k, part in enumerate(ours):
         np.testing.assert_array_equal(part, ref.load_partition(k)["i"])
+
+
+@pytest.mark.parametrize(("n", "k"), [(60, 7), (1437, 1000), (100, 100), (23, 1)])
+def test_iid_partition_matches_flwr_datasets_iid_partitioner(n: int, k: int) -> None:
+    import datasets
+    from flwr_datasets.partitioner import IidPartitioner
+
+    from fedprivacy.ml.data import Split
+
+    split = Split(x=np.zeros((n, 1), np.float32), y=(np.arange(n) % 3).astype(np.int64))
+    ours = partition(split, num_partitions=k, partitioner="iid", seed=5)
+
+    perm = np.random.Generator(np.random.PCG64(5)).permutation(n)  # the seeded order IID shards
+    ref = IidPartitioner(num_partitions=k)
+    ref.dataset = datasets.Dataset.from_dict({"i": perm.tolist()})
+    for pid in range(k):
+        np.testing.assert_array_equal(ours[pid], ref.load_partition(pid)["i"])
