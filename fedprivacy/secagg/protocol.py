@@ -110,7 +110,7 @@ from fedprivacy.secagg.keys import (
     seal,
 )
 from fedprivacy.secagg.prg import apply_masks
-from fedprivacy.secagg.robust import recover
+from fedprivacy.secagg.robust import recover_secret
 
 __all__ = [
     "AdvertiseKeys",
@@ -311,9 +311,13 @@ class _Stage(Enum):
     ABORTED = 6
 
 
-def _x(node_id: int) -> int:
-    """Shamir abscissa of a node (node ids are in [0, 2**64 - 1), so x is in [1, 2**64))."""
-    return node_id + 1
+def _abscissae(ids: Iterable[int]) -> dict[int, int]:
+    """Shamir abscissa of each roster member: 1 + its position in the sorted roster (the limbed
+    scheme of :mod:`.shamir` needs abscissae in [1, 2^31 - 1); the world fixes the roster)."""
+    return {i: k + 1 for k, i in enumerate(sorted(ids))}
+
+
+_SECRET_BYTES = 32
 
 
 def _u64s(values: Iterable[int]) -> bytes:
@@ -615,20 +619,20 @@ class ClientSession:
         graph = harary_neighbours(ids, degree=s.degree, seed=world)
         neighbours = graph[self.node_id]
         enc_pub = dict(zip(ids, request.enc_publics, strict=True))
-        xs = [_x(j) for j in neighbours] + [_x(self.node_id)]
-        seed_int = int.from_bytes(self._seed.reveal(), "big")
-        key_int = int.from_bytes(self._mask.private.reveal(), "big")
-        b_shares, k_shares = shamir.split_many([seed_int, key_int], threshold=s.threshold, xs=xs)
+        x_of = _abscissae(ids)
+        shares = shamir.split_secrets([self._seed.reveal(), self._mask.private.reveal()],
+                                      threshold=s.threshold,
+                                      xs=[x_of[j] for j in neighbours] + [x_of[self.node_id]])
         cts, seal_keys = [], {}
-        for j, bs, ks in zip(neighbours, b_shares[:-1], k_shares[:-1], strict=True):
+        for j, share in zip(neighbours, shares[:-1], strict=True):
             lo, hi = (self.node_id, j) if self.node_id < j else (j, self.node_id)
             key = derive_key(self._enc_key, enc_pub[j], purpose=_SHARE_SEAL,
                              context=_context(world, s.round, lo, hi))
             seal_keys[j] = key
-            cts.append(seal(key, shamir.encode_share(bs) + shamir.encode_share(ks), purpose=_SHARE_SEAL,
+            cts.append(seal(key, shamir.encode_shares(share), purpose=_SHARE_SEAL,
                             context=_context(world, s.round, self.node_id, j)))
         # commit state (the own key share is discarded: a live client never reveals it)
-        self._own_seed_share = shamir.encode_share(b_shares[-1])
+        self._own_seed_share = shamir.encode_shares(shares[-1][0:1])
         self._seal_keys = seal_keys
         self._world = world
         self._roster_ids = tuple(ids)
@@ -662,11 +666,8 @@ class ClientSession:
             try:
                 pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
                                  context=_context(self._world, s.round, j, self.node_id))
-                seed_sh, key_sh = pt[: shamir.SHARE_BYTES], pt[shamir.SHARE_BYTES:]
-                if len(pt) != 2 * shamir.SHARE_BYTES:
-                    raise SealError("wrong plaintext length")
-                shamir.decode_share(seed_sh)
-                shamir.decode_share(key_sh)
+                pair = shamir.decode_shares(pt, num_secrets=2, secret_bytes=_SECRET_BYTES)
+                seed_sh, key_sh = shamir.encode_shares(pair[0:1]), shamir.encode_shares(pair[1:2])
             except (SealError, TypeError, ValueError):
                 rejected.append(j)  # a bad share drops its sender for this client, not the round
                 continue
@@ -1190,22 +1191,56 @@ class ServerSession:
                             signers=list(self.signers), signatures=[signers[u] for u in self.signers])
         return dict.fromkeys(self.signers, req)
 
-    def _seed_check(self, node: int) -> Callable[[int], bool]:
+    def _seed_check(self, node: int) -> Callable[[bytes], bool]:
         """A reconstructed self-mask seed must open the commitment ``node`` advertised."""
         commit, round_ = self._roster[node].seed_commitment, self.setup.round
 
-        def check(value: int) -> bool:
-            return value < 2**256 and seed_commitment(round=round_, node_id=node,
-                                                      seed=value.to_bytes(32, "big")) == commit
+        def check(value: bytes) -> bool:
+            return seed_commitment(round=round_, node_id=node, seed=value) == commit
         return check
 
-    def _key_check(self, node: int) -> Callable[[int], bool]:
+    def _key_check(self, node: int) -> Callable[[bytes], bool]:
         """A reconstructed mask key must be the private key of the public key ``node`` advertised."""
         public = self._roster[node].mask_public
 
-        def check(value: int) -> bool:
-            return value < 2**256 and public_from_private(value.to_bytes(32, "big")) == public
+        def check(value: bytes) -> bool:
+            return public_from_private(value) == public
         return check
+
+    def _recover_all(self, points: Mapping[int, list[tuple[int, np.ndarray]]],
+                     check: Callable[[int], Callable[[bytes], bool]], what: str) -> dict[int, bytes]:
+        """Every owner's secret, verified: one batched interpolation of the first t shares, then
+        Reed–Solomon decoding (:func:`.robust.recover_secret`) for any that fails its check; holders of
+        wrong shares go to ``failures``. An unrecoverable secret aborts the round."""
+        t = self.setup.threshold
+        short = sorted(o for o, pts in points.items() if len(pts) < t)
+        if short:
+            raise self._abort(f"fewer than threshold {t} shares of the {what} of {short}; round aborted")
+        owners = sorted(points)
+        first: dict[int, bytes] = {}
+        if owners:
+            xs = np.asarray([[x for x, _ in points[o][:t]] for o in owners], dtype=np.uint64)
+            sh = np.asarray([[v for _, v in points[o][:t]] for o in owners])[:, :, None, :]
+            try:
+                out = shamir.reconstruct_secrets(xs, sh, secret_bytes=_SECRET_BYTES)
+                first = {o: out[j][0] for j, o in enumerate(owners)}
+            except shamir.ShareError:
+                first = {}  # some group is inconsistent: check each on its own below
+        node_of = {x: i for i, x in _abscissae(self._roster).items()}
+        result = {}
+        for o in owners:
+            verify = check(o)
+            if o in first and verify(first[o]):
+                result[o] = first[o]
+                continue
+            rec = recover_secret(points[o], threshold=t, verify=verify, secret_bytes=_SECRET_BYTES)
+            if rec is None:
+                raise self._abort(f"{what} of {o} not recoverable from {len(points[o])} shares (threshold "
+                                  f"{t}; corrupt shares or too few); round aborted, the sum is not released")
+            for x in rec.bad:
+                self._fail(node_of[x], f"unmask: wrong share of the {what} of {o}")
+            result[o] = rec.secret
+        return result
 
     # stage 5 -> sum
     def receive_unmask(self, messages: Sequence[UnmaskResponse]) -> np.ndarray:
@@ -1213,13 +1248,14 @@ class ServerSession:
         self._expect(_Stage.SIGNED if self.setup.active else _Stage.MASKED, "receive_unmask")
         s = self.setup
         surv, dropped = set(self.u3), set(self.dropped)
-        seed_pts: dict[int, list[tuple[int, int]]] = {i: [] for i in self.u3}
-        key_pts: dict[int, list[tuple[int, int]]] = {i: [] for i in self.dropped}
+        x_of = _abscissae(self._roster)
+        seed_pts: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in self.u3}
+        key_pts: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in self.dropped}
         answering = self.signers if s.active else self.u3
         for node, m in self._accept(messages, UnmaskResponse, answering, "unmask").items():
             holds = set(self._peers[node])
             try:
-                got: list[tuple[dict[int, list[tuple[int, int]]], int, int]] = []
+                got: list[tuple[dict[int, list[tuple[int, np.ndarray]]], int, np.ndarray]] = []
                 for owners, shares, table, allowed in (
                         (m.seed_owners, m.seed_shares, seed_pts, (holds & surv) | {node}),
                         (m.key_owners, m.key_shares, key_pts, holds & dropped)):
@@ -1228,32 +1264,17 @@ class ServerSession:
                     for o, sh in zip(owners, shares, strict=True):
                         if o not in allowed:
                             raise ValueError(f"a share for {o} it should not hold or reveal")
-                        got.append((table, o, shamir.decode_share(sh)))
+                        got.append((table, o, shamir.decode_shares(
+                            sh, num_secrets=1, secret_bytes=_SECRET_BYTES)[0]))
             except (TypeError, ValueError) as exc:
                 self._fail(node, f"unmask: malformed reply ({exc})")
                 continue
             for table, o, value in got:
-                table[o].append((_x(node), value))
-        t = s.threshold
-        subtract: list[bytes] = []
+                table[o].append((x_of[node], value))
+        subtract = list(self._recover_all(seed_pts, self._seed_check, "self-mask seed").values())
         add: list[bytes] = []
-        x_to_node = {_x(i): i for i in self._roster}
-        for i in self.u3:
-            rec = recover(seed_pts[i], threshold=t, verify=self._seed_check(i))
-            if rec is None:
-                raise self._abort(f"self-mask seed of {i} not recoverable from {len(seed_pts[i])} shares "
-                                  f"(threshold {t}; corrupt shares or too few); round aborted")
-            for x in rec.bad:
-                self._fail(x_to_node[x], f"unmask: wrong share of the self-mask seed of {i}")
-            subtract.append(rec.secret.to_bytes(32, "big"))
-        for d in self.dropped:
-            rec = recover(key_pts[d], threshold=t, verify=self._key_check(d))
-            if rec is None:
-                raise self._abort(f"mask key of dropped {d} not recoverable from {len(key_pts[d])} shares "
-                                  f"(threshold {t}; corrupt shares or too few); round aborted")
-            for x in rec.bad:
-                self._fail(x_to_node[x], f"unmask: wrong share of the mask key of {d}")
-            sk_key = load_private(rec.secret.to_bytes(32, "big"))
+        for d, key in self._recover_all(key_pts, self._key_check, "mask key").items():
+            sk_key = load_private(key)
             for u in self.u3:
                 if d in self._peers[u]:
                     seed = _pair_seed(sk_key, self._roster[u].mask_public, world=self._world,

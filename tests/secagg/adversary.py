@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from fedprivacy.secagg.protocol import (
     seed_commitment,
     world_id,
 )
-from fedprivacy.secagg.robust import recover
+from fedprivacy.secagg.robust import recover_secret
 
 REFUSALS = (ValueError, TypeError, KeyError)  # ProtocolViolation and SealError are ValueErrors
 
@@ -82,8 +83,8 @@ class MaliciousServer:
     masked: dict[int, MaskedInput] = field(default_factory=dict)
     view_sigs: dict[bytes, dict[int, bytes]] = field(default_factory=dict)  # digest -> signer -> sig
     client_view: dict[int, tuple[ConsistencyRequest, bytes]] = field(default_factory=dict)
-    seed_shares: dict[int, dict[int, int]] = field(default_factory=dict)  # owner -> x -> share
-    key_shares: dict[int, dict[int, int]] = field(default_factory=dict)
+    seed_shares: dict[int, dict[int, Any]] = field(default_factory=dict)  # owner -> x -> limbs
+    key_shares: dict[int, dict[int, Any]] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -102,10 +103,10 @@ class MaliciousServer:
     def stage_advertise(self) -> None:
         for i, c in self.clients.items():
             self.adverts[i] = c.advertise_keys()
-        for i in self.colluders:  # a colluder's own secrets
+        for i in self.colluders:  # a colluder's own secrets (abscissa 0 marks the secret itself)
             st = self._state(i)
-            self.seed_shares.setdefault(i, {})[0] = int.from_bytes(st["seed"], "big")
-            self.key_shares.setdefault(i, {})[0] = int.from_bytes(st["mask.private"], "big")
+            self.seed_shares.setdefault(i, {})[0] = st["seed"]
+            self.key_shares.setdefault(i, {})[0] = st["mask.private"]
 
     def roster(self, members: Sequence[int]) -> ShareKeysRequest:
         ids = sorted(members)
@@ -145,9 +146,14 @@ class MaliciousServer:
                                  context=_context(world, self.setup.round, sender, receiver))
             except SealError:
                 continue
-            x = receiver + 1
-            self.seed_shares.setdefault(sender, {})[x] = shamir.decode_share(pt[: shamir.SHARE_BYTES])
-            self.key_shares.setdefault(sender, {})[x] = shamir.decode_share(pt[shamir.SHARE_BYTES:])
+            x = self.abscissa(sender, receiver)
+            pair = shamir.decode_shares(pt, num_secrets=2, secret_bytes=32)
+            self.seed_shares.setdefault(sender, {})[x] = pair[0]
+            self.key_shares.setdefault(sender, {})[x] = pair[1]
+
+    def abscissa(self, owner: int, holder: int) -> int:
+        """Where ``owner`` evaluated the share it sent ``holder``: 1 + position in owner's roster."""
+        return sorted(self.rosters[owner].node_ids).index(holder) + 1
 
     # stage 3: which sealed shares reach whom (and tampering)
     def stage_masked(self, forward: Mapping[int, Sequence[int]], *,
@@ -233,11 +239,11 @@ class MaliciousServer:
             self.record(out)  # type: ignore[arg-type]
 
     def record(self, resp: UnmaskResponse) -> None:
-        x = resp.node_id + 1
         for owners, shares, table in ((resp.seed_owners, resp.seed_shares, self.seed_shares),
                                       (resp.key_owners, resp.key_shares, self.key_shares)):
             for o, sh in zip(owners, shares, strict=True):
-                table.setdefault(o, {})[x] = shamir.decode_share(sh)
+                x = self.abscissa(o, resp.node_id)
+                table.setdefault(o, {})[x] = shamir.decode_shares(sh, num_secrets=1, secret_bytes=32)[0]
 
 
 def _split(req: ConsistencyRequest) -> list[list[int]]:
@@ -257,12 +263,13 @@ class Finding:
     truth: np.ndarray
 
 
-def _secret(shares: Mapping[int, int] | None, threshold: int, check: Callable[[int], bool]) -> int | None:
+def _secret(shares: Mapping[int, Any] | None, threshold: int, check: Callable[[bytes], bool]) -> bytes | None:
+    """What the attacker reconstructs (and verifies, as it can) from the shares it holds."""
     if not shares:
         return None
     if 0 in shares:  # a colluder's own secret
-        return shares[0]
-    rec = recover(sorted(shares.items()), threshold=threshold, verify=check)
+        return bytes(shares[0])
+    rec = recover_secret(sorted(shares.items(), key=lambda kv: kv[0]), threshold=threshold, verify=check)
     return None if rec is None else rec.secret
 
 
@@ -272,14 +279,13 @@ def learnable_sums(adv: MaliciousServer) -> list[Finding]:
     t = s.threshold
     bits = s.modulus_bits
     honest = [i for i in adv.honest if i in adv.masked]
-    b: dict[int, int | None] = {}
-    sk: dict[int, int | None] = {}
+    b: dict[int, bytes | None] = {}
+    sk: dict[int, bytes | None] = {}
     for i in adv.inputs:
         a = adv.adverts[i]
-        b[i] = _secret(adv.seed_shares.get(i), t, lambda v, i=i, a=a: v < 2**256 and seed_commitment(
-            round=s.round, node_id=i, seed=v.to_bytes(32, "big")) == a.seed_commitment)
-        sk[i] = _secret(adv.key_shares.get(i), t, lambda v, a=a: v < 2**256 and public_from_private(
-            v.to_bytes(32, "big")) == a.mask_public)
+        b[i] = _secret(adv.seed_shares.get(i), t, lambda v, i=i, a=a: seed_commitment(
+            round=s.round, node_id=i, seed=v) == a.seed_commitment)
+        sk[i] = _secret(adv.key_shares.get(i), t, lambda v, a=a: public_from_private(v) == a.mask_public)
     # union-find over honest uploaders with a known self mask
     parent = {u: u for u in honest}
     zero = {u for u in honest if b[u] is None}
@@ -312,8 +318,8 @@ def learnable_sums(adv: MaliciousServer) -> list[Finding]:
     return findings
 
 
-def _reconstruct(adv: MaliciousServer, members: frozenset[int], b: Mapping[int, int | None],
-                 sk: Mapping[int, int | None], bits: int) -> Finding:
+def _reconstruct(adv: MaliciousServer, members: frozenset[int], b: Mapping[int, bytes | None],
+                 sk: Mapping[int, bytes | None], bits: int) -> Finding:
     """The attacker's estimate of the members' input sum, and the truth (for the check)."""
     s = adv.setup
     total = np.zeros(s.dim, dtype=np.uint32)
@@ -321,18 +327,17 @@ def _reconstruct(adv: MaliciousServer, members: frozenset[int], b: Mapping[int, 
     sub: list[bytes] = []
     for u in members:
         np.add(total, adv.masked[u].masked, out=total)
-        sub.append(int(b[u]).to_bytes(32, "big"))  # type: ignore[arg-type]
+        sub.append(bytes(b[u]))  # type: ignore[arg-type]
         for w in adv.masked[u].peers:
             if w in members and adv.worlds.get(w) == adv.worlds.get(u) and u in adv.masked[w].peers \
                     and sk[u] is None and sk.get(w) is None and w not in adv.colluders:
                 continue  # cancels inside the component
             if sk[u] is not None:
-                seed = _pair_seed(load_private(int(sk[u]).to_bytes(32, "big")), adv.adverts[w].mask_public,
+                seed = _pair_seed(load_private(bytes(sk[u])), adv.adverts[w].mask_public,  # type: ignore[arg-type]
                                   world=adv.worlds[u], round_=s.round, me=u, peer=w)
             else:
-                key = sk.get(w) if w not in adv.colluders else int.from_bytes(
-                    adv._state(w)["mask.private"], "big")
-                seed = _pair_seed(load_private(int(key).to_bytes(32, "big")), adv.adverts[u].mask_public,
+                key = sk.get(w) if w not in adv.colluders else adv._state(w)["mask.private"]
+                seed = _pair_seed(load_private(bytes(key)), adv.adverts[u].mask_public,  # type: ignore[arg-type]
                                   world=adv.worlds[u], round_=s.round, me=w, peer=u)
             (sub if u < w else add).append(seed)  # undo what u applied
     apply_masks(total, add=add, subtract=sub, modulus_bits=bits)

@@ -46,13 +46,19 @@ def assert_reveals_only_allowed_sums(adv: MaliciousServer) -> list:
     return findings
 
 
-def _isolate(adv: MaliciousServer, victim: int, keep: list[int], *, split_stories: bool) -> None:
-    """Issue 10, item 1: the victim gets t-1 share sets; its peers are called dropped."""
+def _isolate(adv: MaliciousServer, victim: int, keep: list[int], *, split_stories: bool,
+             symmetric: bool = False) -> None:
+    """Issue 10, item 1: the victim gets t-1 share sets; its peers are called dropped. ``symmetric``:
+    the victim's shares also reach only those t-1 peers (so every edge left is mutual)."""
     ids = sorted(adv.inputs)
     adv.stage_advertise()
     adv.stage_share({i: ids for i in ids})
     forward = {i: [j for j in ids if (j, i) in adv.cts] for i in ids}
     forward[victim] = keep
+    if symmetric:
+        for i in ids:
+            if i not in keep and i != victim:
+                forward[i] = [j for j in forward[i] if j != victim]
     adv.stage_masked(forward)
     up = sorted(adv.masked)
     alive = [i for i in up if i not in keep]
@@ -65,21 +71,23 @@ def _isolate(adv: MaliciousServer, victim: int, keep: list[int], *, split_storie
         # and every uncertified request too
         adv.stage_unmask([(i, UnmaskRequest(round=adv.setup.round, survivors=alive, dropped=keep))
                           for i in alive])
-    else:
-        drop = sorted(set(up) - set(alive))
-        adv.stage_unmask([(i, UnmaskRequest(round=adv.setup.round, survivors=alive, dropped=drop))
-                          for i in alive])
+    else:  # each peer hears that it survived and the other peers dropped
+        stories = {i: (alive, keep) for i in alive}
+        stories.update({j: (sorted({*alive, j}), [p for p in keep if p != j]) for j in keep})
+        adv.stage_unmask([(i, UnmaskRequest(round=adv.setup.round, survivors=s, dropped=d))
+                          for i, (s, d) in stories.items()])
 
 
 # ------------------------------------------------------------------ item 1, both graphs
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("active", [False, True])
-def test_item1_victim_masked_with_t_minus_1_peers_called_dropped(active: bool) -> None:
+def test_item1_victim_masked_with_t_minus_1_peers_called_dropped(active: bool, symmetric: bool) -> None:
     n, t = 9, 5  # complete graph, n >= 2t - 1: the same story for every holder
     ids = list(range(n))
     setup = SetupRequest(round=3, threshold=t, degree=n - 1, dim=6, active=active)
     adv = MaliciousServer(setup=setup, inputs=_inputs(ids), colluders=frozenset())
     victim, keep = 0, [1, 2, 3, 4]
-    _isolate(adv, victim, keep, split_stories=False)
+    _isolate(adv, victim, keep, split_stories=False, symmetric=symmetric)
     findings = learnable_sums(adv)
     if not active:  # negative control: the semi-honest schedule leaks the victim's input exactly
         leak = [f for f in findings if f.members == {victim}]
@@ -263,10 +271,10 @@ def _resolved(adv: MaliciousServer, surv: list[int]) -> list[int]:
        tamper_rate=st.sampled_from([0.0, 0.1]), victim_pick=st.floats(0, 1.3),
        stories=st.lists(st.sampled_from(["all", "resolved", "random", "isolate", "isolate-resolved",
                                          "wrong-dropped"]), min_size=1, max_size=3),
-       mix=st.sampled_from([0.0, 0.3, 1.0]), rseed=st.integers(0, 2**32 - 1))
+       mix=st.sampled_from([0.0, 0.3, 1.0]), symmetric=st.booleans(), rseed=st.integers(0, 2**32 - 1))
 def test_random_malicious_schedules_reveal_only_allowed_sums(
         c, honest_count, complete, degree_pick, extra_t, min_surv_pick, own_roster_rate, withhold_rate,
-        tamper_rate, victim_pick, stories, mix, rseed) -> None:
+        tamper_rate, victim_pick, stories, mix, symmetric, rseed) -> None:
     """Random malicious schedules. The structure depends on fresh keys (the graph is seeded by the
     world id), so every choice that depends on it comes from ``random.Random(rseed)``."""
     import random
@@ -311,6 +319,11 @@ def test_random_malicious_schedules_reveal_only_allowed_sums(
             forward[i] = [j for j in senders if rnd.random() >= withhold_rate]
         if senders and i not in colluders and rnd.random() < tamper_rate:
             tamper[i] = [rnd.choice(senders)]
+    if symmetric and victim is not None:  # the victim's shares reach only the peers it masks with
+        kept = set(forward[victim])
+        for i in ids:
+            if i != victim and i not in kept and i not in colluders:
+                forward[i] = [j for j in forward[i] if j != victim]
     adv.stage_masked(forward, tamper=tamper)
     up = sorted(adv.masked)
     if not up:

@@ -36,6 +36,13 @@ def _inputs(ids, dim, bits, seed=0):
     return {i: gen.integers(0, 2**bits, dim).astype(np.uint32) for i in ids}
 
 
+def _off_by(blob: bytes, delta: int) -> bytes:
+    """A revealed share (limbed scheme) with its first limb moved by ``delta``."""
+    limbs = shamir.decode_shares(blob, num_secrets=1, secret_bytes=32).astype(np.uint64)
+    limbs[0, 0] = (limbs[0, 0] + delta) % shamir.LIMB_PRIME
+    return shamir.encode_shares(limbs.astype(np.uint32))
+
+
 def _plain_sum(inputs, ids, bits):
     total = np.zeros(next(iter(inputs.values())).shape, dtype=np.uint64)
     for i in ids:
@@ -286,7 +293,7 @@ def test_a_corrupt_seed_share_is_corrected_and_its_holder_named(active: bool) ->
         out = []
         for r in replies:
             if r.node_id == liar:  # every seed share it reveals is off by one
-                bad = [shamir.encode_share((shamir.decode_share(x) + 1) % shamir.PRIME) for x in r.seed_shares]
+                bad = [_off_by(x, 1) for x in r.seed_shares]
                 r = dataclasses.replace(r, seed_shares=bad)
             out.append(r)
         return out
@@ -306,7 +313,7 @@ def test_an_unrecoverable_corrupt_share_aborts_instead_of_a_wrong_sum(active: bo
     def corrupt(replies):
         replies = [r for r in replies if r.node_id != ids[4]]
         r0 = replies[0]
-        bad = [shamir.encode_share((shamir.decode_share(x) + 7) % shamir.PRIME) for x in r0.seed_shares]
+        bad = [_off_by(x, 7) for x in r0.seed_shares]
         return [dataclasses.replace(r0, seed_shares=bad), *replies[1:]]
 
     with pytest.raises(RoundAborted, match="not recoverable"):
@@ -587,10 +594,12 @@ def test_everything_the_server_saw_leaves_an_honest_input_uniform() -> None:
     y = next(m.masked for m in transcript if isinstance(m, MaskedInput) and m.node_id == honest)
     # the server learns honest's self-mask seed from the unmask replies: remove it; what remains
     # is the input plus the pairwise masks with the surviving peers, whose keys stay secret
-    pts = [(m.node_id + 1, shamir.decode_share(sh)) for m in transcript
-           if isinstance(m, UnmaskResponse)
-           for o, sh in zip(m.seed_owners, m.seed_shares, strict=True) if o == honest]
-    seed = shamir.reconstruct(pts, threshold=4).to_bytes(32, "big")
+    x_of = {i: k + 1 for k, i in enumerate(sorted(ids))}  # abscissa: position in the sorted roster
+    pts = [(x_of[m.node_id], shamir.decode_shares(sh, num_secrets=1, secret_bytes=32))
+           for m in transcript if isinstance(m, UnmaskResponse)
+           for o, sh in zip(m.seed_owners, m.seed_shares, strict=True) if o == honest][:4]
+    seed = shamir.reconstruct_secrets(np.asarray([[x for x, _ in pts]], dtype=np.uint64),
+                                      np.asarray([[v for _, v in pts]]), secret_bytes=32)[0][0]
     residual = (y - expand_mask(seed, dim=dim, modulus_bits=bits)) & np.uint32(2**bits - 1)
     assert _chi2_high_bits(y, bits) > 1e-4
     assert _chi2_high_bits(residual, bits) > 1e-4
