@@ -63,13 +63,17 @@ def _best(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 
 # ----------------------------------------------------------------------------- parameters
 def _params(args: argparse.Namespace) -> dict[str, Any]:
-    from fedprivacy.secagg.graph import min_safe_threshold
+    from fedprivacy.secagg.graph import abort_probability_bound, min_safe_threshold
 
     n = args.clients
     k = args.neighbours or (n - 1 if n <= 30 else min(n - 1, 2 * math.ceil(math.log2(n)) + 1))
     k = min(k, n - 1)
     return {"clients": n, "dim": args.dim, "degree": k, "threshold": min_safe_threshold(k),
-            "bits": args.bits, "dropout": args.dropout, "noise_multiplier": 1.0, "clip_norm": 1.0}
+            "bits": args.bits, "dropout": args.dropout, "noise_multiplier": 1.0, "clip_norm": 1.0,
+            "active": bool(getattr(args, "active", False)), "stage": args.stage,
+            "abort_probability_bound": abort_probability_bound(num_clients=n, degree=k,
+                                                               threshold=min_safe_threshold(k),
+                                                               dropout=args.dropout)}
 
 
 def _encoder(mode: str, p: dict[str, Any]) -> tuple[Callable[..., np.ndarray], int, dict[str, Any]]:
@@ -218,7 +222,7 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
     updates = [src.normal(std=1.0, size=p["dim"]) for _ in range(4)]
     ids = list(range(1, n + 1))
     ndrop = int(round(p["dropout"] * n))
-    drop = {i: "masked" for i in ids[n - ndrop:]}
+    drop = {i: p["stage"] for i in ids[n - ndrop:]}
     orig_client, orig_server = local.ClientSession, local.ServerSession
     best: dict[str, Any] | None = None
     try:
@@ -231,15 +235,24 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
                 c0, w0 = CPU(), WALL()
                 inputs[i] = encode(updates[i % 4], RandomSource.secure())
                 timer.add(i, "encode", CPU() - c0, WALL() - w0)
-            setup = SetupRequest(round=rep + 1, threshold=t, degree=k, modulus_bits=p["bits"], dim=length)
+            extra = {"active": True} if p.get("active") else {}  # the consistency stage (issue 10)
+            setup = SetupRequest(round=rep + 1, threshold=t, degree=k, modulus_bits=p["bits"], dim=length,
+                                 **extra)
             w0 = WALL()
+            transcript: list[object] = []
             try:
-                local.run_round(setup, inputs, drop_before=drop)
+                total, server, _ = local.run_round(setup, inputs, drop_before=drop, transcript=transcript)
             except RoundAborted as exc:
                 return {"aborted": str(exc)}
             round_wall = WALL() - w0
+            want = np.zeros(length, dtype=np.uint32)
+            for i in server.u3:
+                want += inputs[i]  # uint32 wraps: the sum mod 2^32
+            if p["bits"] < 32:
+                want &= np.uint32((1 << p["bits"]) - 1)
+            exact = bool(np.array_equal(total, want))
             per_client = [sum(timer.cpu[i].values()) for i in ids if i in timer.cpu and i not in drop]
-            server = sum(timer.cpu.get("server", {}).values())
+            server_cpu = sum(timer.cpu.get("server", {}).values())
             row = {
                 "client_seconds": statistics.median(per_client),
                 "client_seconds_max": max(per_client),
@@ -247,11 +260,15 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
                 "client_by_call": {name: statistics.median([timer.cpu[i].get(name, 0.0) for i in ids
                                                             if i not in drop])
                                    for name in sorted({c for i in ids if i not in drop for c in timer.cpu[i]})},
-                "server_seconds": server,
+                "server_seconds": server_cpu,
                 "server_by_call": timer.cpu.get("server", {}),
-                "server_seconds_per_client": server / n,
+                "server_seconds_per_client": server_cpu / n,
                 "round_wall_seconds": round_wall,
+                "survivors": len(server.u3),
+                "sum_exact": exact,  # the unmasked sum is the survivors' inputs mod 2^b, bit for bit
+                "upload_bytes_per_client": _upload_bytes(transcript, ids[0]),
             }
+            row["upload_bytes_per_coordinate"] = row["upload_bytes_per_client"] / p["dim"]
             if best is None or row["client_seconds"] < best["client_seconds"]:
                 best = row
     finally:
@@ -261,11 +278,32 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
     return best
 
 
+def _upload_bytes(transcript: list[object], node: int) -> int:
+    """Bytes client ``node`` sends in its replies: every bytes field and array (lists of them too)."""
+    def size(v: object) -> int:
+        if isinstance(v, bytes | bytearray):
+            return len(v)
+        if isinstance(v, np.ndarray):
+            return int(v.nbytes)
+        if isinstance(v, list | tuple):
+            return sum(size(x) for x in v)
+        return 0
+
+    total = 0
+    for m in transcript:
+        if getattr(m, "node_id", None) == node:
+            total += sum(size(getattr(m, f)) for f in getattr(m, "__dataclass_fields__", {}))
+    return total
+
+
 def _child(tree: Path | None, mode: str, args: argparse.Namespace, *, floor: bool) -> dict[str, Any]:
     """One round (and optionally the floor) in a fresh process, with the library of ``tree``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--modes", mode,
            "--clients", str(args.clients), "--dim", str(args.dim), "--neighbours", str(args.neighbours),
-           "--dropout", str(args.dropout), "--bits", str(args.bits)] + (["--with-floor"] if floor else [])
+           "--dropout", str(args.dropout), "--stage", args.stage, "--bits", str(args.bits)]
+    cmd += ["--with-floor"] if floor else []
+    if args.active and tree is None:  # a baseline tree older than issue 10 has no active schedule
+        cmd.append("--active")
     env = dict(os.environ)
     if args.allocator == "tuned":  # what fedprivacy.runtime.keep_freed_memory sets, for either tree
         env.update(MALLOC_MMAP_THRESHOLD_=str(16 << 20), MALLOC_TRIM_THRESHOLD_=str(32 << 20))
@@ -282,9 +320,10 @@ def _min_by(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- Flower
 def measure_flower(p: dict[str, Any]) -> dict[str, Any]:
-    """Flower 1.42's client path for the same round: quantize, MT19937 masks, P-384, GF(2^128) Shamir."""
+    """Flower 1.42's SecAgg+ primitives for the same round (client: quantize, MT19937 masks, P-384
+    ECDH, GF(2^128) Shamir; server: Shamir combine and mask regeneration). Imported only here."""
     from cryptography.hazmat.primitives.asymmetric import ec
-    from flwr.common.secure_aggregation.crypto.shamir import create_shares
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
     from flwr.common.secure_aggregation.ndarrays_arithmetic import (
         parameters_addition,
@@ -294,22 +333,33 @@ def measure_flower(p: dict[str, Any]) -> dict[str, Any]:
     from flwr.common.secure_aggregation.quantization import quantize
     from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 
-    k, t, d = p["degree"], p["threshold"], p["dim"]
+    n, k, t, d = p["clients"], p["degree"], p["threshold"], p["dim"]
     x = np.random.default_rng(0).normal(size=d)
     x /= np.linalg.norm(x)
     my_sk = ec.generate_private_key(ec.SECP384R1())
     peers = [ec.generate_private_key(ec.SECP384R1()).public_key() for _ in range(k)]
     c0 = CPU()
-    seed = secrets.token_bytes(32)
-    create_shares(seed, t, k + 1)
-    create_shares(secrets.token_bytes(48), t, k + 1)
+    seed, sk = secrets.token_bytes(32), secrets.token_bytes(48)
+    shares_seed, shares_key = create_shares(seed, t, k + 1), create_shares(sk, t, k + 1)
     vec = parameters_addition(quantize([x], 8.0, 1 << 22), pseudo_rand_gen(seed, 1 << 32, [(d,)]))
     for j, pk in enumerate(peers):
         pm = pseudo_rand_gen(generate_shared_key(my_sk, pk), 1 << 32, [(d,)])
         vec = parameters_addition(vec, pm) if j % 2 else parameters_subtraction(vec, pm)
     parameters_mod(vec, 1 << 32)
-    return {"client_seconds": CPU() - c0,
-            "note": "Flower primitives only (quantize, MT19937 masks, P-384 ECDH, GF(2^128) Shamir)"}
+    client = CPU() - c0
+    ndrop = 0 if p["stage"] == "unmask" else int(round(p["dropout"] * n))
+    acc = np.zeros(d, dtype=np.int64)
+    c0 = CPU()
+    for _ in range(n - ndrop):
+        acc -= pseudo_rand_gen(combine_shares(shares_seed[:t]), 1 << 32, [(d,)])[0]
+    for _ in range(ndrop):
+        combine_shares(shares_key[:t])
+        for _ in range(k):
+            acc += pseudo_rand_gen(secrets.token_bytes(32), 1 << 32, [(d,)])[0]
+    acc %= 1 << 32
+    return {"client_seconds": client, "server_unmask_seconds": CPU() - c0,
+            "upload_bytes_per_coordinate": 8.0,  # int64 arrays
+            "note": "Flower primitives only, CPU seconds"}
 
 
 # ----------------------------------------------------------------------------- main
@@ -318,12 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--dim", type=int, default=100_000)
     ap.add_argument("--neighbours", type=int, default=0, help="degree k (0: the engine's automatic rule)")
-    ap.add_argument("--dropout", type=float, default=0.0, help="fraction dropping before the masked stage")
+    ap.add_argument("--dropout", type=float, default=0.0, help="fraction of clients that drop out")
+    ap.add_argument("--stage", default="masked", choices=("advertise", "share", "masked", "unmask"),
+                    help="the stage before which they drop")
     ap.add_argument("--bits", type=int, default=32)
     ap.add_argument("--modes", default="distributed,none")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline-tree", type=Path, default=None)
     ap.add_argument("--flower", action="store_true")
+    ap.add_argument("--active", action="store_true",
+                    help="the actively secure schedule (consistency stage); a baseline tree runs semi-honest")
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
                     help="tuned: glibc keeps freed memory (fedprivacy.runtime.keep_freed_memory), as "
                          "the engine runs; default: glibc's own thresholds")
@@ -383,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
     if args.flower:
         out["flower"] = measure_flower(p)
+        for row in out["modes"].values():
+            if "client_seconds" in row["achieved"]:
+                row["speedup_client_vs_flower"] = out["flower"]["client_seconds"] / row["achieved"]["client_seconds"]
+                row["speedup_server_unmask_vs_flower"] = (out["flower"]["server_unmask_seconds"]
+                                                          / row["achieved"]["server_by_call"]["receive_unmask"])
     out["load_after"] = os.getloadavg()
     text = json.dumps(out, indent=1)
     print(text)
