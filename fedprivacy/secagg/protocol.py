@@ -83,7 +83,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -112,6 +112,10 @@ from fedprivacy.secagg.keys import (
 from fedprivacy.secagg.prg import apply_masks
 from fedprivacy.secagg.robust import recover_secret
 
+if TYPE_CHECKING:
+    from fedprivacy.accounting.distributed import XNoiseDesign
+    from fedprivacy.secagg.xnoise import ComponentSeeds
+
 __all__ = [
     "AdvertiseKeys",
     "ClientSession",
@@ -128,6 +132,7 @@ __all__ = [
     "SharedKeys",
     "UnmaskRequest",
     "UnmaskResponse",
+    "component_commitment",
     "seed_commitment",
     "world_id",
 ]
@@ -222,6 +227,7 @@ class SharedKeys:
     node_id: int
     receivers: list[int]
     ciphertexts: list[bytes]
+    component_commitments: list[bytes] = field(default_factory=list)  # XNoise seeds 1..m
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,6 +249,7 @@ class MaskedInput:
     peers: list[int] = field(default_factory=list)
     rejected: list[int] = field(default_factory=list)
     signature: bytes = b""
+    design: bytes = b""  # fingerprint of the XNoise design the client encoded with (signed)
 
     def __repr__(self) -> str:
         return (f"MaskedInput(round={self.round}, node_id={self.node_id}, peers={self.peers}, "
@@ -262,6 +269,7 @@ class ConsistencyRequest:
     peer_counts: list[int]
     peer_flat: list[int]
     peer_signatures: list[bytes]
+    designs: list[bytes] = field(default_factory=list)  # per survivor (XNoise), empty without it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,10 +302,14 @@ class UnmaskResponse:
     seed_shares: list[bytes] = field(default_factory=list)
     key_owners: list[int] = field(default_factory=list)
     key_shares: list[bytes] = field(default_factory=list)
+    component_owners: list[int] = field(default_factory=list)  # XNoise: excess components only
+    component_indices: list[int] = field(default_factory=list)
+    component_shares: list[bytes] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (f"UnmaskResponse(round={self.round}, node_id={self.node_id}, "
-                f"seed_owners={self.seed_owners}, key_owners={self.key_owners}, shares=<redacted>)")
+                f"seed_owners={self.seed_owners}, key_owners={self.key_owners}, "
+                f"component_owners={self.component_owners}, shares=<redacted>)")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -332,6 +344,12 @@ def seed_commitment(*, round: int, node_id: int, seed: bytes) -> bytes:
                           + bytes(seed)).digest()
 
 
+def component_commitment(*, round: int, node_id: int, index: int, seed: bytes) -> bytes:
+    """Commitment to XNoise component seed ``index`` (same construction as :func:`seed_commitment`)."""
+    return hashlib.sha256(b"fedprivacy/v1/component-commit" + struct.pack(">QQQ", round, node_id, index)
+                          + bytes(seed)).digest()
+
+
 def world_id(setup: SetupRequest, roster: ShareKeysRequest) -> bytes:
     """``SHA-256`` over every setup field and the sorted roster: the identity of one protocol instance."""
     h = hashlib.sha256(b"fedprivacy/v1/world")
@@ -358,17 +376,19 @@ def _pair_seed(mask_private: X25519PrivateKey, peer_mask_public: bytes, *, world
                       context=_context(world, round_, lo, hi))
 
 
-def _peers_statement(world: bytes, node_id: int, peers: Sequence[int]) -> bytes:
-    return b"fedprivacy/v1/peers" + world + struct.pack(">Q", node_id) + _u64s(peers)
+def _peers_statement(world: bytes, node_id: int, peers: Sequence[int], design: bytes = b"") -> bytes:
+    return (b"fedprivacy/v1/peers" + world + struct.pack(">Q", node_id) + _u64s(peers)
+            + struct.pack(">H", len(design)) + design)
 
 
 def _view_digest(world: bytes, survivors: Sequence[int], dropped: Sequence[int],
-                 peer_sets: Mapping[int, Sequence[int]]) -> bytes:
+                 peer_sets: Mapping[int, Sequence[int]], design: bytes = b"") -> bytes:
     h = hashlib.sha256(b"fedprivacy/v1/view" + world)
     h.update(_u64s(sorted(survivors)))
     h.update(_u64s(sorted(dropped)))
     for u in sorted(survivors):
         h.update(_u64s(peer_sets[u]))
+    h.update(struct.pack(">H", len(design)) + design)
     return h.digest()
 
 
@@ -495,6 +515,7 @@ class ClientSession:
         "_world", "_roster_ids", "_mask_publics", "_sign_publics", "_graph", "_neighbours",
         "_seal_keys", "_own_seed_share", "_held_seed_shares", "_held_key_shares", "_peers",
         "_view_survivors", "_view_dropped", "_view_digest", "_view_signature", "_revealed",
+        "_design", "_components", "_held_components", "_own_component_share", "_component_count",
         "_enc_key", "_mask_key",
     )
     #: slots rebuilt from others by :meth:`from_state` (parsed key objects), not part of the state
@@ -539,6 +560,11 @@ class ClientSession:
         self._view_digest = b""
         self._view_signature = b""
         self._revealed: dict[int, str] = {}
+        self._design: XNoiseDesign | None = None  # XNoise (issue 12): set in stage 2 if used
+        self._components: tuple[bytes, ...] = ()  # this client's seeds of components 1..m
+        self._held_components: dict[int, bytes] = {}  # peer -> its m component-seed shares
+        self._own_component_share = b""
+        self._component_count = -1  # the survivor count component shares were revealed for
         self._derive()
 
     def _derive(self) -> None:
@@ -568,6 +594,14 @@ class ClientSession:
             raise ProtocolViolation(f"{what} not allowed in stage {self._stage.name}")
 
     @property
+    def _fingerprint(self) -> bytes:
+        return b"" if self._design is None else self._design.fingerprint()
+
+    @property
+    def _num_components(self) -> int:
+        return 0 if self._design is None else self._design.num_seeded
+
+    @property
     def _signers_needed(self) -> int:
         return min_signers(len(self._roster_ids), colluders=self.setup.colluders)
 
@@ -585,7 +619,10 @@ class ClientSession:
                                             seed=self._seed.reveal()))
 
     # stage 2
-    def share_keys(self, request: ShareKeysRequest) -> SharedKeys:
+    def share_keys(self, request: ShareKeysRequest, *, components: ComponentSeeds | None = None
+                   ) -> SharedKeys:
+        """Stage 2. ``components``: this client's XNoise seeds (issue 12), built by the caller from
+        its own floor for a design of ``len(request.node_ids)`` clients; shared like ``b``."""
         self._expect(_Stage.ADVERTISED, "share_keys")
         s = self.setup
         _check_round(s.round, request.round, "ShareKeysRequest")
@@ -615,12 +652,21 @@ class ClientSession:
             raise ProtocolViolation(f"unsafe round parameters: {exc}") from None
         if s.active and min_signers(len(ids), colluders=s.colluders) > len(ids):
             raise ProtocolViolation("roster too small for the signature threshold")
+        if components is not None:
+            d = components.design
+            if components.round != s.round or components.node_id != self.node_id:
+                raise ValueError("components were drawn for another round or node")
+            if d.roster != len(ids) or d.colluders < self.colluders or d.min_survivors > s.required_survivors:
+                raise ValueError(f"components' design (roster {d.roster}, colluders {d.colluders}, "
+                                 f"t {d.min_survivors}) does not fit this round (roster {len(ids)}, "
+                                 f"colluders >= {self.colluders}, releases sums of >= {s.required_survivors})")
         world = world_id(s, request)
         graph = harary_neighbours(ids, degree=s.degree, seed=world)
         neighbours = graph[self.node_id]
         enc_pub = dict(zip(ids, request.enc_publics, strict=True))
         x_of = _abscissae(ids)
-        shares = shamir.split_secrets([self._seed.reveal(), self._mask.private.reveal()],
+        seeds = () if components is None else tuple(components.seeds)
+        shares = shamir.split_secrets([self._seed.reveal(), self._mask.private.reveal(), *seeds],
                                       threshold=s.threshold,
                                       xs=[x_of[j] for j in neighbours] + [x_of[self.node_id]])
         cts, seal_keys = [], {}
@@ -631,8 +677,13 @@ class ClientSession:
             seal_keys[j] = key
             cts.append(seal(key, shamir.encode_shares(share), purpose=_SHARE_SEAL,
                             context=_context(world, s.round, self.node_id, j)))
+        commitments = [component_commitment(round=s.round, node_id=self.node_id, index=j, seed=seed)
+                       for j, seed in enumerate(seeds, start=1)]
         # commit state (the own key share is discarded: a live client never reveals it)
         self._own_seed_share = shamir.encode_shares(shares[-1][0:1])
+        self._design = None if components is None else components.design
+        self._components = seeds
+        self._own_component_share = shamir.encode_shares(shares[-1][2:]) if seeds else b""
         self._seal_keys = seal_keys
         self._world = world
         self._roster_ids = tuple(ids)
@@ -642,7 +693,7 @@ class ClientSession:
         self._neighbours = neighbours
         self._stage = _Stage.SHARED
         return SharedKeys(round=s.round, node_id=self.node_id, receivers=list(neighbours),
-                          ciphertexts=cts)
+                          ciphertexts=cts, component_commitments=commitments)
 
     # stage 3
     def masked_input(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
@@ -661,17 +712,20 @@ class ClientSession:
         for j in senders:
             if j not in nb:
                 raise ProtocolViolation(f"ciphertext from {j}, which is not a neighbour")
-        seed_shares, key_shares, rejected = {}, {}, []
+        seed_shares, key_shares, comp_shares, rejected = {}, {}, {}, []
+        m = self._num_components  # every sender of this world uses this client's design (checked later)
         for j, ct in zip(senders, request.ciphertexts, strict=True):
             try:
                 pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
                                  context=_context(self._world, s.round, j, self.node_id))
-                pair = shamir.decode_shares(pt, num_secrets=2, secret_bytes=_SECRET_BYTES)
-                seed_sh, key_sh = shamir.encode_shares(pair[0:1]), shamir.encode_shares(pair[1:2])
+                rows = shamir.decode_shares(pt, num_secrets=2 + m, secret_bytes=_SECRET_BYTES)
+                seed_sh, key_sh = shamir.encode_shares(rows[0:1]), shamir.encode_shares(rows[1:2])
             except (SealError, TypeError, ValueError):
                 rejected.append(j)  # a bad share drops its sender for this client, not the round
                 continue
             seed_shares[j], key_shares[j] = seed_sh, key_sh
+            if m:
+                comp_shares[j] = shamir.encode_shares(rows[2:])
         peers = tuple(sorted(seed_shares))
         if len(peers) + 1 < s.threshold:
             raise ProtocolViolation(f"only {len(peers) + 1} holders of this client's shares, fewer "
@@ -688,13 +742,15 @@ class ClientSession:
         y = np.empty(s.dim, dtype=np.uint32)
         apply_masks(np.ascontiguousarray(vector), add=add, subtract=sub, modulus_bits=s.modulus_bits,
                     out=y)
-        signature = _sign(self._sign, _peers_statement(self._world, self.node_id, peers))
+        fp = self._fingerprint
+        signature = _sign(self._sign, _peers_statement(self._world, self.node_id, peers, fp))
         self._held_seed_shares = seed_shares
         self._held_key_shares = key_shares
+        self._held_components = {j: comp_shares[j] for j in peers} if m else {}
         self._peers = peers
         self._stage = _Stage.MASKED
         return MaskedInput(round=s.round, node_id=self.node_id, masked=y, peers=list(peers),
-                           rejected=sorted(rejected), signature=signature)
+                           rejected=sorted(rejected), signature=signature, design=fp)
 
     # stage 4 (active schedule)
     def sign_view(self, request: ConsistencyRequest) -> ConsistencyResponse:
@@ -720,12 +776,16 @@ class ClientSession:
             raise ProtocolViolation(f"only {len(sset)} survivors in the view, fewer than {need}: refusing")
         if len(request.peer_signatures) != len(surv):
             raise ProtocolViolation("peer signatures do not match the survivors")
+        fp = self._fingerprint
+        designs = list(request.designs) if request.designs else [b""] * len(surv)
+        if designs != [fp] * len(surv):
+            raise ProtocolViolation("the survivors do not all use this client's noise design")
         peer_sets = _split_peer_lists(surv, request.peer_counts, request.peer_flat)
         for u, sig in zip(surv, request.peer_signatures, strict=True):
             ps = peer_sets[u]
             if list(ps) != sorted(set(ps)) or not set(ps) <= set(self._graph[u]):
                 raise ProtocolViolation(f"peer set of {u} is not a sorted subset of its neighbours")
-            if not _verify(self._sign_publics[u], bytes(sig), _peers_statement(self._world, u, ps)):
+            if not _verify(self._sign_publics[u], bytes(sig), _peers_statement(self._world, u, ps, fp)):
                 raise ProtocolViolation(f"peer set of {u} is not signed by {u}")
         if peer_sets[self.node_id] != self._peers:
             raise ProtocolViolation("the view misstates the peers this client masked with")
@@ -739,7 +799,7 @@ class ClientSession:
             raise ProtocolViolation(
                 f"the survivors' used masking graph is not {s.colluders + 1}-vertex-connected: with "
                 f"{s.colluders} colluders the server could learn partial sums; refusing")
-        digest = _view_digest(self._world, surv, drop, peer_sets)
+        digest = _view_digest(self._world, surv, drop, peer_sets, fp)
         if self._stage is _Stage.SIGNED:
             if digest != self._view_digest:
                 raise ProtocolViolation("this client already signed another view of this round: refusing")
@@ -807,14 +867,40 @@ class ClientSession:
             plan[j] = kind
         seeds = [j for j in self._peers if plan[j] == "seed"]
         keys = [j for j in self._peers if plan[j] == "key"]
+        comp_owners, comp_indices, comp_shares = self._component_reveals(sorted(sset), seeds)
         resp = UnmaskResponse(
             round=s.round, node_id=self.node_id,
             seed_owners=[self.node_id, *seeds],
             seed_shares=[self._own_seed_share, *(self._held_seed_shares[j] for j in seeds)],
-            key_owners=keys, key_shares=[self._held_key_shares[j] for j in keys])
+            key_owners=keys, key_shares=[self._held_key_shares[j] for j in keys],
+            component_owners=comp_owners, component_indices=comp_indices, component_shares=comp_shares)
+        if self._design is not None:
+            self._component_count = len(sset)
         self._revealed.update(plan)
         self._stage = _Stage.DONE
         return resp
+
+    def _component_reveals(self, survivors: Sequence[int], seed_owners: Sequence[int]
+                           ) -> tuple[list[int], list[int], list[bytes]]:
+        """Shares of exactly the excess components (XNoise) of this client and its surviving peers,
+        for the survivor count of the request; one count per round (a second count is refused)."""
+        design = self._design
+        if design is None or design.num_seeded == 0:
+            return [], [], []
+        count = len(survivors)
+        if self._component_count not in (-1, count):
+            raise ProtocolViolation(f"component shares were revealed for {self._component_count} "
+                                    f"survivors; refusing another count ({count})")
+        rank = {u: r for r, u in enumerate(survivors)}
+        owners, indices, shares = [], [], []
+        for owner in (self.node_id, *seed_owners):
+            blob = self._own_component_share if owner == self.node_id else self._held_components[owner]
+            rows = shamir.decode_shares(blob, num_secrets=design.num_seeded, secret_bytes=_SECRET_BYTES)
+            for j in design.removable(survivors=count, rank=rank[owner]):
+                owners.append(owner)
+                indices.append(j)
+                shares.append(shamir.encode_shares(rows[j - 1:j]))
+        return owners, indices, shares
 
     # state
     def to_state(self) -> dict[str, Any]:
@@ -852,7 +938,21 @@ class ClientSession:
             "view_survivors": list(self._view_survivors), "view_dropped": list(self._view_dropped),
             "view_digest": self._view_digest, "view_signature": self._view_signature,
             "revealed.peers": revealed, "revealed.kinds": [self._revealed[j] for j in revealed],
+            **self._design_state(),
+            "components": list(self._components),
+            "held_components.peers": sorted(self._held_components),
+            "held_components.shares": [self._held_components[j] for j in sorted(self._held_components)],
+            "own_component_share": self._own_component_share, "component_count": self._component_count,
         }
+
+    def _design_state(self) -> dict[str, Any]:
+        d = self._design
+        if d is None:
+            return {"design.present": False}
+        return {"design.present": True, "design.total_variance": float(d.total_variance),
+                "design.roster": d.roster, "design.min_survivors": d.min_survivors,
+                "design.colluders": d.colluders, "design.kind": d.kind,
+                "design.max_components": d.max_components}
 
     @classmethod
     def from_state(cls, fields: Mapping[str, Any]) -> ClientSession:
@@ -916,6 +1016,19 @@ class ClientSession:
         s._revealed = {j: str(k) for j, k in zip(ints("revealed.peers"), kinds, strict=True)}
         if not set(s._revealed.values()) <= {"seed", "key"}:
             raise ValueError("state field 'revealed.kinds' must hold 'seed' or 'key'")
+        s._design = None
+        if f["design.present"] is True:
+            from fedprivacy.accounting.distributed import XNoiseDesign
+
+            s._design = XNoiseDesign(
+                total_variance=float(f["design.total_variance"]), roster=int(f["design.roster"]),
+                min_survivors=int(f["design.min_survivors"]), colluders=int(f["design.colluders"]),
+                kind=str(f["design.kind"]), max_components=int(f["design.max_components"]))
+        s._components = tuple(blobs("components"))
+        s._held_components = dict(zip(ints("held_components.peers"), blobs("held_components.shares"),
+                                      strict=True))
+        s._own_component_share = blob("own_component_share")
+        s._component_count = int(f["component_count"])
         if public_from_private(s._enc.private.reveal()) != s._enc.public or \
                 public_from_private(s._mask.private.reveal()) != s._mask.public:
             raise ValueError("state holds a private key that does not match its public key")
@@ -932,10 +1045,16 @@ class ServerSession:
     unrecoverable secret raise :class:`RoundAborted` (the session is then closed).
     """
 
-    def __init__(self, setup: SetupRequest) -> None:
+    def __init__(self, setup: SetupRequest, *,
+                 noise_design: Callable[[int], XNoiseDesign] | None = None) -> None:
+        """``noise_design(n)``: the XNoise design of a round with ``n`` clients in its roster (issue 12),
+        whose excess components the server removes; ``None`` for no XNoise."""
         if not isinstance(setup, SetupRequest):
             raise TypeError(f"setup must be a SetupRequest, got {type(setup).__name__}")
         self.setup = setup
+        self._noise_design = noise_design
+        self.design: XNoiseDesign | None = None
+        self._commitments: dict[int, list[bytes]] = {}  # dealer -> component commitments
         self._stage = _Stage.NEW
         self.failures: dict[int, str] = {}
         self._roster: dict[int, AdvertiseKeys] = {}
@@ -1040,6 +1159,8 @@ class ServerSession:
         self._world = world_id(s, request)
         self._neighbours = harary_neighbours(ids, degree=s.degree, seed=self._world)
         self._roster = roster
+        if self._noise_design is not None:
+            self.design = self._noise_design(len(ids))
         self._stage = _Stage.ADVERTISED
         return request
 
@@ -1049,11 +1170,17 @@ class ServerSession:
         s = self.setup
         cts: dict[tuple[int, int], bytes] = {}
         senders: set[int] = set()
+        num_comp = 0 if self.design is None else self.design.num_seeded
         for node, m in self._accept(messages, SharedKeys, self._roster, "share").items():
             if list(m.receivers) != list(self._neighbours[node]) or len(m.ciphertexts) != len(m.receivers) \
                     or not all(isinstance(c, bytes) for c in m.ciphertexts):
                 self._fail(node, "share: receivers are not its graph neighbours, or malformed ciphertexts")
                 continue
+            comms = list(m.component_commitments)
+            if len(comms) != num_comp or not all(isinstance(c, bytes) and len(c) == 32 for c in comms):
+                self._fail(node, f"share: {len(comms)} component commitments, the design has {num_comp}")
+                continue
+            self._commitments[node] = comms
             senders.add(node)
             for r, ct in zip(m.receivers, m.ciphertexts, strict=True):
                 cts[(node, r)] = bytes(ct)
@@ -1087,8 +1214,12 @@ class ServerSession:
                     or len(peers) + len(rejected) != len(fwd) or len(peers) + 1 < s.threshold):
                 self._fail(node, "masked: peer and rejected lists do not match the forwarded shares")
                 continue
+            fp = b"" if self.design is None else self.design.fingerprint()
+            if m.design != fp:
+                self._fail(node, "masked: encoded with another noise design")
+                continue
             if s.active and not _verify(self._roster[node].sign_public, bytes(m.signature),
-                                        _peers_statement(self._world, node, tuple(peers))):
+                                        _peers_statement(self._world, node, tuple(peers), fp)):
                 self._fail(node, "masked: peer set not signed")
                 continue
             kept[node] = m
@@ -1122,12 +1253,15 @@ class ServerSession:
         if not s.active:
             return {u: UnmaskRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped))
                     for u in self.u3}
-        self._digest = _view_digest(self._world, self.u3, self.dropped, used)
+        fp = b"" if self.design is None else self.design.fingerprint()
+        self._digest = _view_digest(self._world, self.u3, self.dropped, used, fp)
         counts = [len(used[u]) for u in self.u3]
         flat = [j for u in self.u3 for j in used[u]]
         sigs = [self._peer_sigs[u] for u in self.u3]
+        designs = [fp] * len(self.u3) if fp else []
         return {u: ConsistencyRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped),
-                                      peer_counts=counts, peer_flat=flat, peer_signatures=sigs)
+                                      peer_counts=counts, peer_flat=flat, peer_signatures=sigs,
+                                      designs=designs)
                 for u in self.u3}
 
     def _safe_core(self, survivors: set[int], peer_sets: Mapping[int, Sequence[int]]) -> set[int]:
@@ -1207,8 +1341,17 @@ class ServerSession:
             return public_from_private(value) == public
         return check
 
-    def _recover_all(self, points: Mapping[int, list[tuple[int, np.ndarray]]],
-                     check: Callable[[int], Callable[[bytes], bool]], what: str) -> dict[int, bytes]:
+    def _component_check(self, key: tuple[int, int]) -> Callable[[bytes], bool]:
+        """A reconstructed component seed must open the commitment its dealer sent in stage 2."""
+        node, index = key
+        commit, round_ = self._commitments[node][index - 1], self.setup.round
+
+        def check(value: bytes) -> bool:
+            return component_commitment(round=round_, node_id=node, index=index, seed=value) == commit
+        return check
+
+    def _recover_all(self, points: Mapping[Any, list[tuple[int, np.ndarray]]],
+                     check: Callable[[Any], Callable[[bytes], bool]], what: str) -> dict[Any, bytes]:
         """Every owner's secret, verified: one batched interpolation of the first t shares, then
         Reed–Solomon decoding (:func:`.robust.recover_secret`) for any that fails its check; holders of
         wrong shares go to ``failures``. An unrecoverable secret aborts the round."""
@@ -1251,6 +1394,13 @@ class ServerSession:
         x_of = _abscissae(self._roster)
         seed_pts: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in self.u3}
         key_pts: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in self.dropped}
+        removable: dict[int, tuple[int, ...]] = {}
+        if self.design is not None:
+            from fedprivacy.secagg.xnoise import removable_components
+
+            removable = removable_components(self.design, self.u3)
+        comp_pts: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {
+            (i, j): [] for i, idx in removable.items() for j in idx}
         answering = self.signers if s.active else self.u3
         for node, m in self._accept(messages, UnmaskResponse, answering, "unmask").items():
             holds = set(self._peers[node])
@@ -1266,11 +1416,22 @@ class ServerSession:
                             raise ValueError(f"a share for {o} it should not hold or reveal")
                         got.append((table, o, shamir.decode_shares(
                             sh, num_secrets=1, secret_bytes=_SECRET_BYTES)[0]))
+                trip = (m.component_owners, m.component_indices, m.component_shares)
+                if len({len(v) for v in trip}) != 1:
+                    raise ValueError("component owners, indices and shares differ in length")
+                comp_got = []
+                for o, j, sh in zip(*trip, strict=True):
+                    if (o, j) not in comp_pts or o not in (holds & surv) | {node}:
+                        raise ValueError(f"a share of component {j} of {o} it should not reveal")
+                    comp_got.append(((o, j), shamir.decode_shares(sh, num_secrets=1,
+                                                                  secret_bytes=_SECRET_BYTES)[0]))
             except (TypeError, ValueError) as exc:
                 self._fail(node, f"unmask: malformed reply ({exc})")
                 continue
             for table, o, value in got:
                 table[o].append((x_of[node], value))
+            for key_, value in comp_got:
+                comp_pts[key_].append((x_of[node], value))
         subtract = list(self._recover_all(seed_pts, self._seed_check, "self-mask seed").values())
         add: list[bytes] = []
         for d, key in self._recover_all(key_pts, self._key_check, "mask key").items():
@@ -1280,9 +1441,18 @@ class ServerSession:
                     seed = _pair_seed(sk_key, self._roster[u].mask_public, world=self._world,
                                       round_=s.round, me=d, peer=u)
                     (subtract if u < d else add).append(seed)  # undo what u applied
+        comp_seeds = self._recover_all(comp_pts, self._component_check, "noise component")
         if self._sum is None:  # pragma: no cover - guarded by the stage check
             raise self._abort("no masked sum")
         total = self._sum.copy()
         apply_masks(total, add=add, subtract=subtract, modulus_bits=s.modulus_bits)
+        if self.design is not None:
+            from fedprivacy.secagg.xnoise import excess_noise, remove_excess
+
+            revealed: dict[int, dict[int, bytes]] = {i: {} for i in removable}
+            for (i, j), seed in comp_seeds.items():
+                revealed[i][j] = seed
+            excess = excess_noise(self.design, revealed, survivors=self.u3, round=s.round, size=s.dim)
+            total = remove_excess(total, excess, modulus_bits=s.modulus_bits)
         self._stage = _Stage.DONE
         return total
