@@ -129,51 +129,49 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-class CNN(nn.Module):
+class ConvClassifier(nn.Module):
+    """Convolutional ``features`` (ending in Flatten), then one linear classifier of ``features_dim`` inputs."""
+
+    def __init__(self, *, features: nn.Sequential, features_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.features = features
+        self.classifier = nn.Linear(features_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def CNN(*, input_shape: tuple[int, int, int], num_classes: int, channels: int) -> ConvClassifier:
     """conv3x3(c/2) -> ReLU -> conv3x3(c) -> ReLU -> maxpool 2x2 -> linear classifier (c = ``channels``)."""
-
-    def __init__(
-        self, *, input_shape: tuple[int, int, int], num_classes: int, channels: int
-    ) -> None:
-        super().__init__()
-        c_in, h, w = input_shape
-        c1 = max(1, channels // 2)
-        self.features = nn.Sequential(
-            nn.Conv2d(c_in, c1, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(c1, channels, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-        )
-        self.classifier = nn.Linear(channels * (h // 2) * (w // 2), num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+    c_in, h, w = input_shape
+    features = nn.Sequential(
+        nn.Conv2d(c_in, max(1, channels // 2), kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(max(1, channels // 2), channels, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return ConvClassifier(
+        features=features, features_dim=channels * (h // 2) * (w // 2), num_classes=num_classes
+    )
 
 
-class ConvNet(nn.Module):
+def ConvNet(*, input_shape: tuple[int, int, int], num_classes: int, channels: int) -> ConvClassifier:
     """conv5x5(c/2) -> ReLU -> maxpool2 -> conv5x5(c) -> ReLU -> maxpool2 -> linear (c = ``channels``)."""
-
-    def __init__(
-        self, *, input_shape: tuple[int, int, int], num_classes: int, channels: int
-    ) -> None:
-        super().__init__()
-        c_in, h, w = input_shape
-        c1 = max(1, channels // 2)
-        self.features = nn.Sequential(
-            nn.Conv2d(c_in, c1, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c1, channels, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-        )
-        self.classifier = nn.Linear(channels * (h // 4) * (w // 4), num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+    c_in, h, w = input_shape
+    features = nn.Sequential(
+        nn.Conv2d(c_in, max(1, channels // 2), kernel_size=5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(max(1, channels // 2), channels, kernel_size=5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return ConvClassifier(
+        features=features, features_dim=channels * (h // 4) * (w // 4), num_classes=num_classes
+    )
 
 
 def _image_shape(name: str, shape: tuple[int, ...], min_side: int) -> tuple[int, int, int]:
