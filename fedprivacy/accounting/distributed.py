@@ -81,6 +81,20 @@ Cross-check (:meth:`DistributedRelease.rdp`): with ``p <= A p~`` and ``q >= B q~
 (Canonne, Kamath & Steinke 2020, Thm 14 for the multivariate discrete Gaussian), composed as RDP and
 converted by dp-accounting; the reported figure is the smaller of two valid bounds.
 
+Sampler. Lemmas 1-2 are about exact ``N_Z(0, v)`` draws. XNoise components come from the
+tabulated sampler (:mod:`fedprivacy.dp.tabulated`), whose law ``q`` is an explicit integer table with
+``|q/p~ - 1| <= r`` on its support (``p~``: ``N_Z(0, v)`` conditioned on ``|x| <= K``) and
+``TV(p~, p) <= tail``. Per round, with ``N`` honest kept components per coordinate,
+``A = m sum_j -log(1 - r_j)`` is a density-ratio slack (both ways: convolutions and products keep
+pointwise ratio bounds) and ``G = m sum_j tail_j`` a total-variation term. The real release is within
+``e^(+-A)`` of the truncated-exact one, which is ``G``-close to the exact one; the chain gives, over
+the run, ``H' = sum (eta + A) - log(1 - sum G)`` and
+``delta(eps) <= e^H' delta_Gauss(eps - 2H') + e^(eps) sum G``; :func:`audience_epsilons` reserves
+``1e-6 delta`` for the last term (which caps the PLD path at ``eps ~ 150``; the RDP cross-check has no
+such term: truncation is a conditioning on an event of probability ``>= 1 - G``). The legacy share
+uses the float64 rejection sampler, whose deviation is not bounded: its releases carry
+``exact_sampler=False`` and the report says so.
+
 Two audiences (:func:`audience_epsilons`). The *server* sees who takes part: no amplification,
 adaptive choice of survivors, malicious up to the protocol's guarantees. *Observers* of the released
 models (other clients, the public) see only the models, which are a post-processing of the server's
@@ -547,6 +561,9 @@ class DistributedRelease:
     rdp_log_upper: float  # m log A of the RDP cross-check
     rdp_log_lower: float  # m log B (<= 0)
     exact: bool = True  # the released noise does not depend on the survivor count (XNoise)
+    sampler_ratio: float = 0.0  # A: m sum_j -log(1 - r_j), the tabulated sampler's law vs N_Z
+    sampler_tv: float = 0.0  # m sum_j tail_j: its truncation, in total variation
+    exact_sampler: bool = True  # False: the float64 rejection sampler (deviation not bounded)
 
     @property
     def noise_multiplier(self) -> float:
@@ -559,11 +576,17 @@ class DistributedRelease:
                             sampling=sampling if sampling is not None else NoSampling())
 
     def rdp(self, orders: Sequence[float], *, neighbouring: Neighbouring | str) -> list[float]:
-        """Cross-check RDP curve: ``alpha D^2/(2V) + alpha/(alpha-1) m log A - m log B`` per order."""
+        """Cross-check RDP curve: ``alpha D^2/(2V) + alpha/(alpha-1) (m log A + S) - m log B + A_s``.
+
+        ``S = A_s - log(1 - TV)`` carries the sampler (ratio ``A_s`` both ways; the truncation is a
+        conditioning on an event of probability ``>= 1 - TV`` under both datasets).
+        """
         factor = 2.0 if Neighbouring.parse(neighbouring) is Neighbouring.REPLACE_ONE else 1.0
         base = (factor * self.l2_sensitivity) ** 2 / (2.0 * self.honest_variance)
-        return [a * base + a / (a - 1.0) * self.rdp_log_upper - self.rdp_log_lower
-                if a > 1 else math.inf for a in orders]
+        # sampler: ratio A both ways, truncation as conditioning on prob >= 1 - TV (no delta term)
+        extra = self.sampler_ratio - math.log1p(-self.sampler_tv)
+        return [a * base + a / (a - 1.0) * (self.rdp_log_upper + extra) - self.rdp_log_lower
+                + self.sampler_ratio if a > 1 else math.inf for a in orders]
 
 
 def release_privacy(design: XNoiseDesign, *, survivors: int, clip_norm: float, scale: float,
@@ -581,7 +604,7 @@ def release_privacy(design: XNoiseDesign, *, survivors: int, clip_norm: float, s
                     colluders=design.colluders,
                     released_variance=design.released_variance(survivors=survivors), exact=True,
                     clip_norm=clip_norm, scale=scale, dim=dim, beta=beta,
-                    smoothing_variance=smoothing_variance)
+                    smoothing_variance=smoothing_variance, tabulated=True)
 
 
 def legacy_release(*, local_variance: float, survivors: int, colluders: int = 0, clip_norm: float,
@@ -598,12 +621,13 @@ def legacy_release(*, local_variance: float, survivors: int, colluders: int = 0,
         raise ValueError(f"colluders must be < survivors={s}, got {c}")
     return _release((float(local_variance),) * (s - c), survivors=s, colluders=c,
                     released_variance=s * float(local_variance), exact=False, clip_norm=clip_norm,
-                    scale=scale, dim=dim, beta=beta, smoothing_variance=smoothing_variance)
+                    scale=scale, dim=dim, beta=beta, smoothing_variance=smoothing_variance,
+                    tabulated=False)
 
 
 def _release(variances: Sequence[float], *, survivors: int, colluders: int,
              released_variance: float, exact: bool, clip_norm: float, scale: float, dim: int,
-             beta: float, smoothing_variance: float) -> DistributedRelease:
+             beta: float, smoothing_variance: float, tabulated: bool) -> DistributedRelease:
     if not clip_norm > 0 or not scale > 0:
         raise ValueError(f"clip_norm and scale must be > 0, got {clip_norm} and {scale}")
     dom = gaussian_domination(variances, dim=dim, smoothing_variance=smoothing_variance)
@@ -611,6 +635,13 @@ def _release(variances: Sequence[float], *, survivors: int, colluders: int,
     honest = math.fsum(variances)
     # against N_Z(0, V) = phi_V / (1 + e(V)): A = U (1 + e(V)), B = L (1 + e(V)), per coordinate
     shift = math.log1p(theta_excess(honest))
+    ratio = tv = 0.0
+    if tabulated:  # the sampler's exact law vs N_Z(0, v): ratio on the support, truncation in TV
+        from fedprivacy.dp.tabulated import law_bounds
+
+        bounds = {v: law_bounds(v) for v in set(variances)}
+        ratio = dim * math.fsum(-math.log1p(-bounds[v][0]) for v in variances)
+        tv = dim * math.fsum(bounds[v][1] for v in variances)
     return DistributedRelease(
         survivors=survivors, honest_survivors=survivors - colluders,
         l2_sensitivity=rounded_l2_norm_bound(l2_norm=clip_norm * scale, dim=dim, beta=beta),
@@ -618,7 +649,7 @@ def _release(variances: Sequence[float], *, survivors: int, colluders: int,
         honest_variance=honest, min_component_variance=min(variances),
         continuous_std=dom.continuous_std, eta=dom.eta,
         rdp_log_upper=dim * max(log_hi + shift, 0.0), rdp_log_lower=dim * min(log_lo + shift, 0.0),
-        exact=exact)
+        exact=exact, sampler_ratio=ratio, sampler_tv=tv, exact_sampler=tabulated)
 
 
 # ============================================================================ two audiences
@@ -648,6 +679,7 @@ class AudienceEpsilons:
     delta: float
     rounds: int
     amplified: bool = False
+    sampler_bounded: bool = True  # False: some round used the float64 sampler (deviation unbounded)
 
 
 def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling, *,
@@ -671,7 +703,7 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
                       sampling: Sampling | None = None,
                       neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
                       backend: str = "pld") -> AudienceEpsilons:
-    """Both audiences' epsilon: ``eps_Gauss(delta e^-H) + 2H`` (Proposition), ``H = sum eta``.
+    """Both audiences' epsilon: ``eps_Gauss(delta (1 - 1e-6) e^-H') + 2H'`` (Proposition, "Sampler").
 
     ``sampling`` is the client sampling that ran (None: every client every round). The observers'
     figure uses the same accountant and event as central DP for that sampling.
@@ -682,13 +714,23 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
     if not releases:
         return AudienceEpsilons(server=0.0, observers=0.0, server_pld=0.0, observers_pld=0.0,
                                 server_rdp=0.0, slack=0.0, delta=delta, rounds=0)
-    slack = math.fsum(r.eta for r in releases)
-    if not slack <= 1e-6:
-        raise ValueError(f"the domination slack H={slack:g} is too large to account (noise "
-                         "components of variance below ~1 integer unit); raise the scale or noise")
-    d_eff = delta * math.exp(-slack)
-    server_pld = _gaussian_epsilon(releases, NoSampling(), delta=d_eff, neighbouring=nb,
-                                   backend=backend) + 2.0 * slack
+    dom = math.fsum(r.eta for r in releases)
+    ratio = math.fsum(r.sampler_ratio for r in releases)
+    tv = math.fsum(r.sampler_tv for r in releases)
+    slack = dom + ratio - math.log1p(-tv)  # H' (module docstring, "Sampler")
+    if not slack <= 1e-3:
+        raise ValueError(f"the accounting slack H={slack:g} is too large (noise components of "
+                         "variance below ~1 integer unit, or a huge model); raise the scale or noise")
+    d_eff = delta * (1.0 - _TV_SHARE) * math.exp(-slack)
+
+    def gauss(sampling: Sampling) -> float:
+        eps = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
+                                backend=backend) + 2.0 * slack
+        if tv and eps > math.log(_TV_SHARE * delta / tv):  # e^eps * TV must stay <= share * delta
+            return math.inf  # not certified this way (epsilon > ~150); the RDP figure still is
+        return eps
+
+    server_pld = gauss(NoSampling())
     orders = list(RDP_ORDERS)
     curve = [math.fsum(v) for v in zip(*(r.rdp(orders, neighbouring=nb) for r in releases),
                                         strict=True)]
@@ -697,11 +739,15 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
     if sampling is None or isinstance(sampling, NoSampling) or not all(r.exact for r in releases):
         obs_pld = server_pld  # no amplification claimed (nothing sampled, or noise tied to s)
     else:
-        obs_pld = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
-                                    backend=backend) + 2.0 * slack
+        obs_pld = gauss(sampling)
     return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
                             observers_pld=obs_pld, server_rdp=server_rdp, slack=slack,
-                            delta=delta, rounds=len(releases), amplified=obs_pld is not server_pld)
+                            delta=delta, rounds=len(releases), amplified=obs_pld is not server_pld,
+                            sampler_bounded=all(r.exact_sampler for r in releases))
+
+
+#: Share of delta reserved for the tabulated sampler's truncation (``e^eps TV <= share delta``).
+_TV_SHARE = 1e-6
 
 
 # ============================================================================ calibration

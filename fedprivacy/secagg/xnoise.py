@@ -16,12 +16,14 @@ turns a design into integer vectors:
 
 Seed expansion: ``key = HKDF-SHA256(seed, salt = round || node || index, info =
 b"fedprivacy/v1/xnoise-component")`` keys an AES-256-CTR :class:`RandomSource` that drives the
-vectorised discrete Gaussian sampler (:func:`fedprivacy.dp.discrete.sample_discrete_gaussian`). The
-expansion is deterministic, so client and server get the same vector; it is pinned by a known-answer
-test (``tests/secagg/test_xnoise.py``): changing the sampler changes :data:`EXPANSION_VERSION`.
-Caveat: the sampler's accept/reject tests use float64 ``exp``; two platforms whose ``exp`` differ in the
-last bit could disagree on one coordinate with probability ~1e-16 per draw (an accuracy glitch on that
-coordinate, never less noise than the design: the client's own draw stays in the sum).
+tabulated sampler (:mod:`fedprivacy.dp.tabulated`: inversion of an integer CDF, so the output law is
+known exactly and its distance to ``N_Z(0, v)`` enters the accounting). All components, the
+never-revealed component 0 included, use it. The expansion is deterministic, so client and server get
+the same vector; it is pinned by a known-answer test (``tests/secagg/test_xnoise.py``): changing the
+sampler changes :data:`EXPANSION_VERSION`. Caveat: the table's float64 weights could differ in the
+last bit on another platform's ``exp``, moving a table boundary; a draw landing exactly there
+(probability ~2^-50 per draw) would differ between client and server on one coordinate (an accuracy
+glitch there, never less noise than the design: the client's own draw stays in the sum).
 
 Threat model: the seeds come from the client's secure source, never from the server; a seed is
 revealed only when its component is excess for the agreed survivors; component 0 is never seeded.
@@ -39,8 +41,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedprivacy.accounting.distributed import XNoiseDesign
-from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
+from fedprivacy.dp.tabulated import sample_tabulated_discrete_gaussian
 from fedprivacy.secagg.quantize import to_ring
 
 __all__ = [
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 #: Label of the seed expansion (bumped whenever the expansion or the sampler changes its output).
-EXPANSION_VERSION = b"fedprivacy/v1/xnoise-component"
+EXPANSION_VERSION = b"fedprivacy/v2/xnoise-component"
 SEED_BYTES = 32
 
 
@@ -74,8 +76,8 @@ def component_noise(seed: bytes, *, variance: float, size: int, round: int, node
     if not (math.isfinite(variance) and variance > 0):
         raise ValueError(f"variance must be a finite number > 0, got {variance!r}")
     key = _component_key(seed, round=round, node_id=node_id, index=index)
-    return sample_discrete_gaussian(sigma=math.sqrt(variance), size=size,
-                                    rng=RandomSource.keyed(key))
+    return sample_tabulated_discrete_gaussian(variance=variance, size=size,
+                                              rng=RandomSource.keyed(key))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +119,7 @@ class ComponentSeeds:
 def client_noise(components: ComponentSeeds, *, size: int, rng: RandomSource) -> np.ndarray:
     """All of one client's noise (int64, length ``size``): own-source base + seeded components."""
     var = components.design.variances
-    total = sample_discrete_gaussian(sigma=math.sqrt(var[0]), size=size, rng=rng)
+    total = sample_tabulated_discrete_gaussian(variance=var[0], size=size, rng=rng)
     for j, seed in enumerate(components.seeds, start=1):
         total += component_noise(seed, variance=var[j], size=size, round=components.round,
                                  node_id=components.node_id, index=j)

@@ -1,0 +1,94 @@
+"""The tabulated discrete Gaussian: its exact law against high-precision N_Z(0, v), the float-exp
+assumption on this platform, sampling frequencies, ties and rejections on the exact path."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, getcontext
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from fedprivacy.dp.rng import RandomSource
+from fedprivacy.dp.tabulated import (
+    EXP_ERROR,
+    PRECISION_BITS,
+    TabulatedDiscreteGaussian,
+    sample_tabulated_discrete_gaussian,
+)
+
+getcontext().prec = 60
+
+
+def _exact_pmf(v: float, k: int) -> tuple[list[Decimal], Decimal]:
+    """N_Z(0, v) on |x| <= k and its tail mass beyond k, 60 digits (normaliser summed far past k)."""
+    dv = Decimal(v)
+    lim = k + 200
+    rho = [(-(Decimal(x) ** 2) / (2 * dv)).exp() for x in range(-lim, lim + 1)]
+    z = sum(rho)
+    inside = [rho[x + lim] / z for x in range(-k, k + 1)]
+    tail = sum(rho[x + lim] for x in range(-lim, lim + 1) if abs(x) > k) / z
+    return inside, tail
+
+
+def test_numpy_exp_meets_the_assumed_relative_error_on_this_platform() -> None:
+    args = np.linspace(-180.0, 0.0, 20001)
+    got = np.exp(args)
+    worst = max(abs(Decimal(float(g)) / Decimal(float(a)).exp() - 1) for a, g in zip(args, got, strict=True))
+    assert worst <= Decimal(EXP_ERROR)
+
+
+@pytest.mark.parametrize("variance", [0.4, 0.7, 3.0, 50.0])
+def test_exact_law_is_within_the_ratio_bound_of_the_discrete_gaussian(variance: float) -> None:
+    t = TabulatedDiscreteGaussian(variance)
+    masses = [int(math.ldexp(float(f), PRECISION_BITS)) for f in t._frac.tolist()]
+    total = sum(masses)
+    assert total == t._total and total < 1 << PRECISION_BITS
+    exact, tail = _exact_pmf(variance, t.k)
+    assert tail <= Decimal(t.tail_mass)
+    worst = max(abs(Decimal(m) / Decimal(total) / (p / (1 - tail)) - 1)
+                for m, p in zip(masses, exact, strict=True))
+    assert worst <= Decimal(t.ratio_bound)
+    assert math.isclose(sum(t.pmf(x) for x in range(-t.k, t.k + 1)), 1.0, rel_tol=1e-12)
+    assert t.pmf(t.k + 1) == 0.0
+
+
+def test_sampling_frequencies_match_the_table() -> None:
+    t = TabulatedDiscreteGaussian(0.7)
+    x = t.sample(200_000, rng=RandomSource.seeded(4))
+    for v in range(-3, 4):
+        p = t.pmf(v)
+        freq = float(np.mean(x == v))
+        assert abs(freq - p) <= 5 * math.sqrt(p * (1 - p) / x.size) + 1e-12, v
+    big = sample_tabulated_discrete_gaussian(variance=4.0e6, size=1 << 16, rng=RandomSource.seeded(5))
+    assert abs(float(np.std(big)) / 2000.0 - 1) < 0.01 and abs(float(np.mean(big))) < 30
+
+
+def test_seeded_draws_are_reproducible_and_the_secure_default_is_not() -> None:
+    a = sample_tabulated_discrete_gaussian(variance=9.0, size=100, rng=RandomSource.seeded(1))
+    b = sample_tabulated_discrete_gaussian(variance=9.0, size=100, rng=RandomSource.seeded(1))
+    assert np.array_equal(a, b)
+
+
+def test_ties_and_rejections_resolve_on_exact_integers() -> None:
+    import bisect
+
+    t = TabulatedDiscreteGaussian(2.0)
+    cum = [0]
+    for f in t._frac.tolist():
+        cum.append(cum[-1] + int(math.ldexp(f, PRECISION_BITS)))
+    assert cum[-1] == t._total
+    gen = np.random.default_rng(3)
+    us = [c + d for c in cum[:-1] for d in (-1, 0, 1) if c + d >= 0]
+    us += [int.from_bytes(gen.bytes(PRECISION_BITS // 8), "big") for _ in range(200)]
+    for u in us:
+        want = bisect.bisect_right(cum, u) - 1 if u < t._total else None
+        assert t._index_of(u) == want
+    rng = RandomSource.seeded(9)
+    for i in (0, 3, t.k, 2 * t.k):  # draws whose top word ties with entry i's
+        got = t._resolve(int(t._top[i]), rng)
+        assert got is None or int(t._top[got]) <= int(t._top[i])
+    # the exact law is what it says: q(x) = M_x / M, as a rational
+    assert Fraction(cum[t.k + 1] - cum[t.k], t._total) == Fraction(
+        int(math.ldexp(float(t._frac[t.k]), PRECISION_BITS)), t._total)
