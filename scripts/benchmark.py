@@ -5,8 +5,9 @@ process tree is sampled for peak memory, then writes the rows as JSON (``--json 
 under ``benchmarks/results/``), the plots ``docs/img/bench_*.png`` and the generated
 ``docs/BENCHMARKS.md``.
 
-    python scripts/benchmark.py --quick            # <= 5 minutes on 2 cores
+    python scripts/benchmark.py --quick            # <= 5 minutes on 2 cores, into runs/benchmark-quick/
     python scripts/benchmark.py                    # the full sweep (runtime in docs/BENCHMARKS.md)
+    python scripts/benchmark.py --out DIR          # any sweep, into DIR/ (BENCHMARKS.md, img/, JSON)
     python scripts/benchmark.py --from-json PATH   # re-render the report from saved rows
 
 Rows: fedprivacy (in-process engine; one row on Flower's Ray engine) in modes none, central,
@@ -42,6 +43,7 @@ from benchmarks.spec import BenchSpec, make_record  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
 DOCS_MD = REPO / "docs" / "BENCHMARKS.md"
 IMG_DIR = REPO / "docs" / "img"
+QUICK_OUT = REPO / "runs" / "benchmark-quick"
 TARGET_EPSILON = 3.0
 DELTA = 1e-5
 # MLP widths giving ~10k and ~100k parameters (one hidden layer; fedprivacy.ml "mlp").
@@ -288,6 +290,22 @@ def write_outputs(payload: dict[str, Any], *, json_path: Path | None, md_path: P
     return written
 
 
+def output_paths(*, quick: bool, out: Path | None,
+                 no_docs: bool) -> tuple[Path | None, Path | None, Path | None]:
+    """Where the report, the plots and the JSON copy go: ``(markdown, img dir, results dir)``.
+
+    Only the full sweep without ``--out`` writes the committed docs/BENCHMARKS.md, docs/img/ and
+    benchmarks/results/; ``--quick`` writes to ``--out`` (default ``runs/benchmark-quick/``) and never
+    to the committed files. ``--no-docs`` writes nothing but ``--json``.
+    """
+    if out is None and not quick:
+        folder: tuple[Path | None, Path | None, Path | None] = (DOCS_MD, IMG_DIR, RESULTS_DIR)
+    else:
+        base = QUICK_OUT if out is None else out
+        folder = (base / "BENCHMARKS.md", base / "img", base)
+    return (None, None, None) if no_docs else folder
+
+
 def build_payload(rows: Sequence[dict[str, Any]], *, sweep: str, command: str, runtime: float,
                   notes: Sequence[str]) -> dict[str, Any]:
     with_ratios = report.add_ratios(rows)
@@ -337,12 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path, default=None,
                         help="re-render docs and plots from a saved payload, run nothing")
     parser.add_argument("--no-docs", action="store_true",
-                        help="do not write docs/BENCHMARKS.md, docs/img or benchmarks/results")
+                        help="write nothing but --json (no report, plots or results copy)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for BENCHMARKS.md, img/ and the JSON copy (default: docs/ for "
+                             f"the full sweep, {QUICK_OUT.relative_to(REPO)}/ for --quick)")
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 2:
         print("error: --rounds must be >= 2 (the first round is start-up)", file=sys.stderr)
         return 2
-    md, img, res = (None, None, None) if args.no_docs else (DOCS_MD, IMG_DIR, RESULTS_DIR)
+    md, img, res = output_paths(quick=args.quick, out=args.out, no_docs=args.no_docs)
 
     if args.from_json is not None:
         saved = json.loads(args.from_json.read_text())
@@ -360,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = [s for s in specs if any(k in s.key() for k in keys)]
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["python scripts/benchmark.py", *(shlex.quote(a) for a in given)])
-    partial = None if args.no_docs else RESULTS_DIR / "partial.json"
+    partial = None if res is None else res / "partial.json"
     done: list[dict[str, Any]] = []
 
     def save_partial(row: dict[str, Any]) -> None:  # a killed sweep leaves its finished rows
