@@ -20,12 +20,14 @@ sum of its inputs (so a positive finding is a demonstrated attack, not a countin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg import shamir
 from fedprivacy.secagg.keys import (
     SealError,
@@ -57,6 +59,7 @@ from fedprivacy.secagg.protocol import (
     world_id,
 )
 from fedprivacy.secagg.robust import recover_secret
+from fedprivacy.secagg.xnoise import ComponentSeeds
 
 REFUSALS = (ValueError, TypeError, KeyError)  # ProtocolViolation and SealError are ValueErrors
 
@@ -75,7 +78,10 @@ class MaliciousServer:
     setup: SetupRequest
     inputs: Mapping[int, np.ndarray]
     colluders: frozenset[int]
+    noise_design: Callable[[int], Any] | None = None  # XNoise: roster size -> XNoiseDesign
     clients: dict[int, ClientSession] = field(default_factory=dict)
+    components: dict[int, ComponentSeeds] = field(default_factory=dict)
+    comp_shares: dict[tuple[int, int], dict[int, Any]] = field(default_factory=dict)  # (owner, j) -> x -> limbs
     adverts: dict[int, AdvertiseKeys] = field(default_factory=dict)
     worlds: dict[int, bytes] = field(default_factory=dict)  # sender -> world of its shares
     rosters: dict[int, ShareKeysRequest] = field(default_factory=dict)
@@ -121,7 +127,12 @@ class MaliciousServer:
     def stage_share(self, roster_of: Mapping[int, Sequence[int]]) -> None:
         for i, members in roster_of.items():
             req = self.roster(members)
-            out = _try(lambda i=i, req=req: self.clients[i].share_keys(req))
+            comps = None
+            if self.noise_design is not None:
+                comps = ComponentSeeds.fresh(self.noise_design(len(req.node_ids)), round=self.setup.round,
+                                             node_id=i, rng=RandomSource.secure())
+                self.components[i] = comps
+            out = _try(lambda i=i, req=req, comps=comps: self.clients[i].share_keys(req, components=comps))
             if out is None:
                 self.refusals.append(f"share {i}")
                 continue
@@ -147,9 +158,12 @@ class MaliciousServer:
             except SealError:
                 continue
             x = self.abscissa(sender, receiver)
-            pair = shamir.decode_shares(pt, num_secrets=2, secret_bytes=32)
-            self.seed_shares.setdefault(sender, {})[x] = pair[0]
-            self.key_shares.setdefault(sender, {})[x] = pair[1]
+            m = len(self.components[sender].seeds) if sender in self.components else 0
+            rows = shamir.decode_shares(pt, num_secrets=2 + m, secret_bytes=32)
+            self.seed_shares.setdefault(sender, {})[x] = rows[0]
+            self.key_shares.setdefault(sender, {})[x] = rows[1]
+            for j in range(1, m + 1):  # a colluding holder keeps every component share it got
+                self.comp_shares.setdefault((sender, j), {})[x] = rows[1 + j]
 
     def abscissa(self, owner: int, holder: int) -> int:
         """Where ``owner`` evaluated the share it sent ``holder``: 1 + position in owner's roster."""
@@ -185,13 +199,14 @@ class MaliciousServer:
                 ps[u] = sorted(p)
                 if u in self.colluders:  # the attacker signs anything for a colluder
                     sigs[u] = _sign(Secret(self._state(u)["sign"]),
-                                    _peers_statement(self.worlds[u], u, ps[u]))
+                                    _peers_statement(self.worlds[u], u, ps[u], self.masked[u].design))
         if dropped is None:
             dropped = sorted(set().union(*map(set, ps.values())) - set(surv))
+        designs = [self.masked[u].design for u in surv] if self.noise_design is not None else []
         return ConsistencyRequest(round=self.setup.round, survivors=surv, dropped=sorted(dropped),
                                   peer_counts=[len(ps[u]) for u in surv],
                                   peer_flat=[j for u in surv for j in ps[u]],
-                                  peer_signatures=[sigs[u] for u in surv])
+                                  peer_signatures=[sigs[u] for u in surv], designs=designs)
 
     # stage 4: the view each client is asked to sign
     def stage_consistency(self, view_of: Mapping[int, ConsistencyRequest]) -> None:
@@ -199,7 +214,8 @@ class MaliciousServer:
             if i not in self.worlds:
                 continue
             ps = dict(zip(req.survivors, _split(req), strict=True))
-            digest = _view_digest(self.worlds[i], req.survivors, req.dropped, ps)
+            fp = self.masked[i].design if i in self.masked else b""
+            digest = _view_digest(self.worlds[i], req.survivors, req.dropped, ps, fp)
             if i in self.colluders:
                 sig = _sign(Secret(self._state(i)["sign"]), _view_statement(digest))
             else:
@@ -244,6 +260,9 @@ class MaliciousServer:
             for o, sh in zip(owners, shares, strict=True):
                 x = self.abscissa(o, resp.node_id)
                 table.setdefault(o, {})[x] = shamir.decode_shares(sh, num_secrets=1, secret_bytes=32)[0]
+        for o, j, sh in zip(resp.component_owners, resp.component_indices, resp.component_shares, strict=True):
+            self.comp_shares.setdefault((o, j), {})[self.abscissa(o, resp.node_id)] = shamir.decode_shares(
+                sh, num_secrets=1, secret_bytes=32)[0]
 
 
 def _split(req: ConsistencyRequest) -> list[list[int]]:
@@ -256,11 +275,13 @@ def _split(req: ConsistencyRequest) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class Finding:
-    """A set of honest clients whose input sum the attacker can compute, and that sum."""
+    """A set of honest clients whose input sum the attacker can compute, and that sum; with XNoise,
+    the variance of the noise components in it whose seeds the attacker cannot reconstruct."""
 
     members: frozenset[int]
     estimate: np.ndarray
     truth: np.ndarray
+    noise_variance: float = float("nan")
 
 
 def _secret(shares: Mapping[int, Any] | None, threshold: int, check: Callable[[bytes], bool]) -> bytes | None:
@@ -314,8 +335,26 @@ def learnable_sums(adv: MaliciousServer) -> list[Finding]:
     for root, members in comps.items():
         if root in bad_roots:
             continue
-        findings.append(_reconstruct(adv, frozenset(members), b, sk, bits))
+        f = _reconstruct(adv, frozenset(members), b, sk, bits)
+        if adv.noise_design is not None:
+            f = dataclasses.replace(f, noise_variance=_unknown_noise(adv, members))
+        findings.append(f)
     return findings
+
+
+def _unknown_noise(adv: MaliciousServer, members: set[int]) -> float:
+    """Sum of the variances of the members' noise components the attacker has no seed for
+    (component 0 never has one)."""
+    total = 0.0
+    for u in members:
+        comps = adv.components[u]
+        var = comps.design.variances
+        total += var[0]
+        for j, seed in enumerate(comps.seeds, start=1):
+            got = _secret(adv.comp_shares.get((u, j)), adv.setup.threshold, lambda v, seed=seed: v == seed)
+            if got is None:
+                total += var[j]
+    return total
 
 
 def _reconstruct(adv: MaliciousServer, members: frozenset[int], b: Mapping[int, bytes | None],

@@ -9,6 +9,7 @@ schedule reconstruct the victim's input exactly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import numpy as np
@@ -43,6 +44,10 @@ def assert_reveals_only_allowed_sums(adv: MaliciousServer) -> list:
         assert len(f.members) >= allowed, (sorted(f.members), allowed, adv.refusals)
     per_world = Counter(adv.worlds[min(f.members)] for f in findings)
     assert all(v == 1 for v in per_world.values()), per_world
+    if adv.noise_design is not None:  # XNoise: every solvable sum keeps at least the target noise
+        for f in findings:
+            target = adv.components[min(f.members)].design.total_variance
+            assert f.noise_variance >= target * (1 - 1e-9), (f.noise_variance, target)
     return findings
 
 
@@ -170,14 +175,19 @@ def test_item5_two_colluding_neighbours_are_refused_by_the_degree_rule() -> None
         server.receive_keys([c.advertise_keys() for c in clients.values()])
 
 
+@pytest.mark.parametrize("xnoise", [False, True])
 @pytest.mark.parametrize("colluders", [1, 2])
-def test_colluders_with_the_server_learn_only_the_honest_survivors_sum(colluders: int) -> None:
+def test_colluders_with_the_server_learn_only_the_honest_survivors_sum(colluders: int, xnoise: bool) -> None:
+    from fedprivacy.accounting.distributed import XNoiseDesign
+
     n, k = 14, 6
     t = min_safe_threshold(k, colluders=colluders)
     ids = list(range(n))
     setup = SetupRequest(round=2, threshold=t, degree=k, dim=6, colluders=colluders, active=True)
+    noise = (lambda r: XNoiseDesign(total_variance=1e4, roster=r, min_survivors=t, colluders=colluders)
+             ) if xnoise else None
     adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=3),
-                          colluders=frozenset(ids[:colluders]))
+                          colluders=frozenset(ids[:colluders]), noise_design=noise)
     adv.stage_advertise()
     adv.stage_share({i: ids for i in ids})
     adv.stage_masked({i: [j for j in ids if (j, i) in adv.cts] for i in ids})
@@ -186,6 +196,8 @@ def test_colluders_with_the_server_learn_only_the_honest_survivors_sum(colluders
     adv.stage_unmask([(i, req) for i in up if (req := adv.certificate(i)) is not None])
     (finding,) = assert_reveals_only_allowed_sums(adv)
     assert finding.members == set(ids) - set(ids[:colluders])  # exactly the honest survivors' sum
+    if xnoise:  # and it keeps exactly the target noise: the colluders' seeds and reveals strip none
+        assert math.isclose(finding.noise_variance, 1e4, rel_tol=1e-12)
 
 
 # ------------------------------------------------------------------ item 6: differencing and replays
@@ -271,10 +283,11 @@ def _resolved(adv: MaliciousServer, surv: list[int]) -> list[int]:
        tamper_rate=st.sampled_from([0.0, 0.1]), victim_pick=st.floats(0, 1.3),
        stories=st.lists(st.sampled_from(["all", "resolved", "random", "isolate", "isolate-resolved",
                                          "wrong-dropped"]), min_size=1, max_size=3),
-       mix=st.sampled_from([0.0, 0.3, 1.0]), symmetric=st.booleans(), rseed=st.integers(0, 2**32 - 1))
+       mix=st.sampled_from([0.0, 0.3, 1.0]), symmetric=st.booleans(), xnoise=st.booleans(),
+       rseed=st.integers(0, 2**32 - 1))
 def test_random_malicious_schedules_reveal_only_allowed_sums(
         c, honest_count, complete, degree_pick, extra_t, min_surv_pick, own_roster_rate, withhold_rate,
-        tamper_rate, victim_pick, stories, mix, symmetric, rseed) -> None:
+        tamper_rate, victim_pick, stories, mix, symmetric, xnoise, rseed) -> None:
     """Random malicious schedules. The structure depends on fresh keys (the graph is seeded by the
     world id), so every choice that depends on it comes from ``random.Random(rseed)``."""
     import random
@@ -293,7 +306,15 @@ def test_random_malicious_schedules_reveal_only_allowed_sums(
     setup = SetupRequest(round=7, threshold=t, degree=degree, dim=6, colluders=c, active=True,
                          min_survivors=int(min_surv_pick * t))
     colluders = frozenset(rnd.sample(ids, c))
-    adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=rseed % 97), colluders=colluders)
+    noise = None
+    if xnoise:  # exact noise whatever the survivors (issue 12): the attacker must not strip it
+        from fedprivacy.accounting.distributed import XNoiseDesign
+
+        def noise(roster: int) -> XNoiseDesign:
+            return XNoiseDesign(total_variance=1e4, roster=roster,
+                                min_survivors=min(setup.required_survivors, roster), colluders=c)
+    adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=rseed % 97), colluders=colluders,
+                          noise_design=noise)
     honest = [i for i in ids if i not in colluders]
     adv.stage_advertise()
     # rosters: mostly everyone, sometimes a world of its own for a client
@@ -374,6 +395,6 @@ def test_random_malicious_schedules_reveal_only_allowed_sums(
     adv.stage_unmask([(i, cert) for j in up if (cert := adv.certificate(j)) is not None
                       for i in up if i not in colluders])
     findings = assert_reveals_only_allowed_sums(adv)
-    event(f"sums learnt: {len(findings)}")
+    event(f"sums learnt: {len(findings)}" + (" (XNoise: noise checked)" if xnoise and findings else ""))
     event("some honest client revealed shares" if any(adv.clients[i].revealed for i in honest)
           else "no honest client revealed")
