@@ -130,6 +130,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
@@ -151,6 +152,7 @@ __all__ = [
     "SMOOTHING_VARIANCE",
     "XNoiseDesign",
     "accounted_noise_multiplier",
+    "audience_claim",
     "audience_epsilons",
     "calibrate_distributed",
     "gaussian_domination",
@@ -800,3 +802,44 @@ def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: 
         z = max(z * (1 + 1e-12), math.sqrt((z_acc * l2) ** 2 + smoothing_variance) / clip_scale)
     raise ValueError("calibration did not converge: the encoding's scale keeps shrinking with the "
                      "noise; raise secagg-bits")
+
+
+# ============================================================================ the claim
+SERVER_THREAT_MODEL = (
+    "the server (and anyone it colludes with, up to c clients who know their own noise): it sees who "
+    "takes part, picks the survivors, chooses every message; it learns only sums that carry at least "
+    "the honest survivors' kept noise (the secure-aggregation guarantee), so no amplification by "
+    "sampling is claimed")
+OBSERVERS_THREAT_MODEL = (
+    "anyone who sees only the released models (other clients, the public): the server follows the "
+    "protocol and keeps the cohort secret; the models are a post-processing of the server's view, so "
+    "this epsilon is never above the server's; amplification by the sampling that ran is claimed only "
+    "when the released noise does not depend on the survivors (exact XNoise)")
+
+
+def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
+                   exact_noise: bool) -> dict[str, Any]:
+    """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
+    if eps.amplified:
+        why = f"amplified by {sampling_description}"
+    elif not exact_noise:
+        why = ("not amplified: the survivors' noise depends on how many survived (legacy share), "
+               "so its level could reveal whether a client was in the sum")
+    else:
+        why = "not amplified: every client takes part in every round"
+    sampler = ("tabulated discrete Gaussian: exact integer law, its deviation charged (slack H')"
+               if eps.sampler_bounded else
+               "float64 rejection sampler (legacy share): its deviation from N_Z (~2^-53 per "
+               "decision) is NOT bounded in this epsilon")
+    return {
+        "server": {"epsilon": eps.server, "delta": eps.delta, "amplification": False,
+                   "threat_model": SERVER_THREAT_MODEL, "colluders": colluders,
+                   "accountant": ("pld of the dominating continuous Gaussian "
+                                  "(fedprivacy.accounting.distributed, Proposition), min with the "
+                                  "RDP cross-check"),
+                   "pld": eps.server_pld, "rdp_cross_check": eps.server_rdp},
+        "observers": {"epsilon": eps.observers, "delta": eps.delta, "amplification": eps.amplified,
+                      "sampling": why, "threat_model": OBSERVERS_THREAT_MODEL,
+                      "colluders": colluders, "pld": eps.observers_pld},
+        "slack": eps.slack, "rounds": eps.rounds, "noise_sampler": sampler,
+    }

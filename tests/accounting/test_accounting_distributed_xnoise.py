@@ -293,3 +293,19 @@ def test_the_samplers_deviation_is_charged_and_the_float_sampler_is_flagged() ->
     old = legacy_release(local_variance=4096.0**2 / 6, survivors=6, clip_norm=1.0, scale=4096.0,
                          dim=2**14, beta=0.0)
     assert not old.exact_sampler and not audience_epsilons([old], delta=1e-5).sampler_bounded
+
+
+def test_the_claim_states_both_audiences_and_their_threat_models() -> None:
+    from fedprivacy.accounting.distributed import audience_claim, legacy_release
+
+    eps = audience_epsilons([_release()] * 5, delta=1e-5, sampling=PoissonSampling(rate=0.1))
+    c = audience_claim(eps, sampling_description="poisson(q=0.1)", colluders=0, exact_noise=True)
+    assert c["server"]["amplification"] is False and c["observers"]["amplification"] is True
+    assert c["observers"]["epsilon"] < c["server"]["epsilon"]
+    assert "post-processing" in c["observers"]["threat_model"] and "survivors" in c["server"]["threat_model"]
+    old = legacy_release(local_variance=4096.0**2 / 6, survivors=6, clip_norm=1.0, scale=4096.0,
+                         dim=2**14, beta=0.0)
+    e2 = audience_epsilons([old] * 5, delta=1e-5, sampling=PoissonSampling(rate=0.1))
+    c2 = audience_claim(e2, sampling_description="poisson(q=0.1)", colluders=0, exact_noise=False)
+    assert c2["observers"]["epsilon"] == c2["server"]["epsilon"]
+    assert "NOT bounded" in c2["noise_sampler"] and "legacy" in c2["observers"]["sampling"]
