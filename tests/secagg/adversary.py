@@ -188,6 +188,13 @@ class MaliciousServer:
                 continue
             self.masked[i] = out  # type: ignore[assignment]
 
+    def honest_until_masked(self) -> None:
+        """Stages 1-3 as an honest server runs them: one roster, every sealed share forwarded."""
+        ids = sorted(self.inputs)
+        self.stage_advertise()
+        self.stage_share(dict.fromkeys(ids, ids))
+        self.stage_masked({i: [j for j in ids if (j, i) in self.cts] for i in ids})
+
     def view(self, survivors: Sequence[int], dropped: Sequence[int] | None = None, *,
              peers: Mapping[int, Sequence[int]] | None = None) -> ConsistencyRequest:
         """A view over uploaders; peer sets and signatures as reported unless ``peers`` overrides."""

@@ -145,9 +145,7 @@ def test_a_certificate_does_not_authorise_other_survivor_lists() -> None:
     ids = list(range(n))
     setup = SetupRequest(round=3, threshold=t, degree=n - 1, dim=6, active=True)
     adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=5), colluders=frozenset())
-    adv.stage_advertise()
-    adv.stage_share({i: ids for i in ids})
-    adv.stage_masked({i: [j for j in ids if (j, i) in adv.cts] for i in ids})
+    adv.honest_until_masked()
     adv.stage_consistency({i: adv.view(ids) for i in ids})
     victim = 0
     reqs = []
@@ -188,9 +186,7 @@ def test_colluders_with_the_server_learn_only_the_honest_survivors_sum(colluders
              ) if xnoise else None
     adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=3),
                           colluders=frozenset(ids[:colluders]), noise_design=noise)
-    adv.stage_advertise()
-    adv.stage_share({i: ids for i in ids})
-    adv.stage_masked({i: [j for j in ids if (j, i) in adv.cts] for i in ids})
+    adv.honest_until_masked()
     up = sorted(adv.masked)
     adv.stage_consistency({i: adv.view(up) for i in up})
     adv.stage_unmask([(i, req) for i in up if (req := adv.certificate(i)) is not None])
@@ -206,9 +202,7 @@ def test_item6_one_view_per_round_and_no_second_session() -> None:
     ids = list(range(n))
     setup = SetupRequest(round=5, threshold=t, degree=n - 1, dim=6, active=True)
     adv = MaliciousServer(setup=setup, inputs=_inputs(ids, seed=4), colluders=frozenset())
-    adv.stage_advertise()
-    adv.stage_share({i: ids for i in ids})
-    adv.stage_masked({i: [j for j in ids if (j, i) in adv.cts] for i in ids})
+    adv.honest_until_masked()
     a, b = adv.view(ids[:-1]), adv.view(ids[1:])  # two survivor sets that differ in one client each
     adv.stage_consistency({i: (a if i < n // 2 else b) for i in ids})
     adv.stage_unmask([(i, req) for i in ids if (req := adv.certificate(i)) is not None])
