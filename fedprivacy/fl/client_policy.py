@@ -22,6 +22,15 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one.
 
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
+
+Where the policy comes from (:meth:`ClientPolicy.resolve`): the node's ``node_config`` (the SuperNode
+operator's ``flower-supernode --node-config "client-...=..."`` on the Deployment Engine; the in-process
+engine builds node_config itself), then the ``FEDPRIVACY_CLIENT_POLICY`` environment variable of the
+ClientApp's process (JSON of the same keys: Flower 1.42's simulation fixes node_config to
+``partition-id``/``num-partitions``, so a launcher that starts the simulation sets this variable
+instead), and the code defaults for anything not given. In a local simulation the user is both server
+and client operator, so a launcher may derive the policy from the run it was asked for
+(:meth:`ClientPolicy.for_simulation`) and must say so.
 """
 
 from __future__ import annotations
@@ -32,10 +41,14 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+
+#: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
+ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
 
 MODES = ("none", "central", "local", "distributed")
 SCHEDULES = ("active", "semi-honest")
@@ -142,6 +155,37 @@ class ClientPolicy:
             else:
                 kwargs[name] = str(value)
         return cls(**kwargs)
+
+    @classmethod
+    def resolve(cls, node_config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ClientPolicy:
+        """The client's policy: ``node_config`` keys over the ``FEDPRIVACY_CLIENT_POLICY`` JSON over
+        the code defaults (see the module docstring)."""
+        import json
+
+        merged: dict[str, Any] = {}
+        raw = (environ or {}).get(ENV_VAR)
+        if raw:
+            try:
+                from_env = json.loads(raw)
+            except ValueError as exc:
+                raise ValueError(f"{ENV_VAR} must be a JSON object of client-* keys: {exc}") from None
+            if not isinstance(from_env, dict):
+                raise ValueError(f"{ENV_VAR} must be a JSON object of client-* keys")
+            merged.update(from_env)
+        merged.update({k: v for k, v in node_config.items() if str(k).startswith("client-")})
+        return cls.from_node_config(merged)
+
+    @classmethod
+    def for_simulation(cls, cfg: RunConfig, *, colluders: int = 0, schedule: str = "active") -> ClientPolicy:
+        """What the user asked for, as the clients' floor of a local simulation (the user runs both
+        sides): its privacy mode and noise multiplier, no cap on ρ beyond what that run spends, its
+        seed, and the metrics that mode discloses. Never use it for clients the user does not run."""
+        trusted = cfg.privacy in ("none", "central")
+        noisy = cfg.privacy in ("local", "distributed")
+        return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
+                   max_rho_per_round=math.inf, neighbouring=cfg.neighbouring, colluders=colluders,
+                   schedule=schedule, allow_seeded=cfg.seed >= 0,
+                   disclose=METRICS if trusted else ())
 
     def to_node_config(self) -> dict[str, str | int | float | bool]:
         """The inverse of :meth:`from_node_config` (what a launcher passes to a SuperNode)."""

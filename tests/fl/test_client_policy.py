@@ -100,3 +100,33 @@ def test_node_config_round_trip_and_typo_refusal() -> None:
     with pytest.raises(ValueError, match="modes must be among"):
         ClientPolicy.from_node_config({"client-privacy-modes": "distributed,centrel"})
     assert ClientPolicy.from_node_config({}) == ClientPolicy()
+
+
+def test_policy_resolution_order_node_config_over_environment_over_defaults() -> None:
+    import json
+
+    from fedprivacy.fl.client_policy import ENV_VAR
+
+    env = {ENV_VAR: json.dumps({"client-min-noise-multiplier": 1.5, "client-secagg-colluders": 1})}
+    got = ClientPolicy.resolve({"partition-id": 0, "client-secagg-colluders": 2}, env)
+    assert (got.min_noise_multiplier, got.colluders, got.modes) == (1.5, 2, ClientPolicy().modes)
+    assert ClientPolicy.resolve({}, {}) == ClientPolicy()
+    with pytest.raises(ValueError, match=ENV_VAR):
+        ClientPolicy.resolve({}, {ENV_VAR: "not json"})
+
+
+def test_simulation_policy_is_what_the_user_asked_for() -> None:
+    from fedprivacy.config import RunConfig
+
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", noise_multiplier=1.2, seed=3)
+    p = ClientPolicy.for_simulation(cfg)
+    assert p.modes == ("distributed",) and p.min_noise_multiplier == 1.2 and p.allow_seeded
+    assert p.disclose == () and p.max_rho_per_round == math.inf
+    assert ClientPolicy.for_simulation(RunConfig(privacy="central")).disclose  # the server is trusted
+    # the round trip through the launcher's environment variable keeps it
+    import json
+
+    from fedprivacy.fl.client_policy import ENV_VAR
+
+    env = {ENV_VAR: json.dumps(p.to_node_config())}
+    assert ClientPolicy.resolve({}, env) == p
