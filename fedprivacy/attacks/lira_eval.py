@@ -1,0 +1,162 @@
+"""Membership inference over many trained models: every model is the target in turn.
+
+Carlini, Chien, Nasr, Song, Terzis & Tramer 2022 ("Membership Inference Attacks From First Principles",
+S&P, Sec. V-A) evaluate LiRA by training K models, each on a random half of the candidate pool, and
+attacking each model with the other K - 1 as its shadow models; scores are pooled over the K targets, so
+K models give K x (pool size) (target, candidate) pairs — what TPR at 0.1% FPR needs (at least a few
+thousand non-member pairs for the rate to be resolved). This module does that bookkeeping on the
+statistics the models produce (no torch here): per (model, candidate) logit confidence ``phi`` and loss,
+and whether the candidate was in that model's training data.
+
+**User level** (was this *client* in the federation?): a client's score under a target is the mean of its
+examples' scores (all examples of a client share its membership). Under user-level DP the whole client is
+the unit of privacy, so this is the attack the guarantee speaks about; the example-level attack is the
+usual one.
+
+Attacks: ``"loss"`` (Yeom et al. 2018, score = -loss, no shadows), ``"lira-online"`` and
+``"lira-offline"`` (:func:`fedprivacy.attacks.membership.lira_online_scores` /
+:func:`~fedprivacy.attacks.membership.lira_offline_scores`, fixed variance by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fedprivacy.attacks.membership import (
+    MembershipScores,
+    attack_rows,
+    lira_offline_scores,
+    lira_online_scores,
+    loss_threshold_scores,
+)
+
+__all__ = ["ATTACKS", "leave_one_out_scores", "user_level", "pooled", "membership_table"]
+
+ATTACKS = ("loss", "lira-online", "lira-offline")
+
+
+def _check(stat: np.ndarray, member: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(stat, dtype=np.float64)
+    m = np.asarray(member)
+    if m.dtype != bool:
+        raise TypeError(f"member must be a bool array, got {m.dtype}")
+    if s.ndim != 2 or s.shape != m.shape:
+        raise ValueError(f"{name} and member must both be (K, N), got {s.shape} and {m.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"{name} must be finite")
+    return s, m
+
+
+def leave_one_out_scores(
+    stat: np.ndarray, member: np.ndarray, *, attack: str, fixed_variance: bool = True
+) -> np.ndarray:
+    """Attack scores of every (target model, candidate) pair, the other models being the shadows.
+
+    Args:
+        stat: ``(K, N)``: ``phi`` (logit confidence) for LiRA, the loss for ``"loss"``.
+        member: ``(K, N)`` bool, whether candidate n was in model k's training data.
+        attack: one of :data:`ATTACKS`.
+        fixed_variance: LiRA's global-variance variant (Carlini et al. Sec. VI-A), right for K < 64.
+
+    Returns:
+        ``(K, N)`` scores, higher = more likely a member; NaN where the candidate has no IN (online) or
+        no OUT shadow among the other K - 1 models (such pairs are left out by :func:`pooled`).
+    """
+    s, m = _check(stat, member, "stat")
+    if attack == "loss":
+        return loss_threshold_scores(s)
+    if attack not in ATTACKS:
+        raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
+    k = s.shape[0]
+    if k < 2:
+        raise ValueError(f"LiRA needs at least 2 models (1 target + shadows), got {k}")
+    out = np.full(s.shape, np.nan)
+    for t in range(k):
+        others = np.arange(k) != t
+        sp, si = s[others], m[others]
+        ok = (~si).any(axis=0)
+        if attack == "lira-online":
+            ok &= si.any(axis=0)
+        if not ok.any():
+            continue
+        fn = lira_online_scores if attack == "lira-online" else lira_offline_scores
+        out[t, ok] = fn(s[t, ok], sp[:, ok], si[:, ok], fixed_variance=fixed_variance)
+    return out
+
+
+def user_level(
+    scores: np.ndarray, member: np.ndarray, groups: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client scores: the mean score of a client's examples, and the client's membership.
+
+    Args:
+        scores: ``(K, N)`` example scores (NaN allowed: a client with any NaN example gets NaN).
+        member: ``(K, N)`` bool membership of the examples.
+        groups: ``(N,)`` int client id of every example.
+
+    Returns:
+        ``(K, U)`` client scores and ``(K, U)`` client membership, clients in sorted-id order.
+
+    Raises:
+        ValueError: the examples of one client do not share its membership under some model.
+    """
+    sc = np.asarray(scores, dtype=np.float64)
+    m = np.asarray(member, dtype=bool)
+    g = np.asarray(groups)
+    if sc.shape != m.shape or sc.ndim != 2 or g.shape != (sc.shape[1],):
+        raise ValueError(
+            f"scores and member must be (K, N) and groups (N,), got {sc.shape}, {m.shape}, {g.shape}"
+        )
+    ids, inverse = np.unique(g, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(ids))
+    user_scores = np.stack([np.bincount(inverse, weights=row, minlength=len(ids)) for row in sc])
+    user_scores /= counts
+    share = np.stack([np.bincount(inverse, weights=row.astype(float), minlength=len(ids)) for row in m])
+    if not np.all((share == 0) | (share == counts)):
+        raise ValueError("every example of a client must share the client's membership")
+    return user_scores, share == counts
+
+
+def pooled(scores: np.ndarray, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All finite (target, candidate) scores of members and of non-members, pooled over targets."""
+    sc = np.asarray(scores, dtype=np.float64)
+    m = np.asarray(member, dtype=bool)
+    ok = np.isfinite(sc)
+    return sc[ok & m], sc[ok & ~m]
+
+
+def membership_table(
+    *,
+    phi: np.ndarray,
+    loss: np.ndarray,
+    member: np.ndarray,
+    groups: np.ndarray | None,
+    model: str,
+    epsilon: float | None,
+    attacks: Sequence[str] = ATTACKS,
+) -> list[dict[str, Any]]:
+    """Rows (AUC, TPR at 1% and 0.1% FPR, pair counts) per attack, at example and (if ``groups``) user level.
+
+    Every row also states ``fpr_resolution`` = 1 / non-member pairs: a TPR at an FPR below it is not
+    measured by the data (it is the TPR at FPR 0).
+    """
+    rows: list[dict[str, Any]] = []
+    for attack in attacks:
+        stat = loss if attack == "loss" else phi
+        sc = leave_one_out_scores(stat, member, attack=attack)
+        levels = [("example", sc, member)]
+        if groups is not None:
+            us, um = user_level(sc, member, groups)
+            levels.append(("user", us, um))
+        for level, s, m in levels:
+            pos, neg = pooled(s, m)
+            (row,) = attack_rows(
+                [MembershipScores(model=model, epsilon=epsilon, attack=attack, members=pos, nonmembers=neg)]
+            )
+            row["level"] = level
+            row["fpr_resolution"] = 1.0 / neg.size
+            rows.append(row)
+    return rows

@@ -1,0 +1,95 @@
+"""fedprivacy.attacks.lira_eval: leave-one-out LiRA over K models, example and user level.
+
+Reference: a Gaussian model of the attack statistic where the optimal test is known. Candidate n has
+difficulty mu_n ~ N(0, 3^2); under model k, phi = mu_n + d * member + N(0, 1). Knowing mu_n (which LiRA
+estimates from the shadows), the Neyman-Pearson test has TPR = Phi(d - z_{1 - FPR}); a global threshold
+that ignores mu_n only gets Phi(d / sqrt(10) - z_{1 - FPR}).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedprivacy.attacks.lira_eval import leave_one_out_scores, membership_table, pooled, user_level
+from fedprivacy.attacks.metrics import auc, tpr_at_fpr
+
+
+def _world(*, k: int, n: int, d: float, per_user: int = 1, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    users = n // per_user
+    groups = np.repeat(np.arange(users), per_user)
+    member_users = np.stack([rng.permutation(users) < users // 2 for _ in range(k)])  # random halves
+    member = member_users[:, groups]
+    mu = rng.normal(0.0, 3.0, n)
+    phi = mu + d * member + rng.normal(0.0, 1.0, (k, n))
+    return phi, member, groups
+
+
+def test_lira_online_reaches_the_neyman_pearson_rate_and_beats_a_global_threshold() -> None:
+    phi, member, _ = _world(k=16, n=4000, d=1.0)
+
+    lira = pooled(leave_one_out_scores(phi, member, attack="lira-online"), member)
+    naive = pooled(leave_one_out_scores(-phi, member, attack="loss"), member)  # score = phi
+
+    optimal = stats.norm.cdf(1.0 - stats.norm.ppf(0.99))  # 0.092
+    global_rule = stats.norm.cdf(1.0 / np.sqrt(10) - stats.norm.ppf(0.99))  # 0.022
+    # 15 shadows (~7 IN, ~8 OUT per candidate) estimate mu_n with error: at least half the oracle's rate
+    assert optimal * 0.5 < tpr_at_fpr(*lira, fpr=0.01) < optimal * 1.1
+    assert tpr_at_fpr(*naive, fpr=0.01) < 2 * global_rule
+    assert tpr_at_fpr(*lira, fpr=0.01) > 2.5 * tpr_at_fpr(*naive, fpr=0.01)
+    # at K = 16 almost every pair has IN and OUT shadows (a pair lacks one with probability 2^-14)
+    assert lira[0].size + lira[1].size > 0.999 * 16 * 4000
+
+
+def test_without_a_membership_signal_every_attack_is_at_chance() -> None:
+    phi, member, groups = _world(k=8, n=3000, d=0.0, per_user=10, seed=1)
+
+    rows = membership_table(phi=phi, loss=-phi, member=member, groups=groups, model="toy", epsilon=None)
+
+    assert {(r["attack"], r["level"]) for r in rows} == {
+        (a, lv) for a in ("loss", "lira-online", "lira-offline") for lv in ("example", "user")
+    }
+    for r in rows:
+        assert 0.46 < r["auc"] < 0.54, r
+        assert r["tpr_at_fpr_1pct"] < 0.03, r
+        assert r["fpr_resolution"] == 1.0 / r["nonmembers"]
+
+
+def test_user_level_pools_a_clients_examples() -> None:
+    phi, member, groups = _world(k=16, n=4000, d=0.3, per_user=10, seed=2)
+    scores = leave_one_out_scores(phi, member, attack="lira-online")
+
+    user_scores, user_member = user_level(scores, member, groups)
+
+    assert user_scores.shape == user_member.shape == (16, 400)
+    np.testing.assert_allclose(user_scores[3, 7], scores[3, 70:80].mean())
+    example = tpr_at_fpr(*pooled(scores, member), fpr=0.01)
+    user = tpr_at_fpr(*pooled(user_scores, user_member), fpr=0.01)
+    assert user > 1.5 * example  # ten examples per client: a larger separation
+    assert auc(*pooled(user_scores, user_member)) > auc(*pooled(scores, member))
+
+
+def test_pairs_without_shadows_on_both_sides_are_left_out() -> None:
+    phi = np.zeros((2, 3))
+    member = np.array([[True, True, False], [True, False, False]])
+
+    online = leave_one_out_scores(phi, member, attack="lira-online")
+    offline = leave_one_out_scores(phi, member, attack="lira-offline")
+
+    # each target's only shadow is the other model, IN or OUT for a candidate, never both: online LiRA
+    # has nothing to compare; offline needs only an OUT shadow
+    assert np.isnan(online).all()
+    assert np.isnan(offline).tolist() == [[True, False, False], [True, True, False]]
+    pos, neg = pooled(online, member)
+    assert pos.size + neg.size == int(np.isfinite(online).sum())
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(TypeError, match="bool"):
+        leave_one_out_scores(np.zeros((2, 2)), np.zeros((2, 2)), attack="loss")
+    with pytest.raises(ValueError, match="attack must be one of"):
+        leave_one_out_scores(np.zeros((2, 2)), np.zeros((2, 2), bool), attack="shadow")
+    with pytest.raises(ValueError, match="share the client's membership"):
+        user_level(np.zeros((1, 2)), np.array([[True, False]]), np.array([0, 0]))
