@@ -112,8 +112,8 @@ def user_level(
         )
     ids, inverse = np.unique(g, return_inverse=True)
     counts = np.bincount(inverse, minlength=len(ids))
-    user_scores = np.stack([np.bincount(inverse, weights=row, minlength=len(ids)) for row in sc])
-    user_scores /= counts
+    sums = np.stack([np.bincount(inverse, weights=row, minlength=len(ids)) for row in sc])
+    user_scores = sums / counts.astype(np.float64)
     share = np.stack([np.bincount(inverse, weights=row.astype(float), minlength=len(ids)) for row in m])
     if not np.all((share == 0) | (share == counts)):
         raise ValueError("every example of a client must share the client's membership")
