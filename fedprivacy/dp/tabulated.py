@@ -131,23 +131,27 @@ class TabulatedDiscreteGaussian:
         n = int(size)
         if n < 0:
             raise ValueError(f"size must be >= 0, got {size}")
-        out = np.empty(n, dtype=np.int64)
         total_top = np.uint64(self._total >> (PRECISION_BITS - 64))
-        todo = np.arange(n)
-        while todo.size:
-            top = np.asarray(rng.random_bits(bits=64, size=todo.size), dtype=np.uint64).reshape(-1)
-            idx = self._locate(top)
-            again = top > total_top
-            for j in np.flatnonzero(((self._top[idx] == top) | (top == total_top)) & ~again).tolist():
-                r = self._resolve(int(top[j]), rng)  # probability < (2k+2) 2^-64 per draw
-                if r is None:
-                    again[j] = True
-                else:
-                    idx[j] = r
-            ok = ~again
-            out[todo[ok]] = idx[ok] - self.k
-            todo = todo[again]
+        top = np.asarray(rng.random_bits(bits=64, size=n), dtype=np.uint64).reshape(-1)
+        idx = self._locate(top)
+        odd = np.flatnonzero((self._top[idx] == top) | (top >= total_top))
+        out = idx
+        out -= self.k
+        for j in odd.tolist():  # ties with a table word (probability < (2k+2) 2^-64) or U >= total
+            out[j] = self._draw_slow(int(top[j]), rng)
         return out
+
+    def _draw_slow(self, u_top: int, rng: RandomSource) -> int:
+        """One draw that starts with top word ``u_top`` and needs exact integers (ties, rejections)."""
+        while True:
+            if u_top <= self._total >> (PRECISION_BITS - 64):
+                i = self._resolve(u_top, rng)
+                if i is not None:
+                    return i - self.k
+            u_top = int(np.asarray(rng.random_bits(bits=64, size=1), dtype=np.uint64)[0])
+            i = int(self._locate(np.array([u_top], dtype=np.uint64))[0])
+            if int(self._top[i]) != u_top and u_top < self._total >> (PRECISION_BITS - 64):
+                return i - self.k
 
 
 def _support(v: float) -> int:
