@@ -6,29 +6,60 @@ state, composes states, and reads epsilon at a target delta. Backends never muta
 an event it cannot bound is refused with that reason, never accounted with a weaker or approximate
 bound. The Gaussian-DP / CLT approximation is not a backend.
 
+Adaptive composition (the rule every combination below is checked against). Rounds are chosen
+adaptively: the model of round t depends on earlier outputs, and so does what every other unit
+contributes. A composition bound is valid only if, for one fixed ordered pair of neighbouring
+datasets (D, D'), the pair of distributions composed for each round dominates (M_t(D), M_t(D'))
+whatever the adversary chose (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy
+via characteristic function", AISTATS, Definition 7 and Theorem 10). Libraries often keep two
+directions, "remove" (mixture vs. pure) and "add" (pure vs. mixture), compose each on its own and
+report the larger epsilon. That is valid only when a neighbouring pair cannot change direction
+between rounds; when it can, an adversary that switches direction round by round gets more than
+either direction alone (Lebeda, Regehr, Kamath & Steinke 2024, "Avoiding pitfalls for privacy
+accounting of subsampled mechanisms under composition"). ``fedprivacy.accounting.adversary``
+computes such an adversary's epsilon, and the tests hold every backend to it.
+
+* Add/remove, any sampling: D' = D plus one unit in every round, so the direction is fixed by the
+  pair: composing "remove" and "add" separately and taking the maximum is valid (Zhu, Dong & Wang
+  2022, Theorem 11). The subsampled Gaussian and Laplace use it.
+* Replace-one, no sampling: the pairs are symmetric (N(0), N(1); Lap(0), Lap(1); randomized
+  response), one pair covers both orders.
+* Replace-one, Poisson sampling (Gaussian): dp-accounting's REPLACE_ONE pair
+  (q N(+1) + (1-q) N(0), q N(-1) + (1-q) N(0)) is one symmetric pair for both orders. The Laplace
+  is refused here.
+* Replace-one, fixed cohort (Gaussian, Laplace): the direction *can* switch. Whether the cohort
+  sum of the other units looks like the replacing or the replaced unit is the adversary's choice
+  through the model, so in one round D sees the mixture and in the next D' does. The PLD therefore
+  composes one pair that dominates both directions at once (``_pld_both_directions``: the
+  symmetrised trade-off function of Dong, Roth & Su 2022, Theorem 4.2). For one round it equals
+  the old figure; over T rounds it is the price of adaptivity: at the README's example (z = 2,
+  100 of 1000, T = 50, delta = 1e-5) epsilon goes from 5.148 (the invalid two-directions value,
+  which an adaptive adversary beats: it reaches at least 5.169) to 5.538.
+
 * ``pld``: Google dp-accounting privacy loss distributions (Koskela et al. 2020; Doroshenko et al.
   2022, "Connect the dots"), pessimistic discretisation, so the epsilon is an upper bound.
   Fixed-size cohorts without replacement (not supported by dp-accounting's PLD accountant) use the
-  dominating pair of Zhu, Dong & Wang 2022 ("Optimal accounting of differential privacy via
-  characteristic function", AISTATS 2022, the subsampling result for sampling without replacement
-  under the replace-one relation): if ``(P, Q)`` dominates one release under replace-one, then
-  ``(gamma*P + (1-gamma)*Q, Q)`` and its reverse dominate the release on a uniformly random cohort of
-  size m out of n, ``gamma = m/n`` (this is Balle, Barthe & Gaboardi 2018, Theorem 10, in
-  dominating-pair form). For the Gaussian, ``P = N(2, z^2)`` and ``Q = N(0, z^2)`` in units of C,
-  i.e. ``from_gaussian_mechanism(standard_deviation=z/s, sensitivity=2, sampling_prob=m/n)`` with
-  both adjacency directions. The pair is attained (so the bound is tight): take every other unit
-  equal to ``+C`` and replace one ``+C`` unit by ``-C``; the cohort sum is ``mC`` on one dataset and
-  ``mC`` or ``(m-2)C`` (with probability gamma) on the other.
+  dominating pair of Zhu, Dong & Wang 2022 (the subsampling result for sampling without replacement
+  under the replace-one relation, Proposition 30): if ``(P, Q)`` dominates one release under
+  replace-one, then ``(gamma*P + (1-gamma)*Q, Q)`` and its reverse dominate the release on a
+  uniformly random cohort of size m out of n, ``gamma = m/n`` (Balle, Barthe & Gaboardi 2018,
+  Theorem 10, in dominating-pair form), merged into one symmetric pair as above. For the Gaussian,
+  ``P = N(2, z^2)`` and ``Q = N(0, z^2)`` in units of C. Each direction is attained (so one round
+  is tight): take every other unit equal to ``+C`` and replace one ``+C`` unit by ``-C``; the cohort
+  sum is ``mC`` on one dataset and ``mC`` or ``(m-2)C`` (with probability gamma) on the other.
 * ``rdp``: dp-accounting's Renyi-DP formulas (Mironov 2017; Mironov, Talwar & Zhang 2019 for the
   Poisson-subsampled Gaussian; Wang, Balle & Kasiviswanathan 2019, Theorem 27, for sampling without
-  replacement under replace-one), converted with dp-accounting's ``compute_epsilon``.
+  replacement under replace-one), converted with dp-accounting's ``compute_epsilon``. Every formula
+  used bounds the Renyi divergence of *both* orders of every neighbouring pair (one vector for both
+  directions), and RDP composes adaptively (Mironov 2017, Proposition 1): no direction pitfall.
   dp-accounting's RDP of ``GaussianDpEvent`` ignores the neighbouring relation, so the accounted
   noise multiplier is converted here (``z/(2s)`` under replace-one). Counts are applied here by
   multiplying one release's RDP vector, never left to the library (it ignores ``count`` for some
   events, ANCHORS.md).
 * ``prv``: the privacy random variable accountant of Gopi, Lee & Wutschitz 2021 (package
   ``prv_accountant``, imported lazily), reported as its upper bound; Poisson-subsampled Gaussian under
-  add/remove only. A cross-check, not the default.
+  add/remove only. ``prv_accountant`` composes only the "remove" direction, so the figure is the
+  maximum of its upper bound and the PLD's (which covers "add"). A cross-check, not the default.
 """
 
 from __future__ import annotations
@@ -42,7 +73,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from dp_accounting import dp_event
+from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld import privacy_loss_mechanism as plm
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
@@ -177,6 +210,82 @@ def _pld_gaussian(ratio: float) -> Any:
     )
 
 
+def _loss_cutoffs(loss: Any, epsilons: np.ndarray) -> np.ndarray:
+    """x with {privacy loss >= eps} = {X <= x}, for every eps at once (dp-accounting's convention).
+
+    The same sets as ``MonotonePrivacyLoss.inverse_privacy_loss``, which is scalar (a Python call per
+    eps dominated the cost of building a PLD); ``-inf`` is the empty set, ``+inf`` the whole line.
+    In dp-accounting's convention the loss is non-increasing in x: REMOVE is
+    ``log(1 - q + q mu(x + s) / mu(x))`` and ADD is ``-log(1 - q + q mu(x - s) / mu(x))``.
+    """
+    q, s = loss.sampling_prob, loss.sensitivity
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if loss.adjacency_type is plm.AdjacencyType.REMOVE:
+            # base loss u = log(mu(x + s) / mu(x)) >= log((e^eps - (1 - q)) / q)
+            u = np.log((np.exp(epsilons) - (1.0 - q)) / q)
+            sign = -1.0
+        else:
+            # base loss u = log(mu(x - s) / mu(x)) <= log((e^-eps - (1 - q)) / q)
+            u = np.log((np.exp(-epsilons) - (1.0 - q)) / q)
+            sign = 1.0
+        u = np.where(np.isnan(u), -np.inf, u)
+        if isinstance(loss, plm.GaussianPrivacyLoss):
+            var = loss.standard_deviation**2
+            # REMOVE: (-2xs - s^2) / (2 var) >= u ; ADD: (2xs - s^2) / (2 var) <= u
+            x = sign * (2.0 * var * u + s * s) / (2.0 * s)
+            if sign < 0:
+                return np.where(u == -np.inf, np.inf, x)
+            return np.where(u == -np.inf, -np.inf, x)
+        if isinstance(loss, plm.LaplacePrivacyLoss):
+            b, top = loss.parameter, s / loss.parameter
+            if sign < 0:
+                # REMOVE base (|x| - |x + s|) / b: s/b for x <= -s, -s/b for x >= 0, linear between.
+                x = np.clip(-(b * u + s) / 2.0, -s, 0.0)
+                return np.where(u > top, -np.inf, np.where(u < -top, np.inf, x))
+            # ADD base (|x| - |x - s|) / b: -s/b for x <= 0, s/b for x >= s, linear between.
+            x = np.clip((b * u + s) / 2.0, 0.0, s)
+            return np.where(u >= top, np.inf, np.where(u < -top, -np.inf, x))
+    raise TypeError(f"no vectorised inverse for {type(loss).__name__}")
+
+
+def _hockey_stick(loss: Any, epsilons: np.ndarray) -> np.ndarray:
+    """``loss.get_delta_for_epsilon(epsilons)``, vectorised: mu_upper(S) - e^eps mu_lower(S)."""
+    x = _loss_cutoffs(loss, epsilons)
+    with np.errstate(over="ignore"):
+        deltas = loss.mu_upper_cdf(x) - np.exp(epsilons + loss.mu_lower_log_cdf(x))
+    return np.clip(deltas, 0.0, 1.0)
+
+
+def _pld_both_directions(make_loss: Any) -> Any:
+    """One symmetric PLD that dominates both directions of a subsampled pair at once, in every round.
+
+    ``make_loss(adjacency_type)`` builds dp-accounting's monotone privacy loss of the pair in one
+    direction: REMOVE is ``(gamma*P + (1-gamma)*Q, Q)``, ADD is ``(Q, gamma*P + (1-gamma)*Q)``. The
+    returned PLD is the pessimistic connect-the-dots discretisation (Doroshenko et al. 2022, PETS,
+    Algorithm 1) of the privacy profile ``delta(eps) = max(delta_REMOVE(eps), delta_ADD(eps))`` for
+    every real ``eps`` (negative ones included, which composition needs). That profile is the profile
+    of a genuine pair of distributions: in f-DP terms it is the symmetrised trade-off function
+    ``min(f_p, f_p^{-1})**`` of Dong, Roth & Su 2022 (Theorem 4.2, sampling without replacement
+    under replace-one), whose convex conjugate is the maximum of the two conjugates, so its profile
+    (Proposition 2.12) is the pointwise maximum; Zhu, Dong & Wang 2022 (Proposition 30, Corollary 32)
+    give the same pair as a dominating pair. One pair dominating both orders of every neighbouring
+    pair is what adaptive composition needs (Zhu, Dong & Wang 2022, Theorem 10): the adversary may
+    switch the direction round by round (Lebeda, Regehr, Kamath & Steinke 2024), so composing the two
+    directions separately and taking the larger epsilon at the end is not valid here.
+    """
+    grid = PLD_VALUE_DISCRETIZATION
+    remove = make_loss(plm.AdjacencyType.REMOVE)
+    add = make_loss(plm.AdjacencyType.ADD)
+    b_remove, b_add = remove.connect_dots_bounds(), add.connect_dots_bounds()
+    # The pair's privacy losses lie between the smallest and the largest loss of either direction.
+    lower = math.floor(min(b_remove.epsilon_lower, b_add.epsilon_lower) / grid)
+    upper = math.ceil(max(b_remove.epsilon_upper, b_add.epsilon_upper) / grid)
+    epsilons = np.arange(lower, upper + 1, dtype=np.float64) * grid
+    deltas = np.maximum(_hockey_stick(remove, epsilons), _hockey_stick(add, epsilons))
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(grid, lower, upper, deltas)
+    return pld_lib.PrivacyLossDistribution(pmf)  # symmetric: the same pmf for both orders
+
+
 @functools.lru_cache(maxsize=256)
 def _pld_single(event: PrivacyEvent, neighbouring: Neighbouring) -> Any:
     """PLD of one release of ``event`` (its count is ignored) under ``neighbouring``.
@@ -191,30 +300,39 @@ def _pld_single(event: PrivacyEvent, neighbouring: Neighbouring) -> Any:
         if isinstance(sampling, PoissonSampling):
             if neighbouring is Neighbouring.REPLACE_ONE:
                 # dp-accounting REPLACE adjacency: q N(+1) + (1-q) N(0) vs q N(-1) + (1-q) N(0),
-                # std in units of the per-unit bound s*C (a distance of 2 between the two).
+                # std in units of the per-unit bound s*C (a distance of 2 between the two). One
+                # symmetric pair for both orders (module docstring).
                 return pld_lib.from_gaussian_mechanism(
                     standard_deviation=mech.noise_multiplier / mech.sensitivity,
                     sampling_prob=sampling.rate,
                     value_discretization_interval=grid,
                     neighboring_relation=NeighboringRelation.REPLACE_ONE,
                 )
+            # Add/remove: two directions composed separately; valid because the direction of a
+            # neighbouring pair cannot change between rounds (module docstring).
             return pld_lib.from_gaussian_mechanism(
                 standard_deviation=mech.effective_noise_multiplier(neighbouring),
                 sampling_prob=sampling.rate,
                 value_discretization_interval=grid,
             )
         # Fixed cohort, replace-one: the Zhu-Dong-Wang pair (gamma N(2) + (1-gamma) N(0), N(0)) in
-        # units of s*C, both directions (module docstring).
-        return pld_lib.from_gaussian_mechanism(
-            standard_deviation=mech.noise_multiplier / mech.sensitivity,
-            sensitivity=2.0,
-            sampling_prob=sampling.rate,
-            value_discretization_interval=grid,
-            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        # units of s*C, both directions covered by one pair (module docstring).
+        std = mech.noise_multiplier / mech.sensitivity
+        return _pld_both_directions(
+            lambda adjacency: plm.GaussianPrivacyLoss(
+                std, sensitivity=2.0, sampling_prob=sampling.rate, adjacency_type=adjacency
+            )
         )
     if isinstance(mech, LaplaceEvent):
-        # epsilon-DP Laplace under the accountant's relation: pair (Lap(0, 1/eps), Lap(1, 1/eps));
-        # subsampled as for the Gaussian (Poisson: add/remove; fixed cohort: Zhu-Dong-Wang).
+        # epsilon-DP Laplace under the accountant's relation: pair (Lap(0, 1/eps), Lap(1, 1/eps)).
+        if isinstance(sampling, FixedCohortSampling):
+            scale = 1.0 / mech.epsilon
+            return _pld_both_directions(
+                lambda adjacency: plm.LaplacePrivacyLoss(
+                    scale, sensitivity=1.0, sampling_prob=sampling.rate, adjacency_type=adjacency
+                )
+            )
+        # No sampling (symmetric), or Poisson under add/remove (two directions, fixed per pair).
         return pld_lib.from_laplace_mechanism(
             parameter=1.0 / mech.epsilon,
             sampling_prob=sampling.rate,
@@ -335,7 +453,10 @@ class RdpBackend(Backend):
 # ------------------------------------------------------------------------------------------------ PRV
 class PrvBackend(Backend):
     name = "prv"
-    description = "privacy random variables (Gopi et al. 2021, prv_accountant), upper bound"
+    description = (
+        "privacy random variables (Gopi et al. 2021, prv_accountant), upper bound, "
+        "with the PLD's add direction"
+    )
     eps_error: ClassVar[float] = 0.01
 
     def _unsupported_reason(self, event: PrivacyEvent, neighbouring: Neighbouring) -> str | None:
@@ -348,24 +469,36 @@ class PrvBackend(Backend):
         return None
 
     def run_state(self, event: PrivacyEvent, count: int, neighbouring: Neighbouring) -> Any:
-        mech = event.mechanism
-        if not isinstance(mech, GaussianEvent):
+        if not isinstance(event.mechanism, GaussianEvent):
             raise ValueError(self.unsupported_reason(event, neighbouring) or "unsupported event")
-        return ((event.sampling.rate, mech.effective_noise_multiplier(neighbouring), count),)
+        return ((event.with_count(1), count),)
 
     def compose(self, first: Any, second: Any) -> Any:
         return first + second
 
     def epsilon(self, state: Any, *, delta: float) -> float:
+        """max(PRV upper bound, PLD): prv_accountant bounds only the remove direction.
+
+        Its ``PoissonSubsampledGaussianMechanism`` is the privacy random variable of the pair
+        (q N(1, r^2) + (1-q) N(0, r^2), N(0, r^2)) alone; add/remove DP also needs the reverse pair
+        (Zhu, Dong & Wang 2022, Theorem 11). The PLD backend composes both directions (each
+        composed on its own, valid because a pair's direction is fixed under add/remove), so the
+        maximum of the two is an upper bound for both.
+        """
         import prv_accountant  # lazily: a cross-check only
 
-        prvs = [
-            prv_accountant.PoissonSubsampledGaussianMechanism(
-                sampling_probability=q, noise_multiplier=r
+        prvs = []
+        for ev, _ in state:
+            mech = ev.mechanism
+            if not isinstance(mech, GaussianEvent):
+                raise ValueError(f"the prv accountant cannot account {mech.kind}")
+            prvs.append(
+                prv_accountant.PoissonSubsampledGaussianMechanism(
+                    sampling_probability=ev.sampling.rate,
+                    noise_multiplier=mech.effective_noise_multiplier(Neighbouring.ADD_REMOVE),
+                )
             )
-            for q, r, _ in state
-        ]
-        counts = [c for _, _, c in state]
+        counts = [c for _, c in state]
         acc = prv_accountant.PRVAccountant(
             prvs=prvs,
             max_self_compositions=counts,
@@ -373,7 +506,8 @@ class PrvBackend(Backend):
             delta_error=delta / 1000.0,
         )
         _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
-        return float(eps_upper)
+        pld = _PLD.epsilon_of_runs(list(state), Neighbouring.ADD_REMOVE, delta=delta)
+        return max(float(eps_upper), pld)
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -385,7 +519,8 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-for _b in (PldBackend(), RdpBackend(), PrvBackend()):
+_PLD = PldBackend()
+for _b in (_PLD, RdpBackend(), PrvBackend()):
     register_backend(_b)
 
 

@@ -238,7 +238,8 @@ def test_fixed_cohort_between_lower_bound_and_rdp_wor(
         )
     )
     assert rdp == pytest.approx(ref.get_epsilon(delta), rel=1e-9)
-    # Lower bound: optimistic PLD of the realised witness pair, composed T times.
+    # Lower bound: optimistic PLD of the realised witness pair, composed T times (a non-adaptive
+    # adversary that keeps one direction; the adaptive one is in test_accounting_adaptive.py).
     lower = (
         pld_lib.from_gaussian_mechanism(
             standard_deviation=z, sensitivity=2.0, sampling_prob=m / n, pessimistic_estimate=False
@@ -247,7 +248,9 @@ def test_fixed_cohort_between_lower_bound_and_rdp_wor(
         .get_epsilon_for_delta(delta)
     )
     assert lower <= pld <= rdp
-    assert pld <= lower * 1.01 + 1e-3
+    # One pair for both directions (valid under adaptive composition) costs 5-11% over the
+    # single-direction figure in these regimes (5.6% at the first, 10.6% at the second), no more.
+    assert pld <= lower * 1.12 + 1e-3
     # RDP-WOR is a generic (loose) bound; the tight PLD value sits at 0.4-0.7 of it here.
     assert pld >= 0.4 * rdp
     # Forgetting the factor 2 of replace-one (dp-accounting #378) would go below real datasets' epsilon.
