@@ -1,23 +1,27 @@
-"""Local training (plain SGD or sample-level DP-SGD with Opacus) and evaluation.
+"""Local training (plain SGD or sample-level DP-SGD on Opacus' per-example clipping) and evaluation.
 
 Plain training shuffles with a seeded ``torch.Generator`` and batches tensors by hand (for these small
 data sets a manual loop is several times faster than a ``DataLoader``).
 
-DP-SGD (Abadi et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1) runs through Opacus'
-``PrivacyEngine.make_private``: per-example gradients are clipped to ``max_grad_norm``, Gaussian noise of
-std ``noise_multiplier * max_grad_norm`` is added to their sum, and batches are Poisson-sampled with
-rate ``q = 1 / ceil(n / batch_size)`` (Opacus' rate; about ``batch_size / n``). The privacy unit is
-*one training example of this client* under add/remove-one neighbouring, and the epsilon reported is
-for the steps of this call only: a client that trains in several rounds composes them (the
-``dpsgd_*`` fields of :class:`TrainResult` give the event: Poisson(q) x Gaussian(sigma), ``steps``
-times). It is computed with fedprivacy's accountant (PLD) when ``fedprivacy.accounting`` provides
-``epsilon_for``, else with Opacus' RDP accountant; ``TrainResult.dpsgd_accountant`` says which.
+DP-SGD (Abadi et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1) uses Opacus'
+``GradSampleModule`` and ``DPOptimizer``: per-example gradients are clipped to ``max_grad_norm``,
+Gaussian noise of std ``noise_multiplier * max_grad_norm`` is added to their sum, and batches are
+Poisson-sampled with rate ``q = 1 / ceil(n / batch_size)`` (Opacus' rate; about ``batch_size / n``),
+``ceil(n / batch_size)`` batches per epoch. The privacy unit is *one training example of this client*
+under add/remove-one neighbouring, and the epsilon reported is for the steps of this call only: a
+client that trains in several rounds composes them (the ``dpsgd_*`` fields of :class:`TrainResult`
+give the event: Poisson(q) x Gaussian(sigma), ``steps`` times), with fedprivacy's accountant.
 
-Randomness warning: with ``secure_mode=False`` (the default) Opacus draws the DP-SGD noise and the
-Poisson batches from torch's Mersenne-Twister PRNG, seeded from ``seed``. That is fine for research and
-not for deployment: a guess of the generator state undoes the noise. ``secure_mode=True`` is Opacus'
-cryptographically secure mode (needs the ``torchcsprng`` package, which is not installed by default,
-and is much slower); it cannot be seeded.
+Randomness. Both privacy-relevant draws of DP-SGD come from a :class:`fedprivacy.dp.rng.RandomSource`,
+not from torch's generator: the Gaussian noise (:class:`RandomSourceDPOptimizer` replaces Opacus'
+noise step, ``DPOptimizer.add_noise``) and the Poisson batch masks (:class:`PoissonBatchSampler`; the
+sampling must be secret for the amplification the accountant claims). The source is the ``rng``
+argument, else ``RandomSource.secure()`` (AES-256-CTR keyed from ``secrets``) when ``seed`` is None,
+else ``RandomSource.seeded(seed)`` (reproducible research mode, NOT private);
+``TrainResult.dpsgd_rng`` names it. Batch masks and noise are drawn from that one source in
+execution order (a step's mask, then its noise per parameter), so a seeded run replays exactly. The noise is IEEE doubles rounded to the parameters' dtype, so
+Mironov's (2012) floating-point attack applies to a raw noisy gradient; here only the model after
+all local steps leaves the client. Opacus' own ``secure_mode`` (torchcsprng) is not used.
 """
 
 from __future__ import annotations
@@ -26,16 +30,26 @@ import copy
 import functools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedprivacy.accounting.accountant import epsilon_for
+from fedprivacy.dp.rng import RandomSource
 from fedprivacy.ml.data import Split
 
-__all__ = ["DpsgdConfig", "TrainResult", "train_local", "evaluate", "dpsgd_epsilon"]
+__all__ = [
+    "DpsgdConfig",
+    "PoissonBatchSampler",
+    "TrainResult",
+    "dpsgd_epsilon",
+    "evaluate",
+    "train_local",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +60,9 @@ class DpsgdConfig:
         noise_multiplier: sigma; the noise std is ``noise_multiplier * max_grad_norm``. > 0.
         max_grad_norm: per-example gradient L2 clip norm C. > 0.
         delta: the delta at which the per-example epsilon is reported, in (0, 1).
-        secure_mode: use Opacus' secure RNG (needs ``torchcsprng``; unseedable). Default False: noise
-            from torch's PRNG, NOT for deployment.
+        secure_mode: refuse anything but a private source: with True, ``train_local`` raises if the
+            DP-SGD randomness would be seeded (a ``seed`` without a secure ``rng``, or a seeded
+            ``rng``). Default False: a seed gives the reproducible research mode.
         backend: fedprivacy accountant backend used for the reported epsilon ("pld", "rdp", "prv").
         compute_epsilon: report this call's epsilon in ``TrainResult.dpsgd_epsilon`` (a PLD evaluation
             takes ~1-3 s, cached per (q, steps)); set False when the server composes the per-example
@@ -89,7 +104,8 @@ class TrainResult:
         dpsgd_delta: the delta of ``dpsgd_epsilon``.
         dpsgd_sample_rate: Poisson sampling rate q used by DP-SGD.
         dpsgd_noise_multiplier: sigma used by DP-SGD.
-        dpsgd_accountant: which accountant computed the epsilon, e.g. "fedprivacy-pld" or "opacus-rdp".
+        dpsgd_accountant: which accountant computed the epsilon, e.g. "fedprivacy-pld".
+        dpsgd_rng: ``describe()`` of the source of the DP-SGD noise and batch sampling.
         privacy_unit: "example" with DP-SGD, else None.
     """
 
@@ -101,6 +117,7 @@ class TrainResult:
     dpsgd_sample_rate: float | None = None
     dpsgd_noise_multiplier: float | None = None
     dpsgd_accountant: str | None = None
+    dpsgd_rng: str | None = None
     privacy_unit: str | None = None
 
 
@@ -129,23 +146,12 @@ def dpsgd_epsilon(
 ) -> tuple[float, str]:
     """Per-example epsilon of ``steps`` Poisson-sampled Gaussian steps, and the accountant's label.
 
-    Uses ``fedprivacy.accounting.epsilon_for`` (add/remove neighbouring) when it is available, else
-    Opacus' RDP accountant (Mironov 2017; Mironov, Talwar, Zhang 2019 for the sampled Gaussian).
-    Cached per process: a PLD evaluation takes seconds, and clients with equally many examples share
-    (q, steps).
+    fedprivacy's ``epsilon_for`` under add/remove neighbouring. Cached per process: a PLD evaluation
+    takes seconds, and clients with equally many examples share (q, steps).
     """
     return _dpsgd_epsilon_cached(
         float(noise_multiplier), float(sample_rate), int(steps), float(delta), str(backend)
     )
-
-
-def _fedprivacy_epsilon_for() -> Callable[..., float] | None:
-    """``fedprivacy.accounting.epsilon_for`` if that module is available, else None."""
-    try:
-        from fedprivacy.accounting import accountant
-    except ImportError:
-        return None
-    return getattr(accountant, "epsilon_for", None)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -154,21 +160,14 @@ def _dpsgd_epsilon_cached(
 ) -> tuple[float, str]:
     if steps == 0:
         return 0.0, "none"
-    epsilon_for = _fedprivacy_epsilon_for()
-    if epsilon_for is not None:
-        eps = epsilon_for(
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            steps=steps,
-            delta=delta,
-            backend=backend,
-        )
-        return float(eps), f"fedprivacy-{backend}"
-    from opacus.accountants import RDPAccountant
-
-    acc = RDPAccountant()
-    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(acc.get_epsilon(delta=delta)), "opacus-rdp"
+    eps = epsilon_for(
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=delta,
+        backend=backend,
+    )
+    return float(eps), f"fedprivacy-{backend}"
 
 
 def train_local(
@@ -180,6 +179,7 @@ def train_local(
     batch_size: int = 32,
     seed: int | None = None,
     dpsgd: DpsgdConfig | None = None,
+    rng: RandomSource | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with SGD (optionally DP-SGD) on ``split``.
 
@@ -189,9 +189,12 @@ def train_local(
         epochs: passes over the data (DP-SGD: ``epochs * ceil(n / batch_size)`` Poisson steps).
         lr: SGD learning rate.
         batch_size: mini-batch size (DP-SGD: expected batch size; capped at n).
-        seed: seed of the shuffling / Poisson sampling and (non-secure mode) DP-SGD noise;
-            None = a fresh non-deterministic seed (still torch's PRNG; see the module docstring).
+        seed: seed of the plain-SGD shuffling (torch's generator; not privacy-relevant) and, when
+            ``rng`` is None, of DP-SGD's research-mode source ``RandomSource.seeded(seed)``;
+            None = a fresh shuffle and a secure DP-SGD source.
         dpsgd: DP-SGD settings; None trains without sample-level DP.
+        rng: the source of DP-SGD's noise and Poisson batches (a client passes its own); default
+            from ``seed`` as above. Ignored without ``dpsgd``.
 
     Returns:
         A :class:`TrainResult`.
@@ -199,14 +202,23 @@ def train_local(
     _check_training_args(split, epochs, lr, batch_size)
     if dpsgd is not None and not isinstance(dpsgd, DpsgdConfig):
         raise TypeError(f"dpsgd must be a DpsgdConfig or None, got {type(dpsgd).__name__}")
+    if rng is not None and not isinstance(rng, RandomSource):
+        raise TypeError(f"rng must be a RandomSource or None, got {type(rng).__name__}")
     gen = torch.Generator()
     if seed is not None:
         gen.manual_seed(int(seed) % (2**63))
     else:
         gen.seed()
     if dpsgd is not None:
+        if rng is None:
+            rng = RandomSource.secure() if seed is None else RandomSource.seeded(int(seed) % 2**63)
+        if dpsgd.secure_mode and not rng.is_private:
+            raise ValueError(
+                "secure_mode=True needs a private DP-SGD source, got "
+                f"{rng.describe()}; pass rng=RandomSource.secure() (or no seed)"
+            )
         return _train_dpsgd(
-            model, split, epochs=epochs, lr=lr, batch_size=batch_size, gen=gen, seed=seed, cfg=dpsgd
+            model, split, epochs=epochs, lr=lr, batch_size=batch_size, rng=rng, cfg=dpsgd
         )
 
     x, y = _tensors(split)
@@ -233,6 +245,79 @@ def train_local(
     return TrainResult(num_examples=n, loss=loss_sum / seen if seen else float("nan"), steps=steps)
 
 
+class PoissonBatchSampler:
+    """Opacus' ``UniformWithReplacementSampler`` with the masks drawn from a ``RandomSource``.
+
+    Each of ``steps`` batches holds every index independently with probability ``sample_rate``
+    (Poisson sampling, the sampling of the accounted event); batches may be empty. A batch sampler
+    for ``torch.utils.data.DataLoader(batch_sampler=...)``.
+    """
+
+    def __init__(self, *, num_samples: int, sample_rate: float, steps: int, rng: RandomSource):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        if not 0.0 < sample_rate <= 1.0:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        self.num_samples, self.sample_rate, self.steps, self.rng = num_samples, sample_rate, steps, rng
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            mask = self.rng.bernoulli(self.sample_rate, size=self.num_samples)
+            yield np.flatnonzero(mask).tolist()
+
+
+def _dp_optimizer_class() -> type:
+    """``RandomSourceDPOptimizer``, defined on first use so that importing this module stays light."""
+    global _RandomSourceDPOptimizer
+    if _RandomSourceDPOptimizer is None:
+        from opacus.optimizers import DPOptimizer
+        from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+        class RandomSourceDPOptimizer(DPOptimizer):  # type: ignore[misc]
+            """Opacus' ``DPOptimizer`` whose one noise draw comes from a fedprivacy ``RandomSource``.
+
+            Clipping, accumulation and scaling are Opacus'; ``add_noise`` is replaced: each
+            parameter's summed clipped gradient gets ``N(0, (noise_multiplier * max_grad_norm)^2)``
+            per coordinate from ``rng.normal`` (secure: AES-256-CTR, Marsaglia polar method) in
+            float64, rounded once to the parameter's dtype. Opacus' ``generator`` is never used.
+            """
+
+            def __init__(self, optimizer: Any, *, rng: RandomSource, **kwargs: Any) -> None:
+                if not isinstance(rng, RandomSource):
+                    raise TypeError(f"rng must be a RandomSource, got {type(rng).__name__}")
+                super().__init__(optimizer, generator=None, secure_mode=False, **kwargs)
+                self.rng = rng
+
+            def add_noise(self) -> None:
+                std = self.noise_multiplier * self.max_grad_norm
+                for p in self.params:
+                    _check_processed_flag(p.summed_grad)
+                    ref = p.summed_grad
+                    noise = self.rng.normal(std=std, size=tuple(ref.shape))
+                    noise_t = torch.from_numpy(np.asarray(noise)).to(device=ref.device, dtype=ref.dtype)
+                    p.grad = (ref + noise_t).view_as(p)
+                    _mark_as_processed(p.summed_grad)
+
+        _RandomSourceDPOptimizer = RandomSourceDPOptimizer
+    return _RandomSourceDPOptimizer
+
+
+_RandomSourceDPOptimizer: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``from fedprivacy.ml.train import RandomSourceDPOptimizer`` (built lazily: Opacus is slow to
+    import)."""
+    if name == "RandomSourceDPOptimizer":
+        return _dp_optimizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _train_dpsgd(
     model: nn.Module,
     split: Split,
@@ -240,48 +325,56 @@ def _train_dpsgd(
     epochs: int,
     lr: float,
     batch_size: int,
-    gen: torch.Generator,
-    seed: int | None,
+    rng: RandomSource,
     cfg: DpsgdConfig,
 ) -> TrainResult:
-    from opacus import PrivacyEngine
+    from opacus import GradSampleModule
+    from opacus.data_loader import CollateFnWithEmpty
+    from opacus.validators import ModuleValidator
     from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data._utils.collate import default_collate
 
     x, y = _tensors(split)
     n = len(split)
+    steps_per_epoch = math.ceil(n / min(batch_size, n))
+    sample_rate = 1.0 / steps_per_epoch  # Opacus' rate for a loader of this length
     # Train a copy: Opacus attaches hooks to the module it wraps; the caller's model gets the weights.
     work = copy.deepcopy(model)
     work.train()
-    opt = torch.optim.SGD(work.parameters(), lr=lr)
-    loader = DataLoader(TensorDataset(x, y), batch_size=min(batch_size, n), generator=gen)
-    noise_gen = None
-    if not cfg.secure_mode:
-        noise_gen = torch.Generator()
-        if seed is not None:
-            noise_gen.manual_seed((int(seed) * 2654435761 + 1) % (2**63))
-        else:
-            noise_gen.seed()
-    loss_fn = nn.CrossEntropyLoss()
-    steps = 0
-    loss_sum, seen = 0.0, 0
+    ModuleValidator.validate(work, strict=True)  # what PrivacyEngine.make_private checks
     with warnings.catch_warnings():
-        # Opacus warns on every engine that secure RNG is off (the module docstring states it), and
-        # torch that no *input* requires grad (only parameters do, as intended).
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        # torch warns that no *input* requires grad (only parameters do, as intended).
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        engine = PrivacyEngine(accountant="rdp", secure_mode=cfg.secure_mode)
-        priv_model, priv_opt, priv_loader = engine.make_private(
-            module=work,
-            optimizer=opt,
-            data_loader=loader,
+        priv_model = GradSampleModule(work, batch_first=True, loss_reduction="mean")
+        priv_model.forbid_grad_accumulation()  # Poisson batches: one backward per step
+        priv_opt = _dp_optimizer_class()(
+            torch.optim.SGD(priv_model.parameters(), lr=lr),
+            rng=rng,
             noise_multiplier=float(cfg.noise_multiplier),
             max_grad_norm=float(cfg.max_grad_norm),
-            poisson_sampling=True,
-            noise_generator=noise_gen,
+            expected_batch_size=int(n * sample_rate),
+            loss_reduction="mean",
         )
+        loader = DataLoader(
+            TensorDataset(x, y),
+            batch_sampler=PoissonBatchSampler(
+                num_samples=n,
+                sample_rate=sample_rate,
+                steps=steps_per_epoch,
+                rng=rng,
+            ),
+            collate_fn=CollateFnWithEmpty(
+                default_collate,
+                sample_empty_shapes=[(0, *x.shape[1:]), (0,)],
+                dtypes=[x.dtype, y.dtype],
+            ),
+        )
+        loss_fn = nn.CrossEntropyLoss()
+        steps = 0
+        loss_sum, seen = 0.0, 0
         for _ in range(epochs):
             loss_sum, seen = 0.0, 0
-            for xb, yb in priv_loader:
+            for xb, yb in loader:
                 priv_opt.zero_grad(set_to_none=True)
                 loss = loss_fn(priv_model(xb), yb)
                 loss.backward()
@@ -290,7 +383,7 @@ def _train_dpsgd(
                 if len(yb):  # Poisson batches may be empty; they still add noise
                     loss_sum += float(loss.detach()) * len(yb)
                     seen += len(yb)
-    sample_rate = 1.0 / len(loader)
+        priv_model.remove_hooks()
     model.load_state_dict(work.state_dict())
     eps: float | None = None
     label: str | None = None
@@ -311,6 +404,7 @@ def _train_dpsgd(
         dpsgd_sample_rate=sample_rate,
         dpsgd_noise_multiplier=cfg.noise_multiplier,
         dpsgd_accountant=label,
+        dpsgd_rng=rng.describe(),
         privacy_unit="example",
     )
 

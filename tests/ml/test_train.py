@@ -4,12 +4,12 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 import torch
-from dp_accounting import pld, rdp
-from opacus.accountants import RDPAccountant
+from dp_accounting import pld
 
+from fedprivacy.dp.rng import RandomSource
 from fedprivacy.ml.data import Split, load_dataset
 from fedprivacy.ml.models import build_model, get_weights
-from fedprivacy.ml.train import DpsgdConfig, evaluate, train_local
+from fedprivacy.ml.train import DpsgdConfig, PoissonBatchSampler, evaluate, train_local
 
 
 @pytest.fixture(scope="module")
@@ -109,31 +109,11 @@ def test_dpsgd_runs_through_opacus_and_reports_a_matching_epsilon(digits) -> Non
     assert evaluate(model, test)[1] > 0.3  # noisy but learning (chance is 0.1)
 
     event = _dpa_event(result.dpsgd_sample_rate, 1.1, result.steps)
-    if result.dpsgd_accountant == "opacus-rdp":
-        ref = rdp.RdpAccountant(orders=RDPAccountant.DEFAULT_ALPHAS)
-        ref.compose(event)
-        assert result.dpsgd_epsilon == pytest.approx(ref.get_epsilon(1e-5), rel=1e-4)
-    else:
-        assert result.dpsgd_accountant == "fedprivacy-pld"
-        ref_pld = pld.PLDAccountant(value_discretization_interval=1e-4)
-        ref_pld.compose(event)
-        assert result.dpsgd_epsilon == pytest.approx(ref_pld.get_epsilon(1e-5), rel=1e-2)
-
-
-def test_without_fedprivacy_accounting_epsilon_comes_from_opacus_rdp(monkeypatch) -> None:
-    from fedprivacy.ml import train as train_module
-
-    monkeypatch.setattr(train_module, "_fedprivacy_epsilon_for", lambda: None)
-    train_module._dpsgd_epsilon_cached.cache_clear()
-    eps, label = train_module.dpsgd_epsilon(
-        noise_multiplier=0.9, sample_rate=0.01, steps=300, delta=1e-6
-    )
-    train_module._dpsgd_epsilon_cached.cache_clear()
-
-    ref = rdp.RdpAccountant(orders=RDPAccountant.DEFAULT_ALPHAS)
-    ref.compose(_dpa_event(0.01, 0.9, 300))
-    assert label == "opacus-rdp"
-    assert eps == pytest.approx(ref.get_epsilon(1e-6), rel=1e-4)
+    assert result.dpsgd_accountant == "fedprivacy-pld"
+    ref_pld = pld.PLDAccountant(value_discretization_interval=1e-4)
+    ref_pld.compose(event)
+    assert result.dpsgd_epsilon == pytest.approx(ref_pld.get_epsilon(1e-5), rel=1e-2)
+    assert result.dpsgd_rng == RandomSource.seeded(0).describe()  # seed=0: research mode, said so
 
 
 def test_dpsgd_clips_per_example_gradients() -> None:
@@ -185,17 +165,17 @@ def test_dpsgd_epsilon_can_be_left_to_the_server(digits) -> None:
     assert result.steps == 5 and result.dpsgd_sample_rate == pytest.approx(0.2)
 
 
-def test_secure_mode_goes_to_opacus_secure_rng(digits) -> None:
-    try:
-        import torchcsprng  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("torchcsprng is installed; this test checks the missing-package path")
+def test_secure_mode_refuses_a_seeded_source(digits) -> None:
     train, _ = digits
+    small = train.subset(np.arange(10))
     cfg = DpsgdConfig(noise_multiplier=1.0, max_grad_norm=1.0, secure_mode=True)
-    with pytest.raises(ImportError, match="torchcsprng"):
-        train_local(_mlp(), train.subset(np.arange(10)), seed=None, dpsgd=cfg)
+    with pytest.raises(ValueError, match="secure_mode=True needs a private DP-SGD source"):
+        train_local(_mlp(), small, seed=3, dpsgd=cfg)
+    with pytest.raises(ValueError, match="secure_mode=True"):
+        train_local(_mlp(), small, dpsgd=cfg, rng=RandomSource.seeded(3))
+    result = train_local(_mlp(), small, seed=3, dpsgd=cfg, rng=RandomSource.secure())
+    assert result.dpsgd_rng == RandomSource.secure().describe()
+    assert train_local(_mlp(), small, dpsgd=cfg).dpsgd_rng.startswith("secure (AES-256-CTR")
 
 
 @pytest.mark.parametrize(
@@ -219,3 +199,114 @@ def test_bad_training_arguments(digits) -> None:
         train_local(_mlp(), train, lr=-0.1)
     with pytest.raises(TypeError, match="Split"):
         train_local(_mlp(), (train.x, train.y))
+
+
+# ------------------------------------------------------------------ DP-SGD randomness (issue 11)
+def _flat(model: torch.nn.Module) -> np.ndarray:
+    return np.concatenate([w.ravel().astype(np.float64) for w in get_weights(model)])
+
+
+def test_dpsgd_noise_is_the_random_sources_draws(digits) -> None:
+    """One full-batch step: the update is -lr (sum of clipped gradients + noise) / n, the clipped sum
+    has norm <= n C, and the noise (std sigma C = n here) is exactly what the source hands out
+    (after the step's batch mask, parameter by parameter)."""
+    train, _ = digits
+    n, lr, clip = 64, 1.0, 1e-3
+    sigma = n / clip
+    split = train.subset(np.arange(n))
+    model = _mlp()
+    start = _flat(model)
+    source = RandomSource.seeded(1234)
+    result = train_local(
+        model,
+        split,
+        epochs=1,
+        lr=lr,
+        batch_size=n,
+        dpsgd=DpsgdConfig(noise_multiplier=sigma, max_grad_norm=clip, compute_epsilon=False),
+        rng=source,
+    )
+    assert result.steps == 1 and result.dpsgd_sample_rate == 1.0
+    replay = RandomSource.seeded(1234)
+    assert replay.bernoulli(1.0, size=n).all()  # the batch mask (q = 1) comes first
+    shapes = [p.shape for p in _mlp().parameters()]
+    expected = np.concatenate(
+        [np.asarray(replay.normal(std=sigma * clip, size=tuple(sh)), dtype=np.float32).ravel()
+         for sh in shapes]
+    ).astype(np.float64)
+    moved = (start - _flat(model)) * n / lr  # = noise + clipped gradient sum
+    assert np.linalg.norm(expected) > 50 * np.sqrt(expected.size)  # the noise, std 64 per coordinate
+    assert np.linalg.norm(moved - expected) <= n * clip * 1.01 + 1e-3  # the rest is the gradient
+
+
+@pytest.mark.parametrize(
+    "make", [RandomSource.seeded, lambda s: RandomSource._from_key(bytes([s]) * 32)]
+)
+def test_dpsgd_randomness_ignores_torchs_generator(digits, make) -> None:
+    """Same source (seeded, or the secure AES-CTR pipeline under a fixed key): same run whatever
+    torch's generator holds; another source: another run."""
+    train, _ = digits
+    small = train.subset(np.arange(100))
+    cfg = DpsgdConfig(noise_multiplier=1.0, max_grad_norm=1.0, compute_epsilon=False)
+    a, b, c = _mlp(), _mlp(), _mlp()
+    torch.manual_seed(0)
+    train_local(a, small, batch_size=20, seed=0, dpsgd=cfg, rng=make(7))
+    torch.manual_seed(1)
+    train_local(b, small, batch_size=20, seed=1, dpsgd=cfg, rng=make(7))
+    train_local(c, small, batch_size=20, seed=0, dpsgd=cfg, rng=make(8))
+    np.testing.assert_array_equal(_flat(a), _flat(b))  # same source: same noise and batches
+    assert not np.array_equal(_flat(a), _flat(c))
+
+
+def test_dpsgd_noise_statistics_on_the_secure_pipeline(digits) -> None:
+    """Secure (AES-CTR) pipeline, fixed key: the noise added in one step is N(0, (sigma C)^2) per
+    coordinate (KS test over all parameters), independent across coordinates."""
+    from scipy import stats
+
+    train, _ = digits
+    n, clip = 32, 1e-3
+    sigma = n / clip  # update per coordinate: N(0, 1) + a gradient part of total norm <= 1e-3
+    model = _mlp()
+    start = _flat(model)
+    train_local(
+        model,
+        train.subset(np.arange(n)),
+        epochs=1,
+        lr=1.0,
+        batch_size=n,
+        dpsgd=DpsgdConfig(noise_multiplier=sigma, max_grad_norm=clip, compute_epsilon=False),
+        rng=RandomSource._from_key(b"dp-sgd noise statistics test key"),
+    )
+    z = start - _flat(model)
+    assert z.size > 1000
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    assert abs(z.mean()) < 5 / np.sqrt(z.size) and abs(z.std() - 1) < 0.05
+    assert abs(np.corrcoef(z[:-1], z[1:])[0, 1]) < 5 / np.sqrt(z.size)
+
+
+def test_poisson_batches_come_from_the_source() -> None:
+    """Each index is in a batch with probability q, independently: batch sizes are Binomial(n, q)
+    (chi-square), and the masks are the source's Bernoulli draws."""
+    from scipy import stats
+
+    n, q, steps = 50, 0.2, 4000
+    sampler = PoissonBatchSampler(
+        num_samples=n, sample_rate=q, steps=steps, rng=RandomSource._from_key(bytes(range(1, 33)))
+    )
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == steps
+    sizes = np.array([len(b) for b in batches])
+    counts = np.bincount(sizes, minlength=n + 1)
+    expected = stats.binom.pmf(np.arange(n + 1), n, q) * steps
+    keep = expected >= 5
+    observed = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    assert stats.chisquare(observed, exp * observed.sum() / exp.sum()).pvalue > 1e-4
+    hits = np.bincount(np.concatenate(batches), minlength=n)
+    assert stats.chisquare(hits).pvalue > 1e-4  # no index favoured
+    replay = RandomSource.seeded(5)
+    again = PoissonBatchSampler(num_samples=n, sample_rate=q, steps=3, rng=replay)
+    masks = [np.flatnonzero(RandomSource.seeded(5).bernoulli(q, size=n))]
+    assert list(again)[0] == masks[0].tolist()
+    with pytest.raises(ValueError, match="sample_rate"):
+        PoissonBatchSampler(num_samples=n, sample_rate=0.0, steps=1, rng=replay)
