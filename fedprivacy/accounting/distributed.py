@@ -812,9 +812,11 @@ SERVER_THREAT_MODEL = (
     "sampling is claimed")
 OBSERVERS_THREAT_MODEL = (
     "anyone who sees only the released models (other clients, the public): the server follows the "
-    "protocol and keeps the cohort secret; the models are a post-processing of the server's view, so "
-    "this epsilon is never above the server's; amplification by the sampling that ran is claimed only "
-    "when the released noise does not depend on the survivors (exact XNoise)")
+    "protocol and keeps the cohort secret (including the per-round participation and survivor counts "
+    "of the run's outputs: they are for the operator, not for publication); the models are a "
+    "post-processing of the server's view, so this epsilon is never above the server's; "
+    "amplification by the sampling that ran is claimed only when the released noise does not depend "
+    "on the survivors (exact XNoise)")
 
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
