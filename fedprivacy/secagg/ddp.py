@@ -208,17 +208,24 @@ def _clip_scale_rotate(update: np.ndarray, *, config: DistributedDPConfig,
     return rotate(x, seed=rotation_seed)
 
 
+_CHUNK = 1 << 15  # doubles per pass of the rounding (256 KiB temporaries stay in cache)
+_EXACT = 2.0**52  # sums of integer squares below this are exact in float64, in any order
+
+
 def conditional_round(r: np.ndarray, *, bound: float, rng: RandomSource, beta: float,
                       max_tries: int = 1000) -> np.ndarray:
     """KLS 2021 conditional randomised rounding: ``floor(r) + Bernoulli(frac)`` until ``||q|| <= bound``.
 
-    One uniform per coordinate per try (:func:`fedprivacy.secagg.quantize.stochastic_round`'s draws);
-    ``floor`` and the fractions are computed once for all tries, and the squared norm is summed
-    over the same float64 values ``lo + up`` as the plain code (int64, then float), so every
-    decision is the same. Each try succeeds with probability >= 1 - beta (``rounded_l2_norm_bound``).
+    One uniform per coordinate per try, drawn in order as by
+    :func:`fedprivacy.secagg.quantize.stochastic_round` on the whole vector (a try that already
+    exceeds the bound still draws its remaining uniforms, so the stream stays the same). The vector
+    is processed in cache-sized chunks; the squared norm of the integer vector is summed chunk by
+    chunk, which is exact, and hence the same decision as the plain whole-vector float sum, while the
+    bound is below 2^26 (``C s < 2^26``; the engine keeps ``C s <= 2^20``). Larger bounds take the
+    plain path. Each try succeeds with probability >= 1 - beta (``rounded_l2_norm_bound``).
 
     Returns:
-        the rounded int64 vector.
+        the rounded int64 vector, shaped like ``r``.
 
     Raises:
         RuntimeError: ``max_tries`` tries failed (probability <= beta**max_tries).
@@ -227,13 +234,36 @@ def conditional_round(r: np.ndarray, *, bound: float, rng: RandomSource, beta: f
     if not np.isfinite(r).all():
         raise ValueError("x must be finite")
     bound_sq = bound * bound
+    if not bound_sq < _EXACT:
+        return _conditional_round_whole(r, bound_sq=bound_sq, rng=rng, beta=beta, max_tries=max_tries)
+    flat = r.reshape(-1)
+    n = flat.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    for _ in range(max_tries):
+        total = 0.0
+        for start in range(0, n, _CHUNK):
+            if total > bound_sq:  # this try has failed: draw the rest of its uniforms, unused
+                rng.uniform(size=n - start)
+                break
+            part = flat[start : start + _CHUNK]
+            q = np.floor(part)
+            frac = part - q
+            q += rng.uniform(size=part.shape[0]) < frac
+            total += float(np.add.reduce(q * q))
+            out[start : start + _CHUNK] = q  # integral floats: the cast is exact
+        if total <= bound_sq:
+            return out.reshape(r.shape)
+    raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={beta})")
+
+
+def _conditional_round_whole(r: np.ndarray, *, bound_sq: float, rng: RandomSource, beta: float,
+                             max_tries: int) -> np.ndarray:
+    """The plain whole-vector loop (bounds beyond 2^26, where float sums of squares round)."""
     lo = np.floor(r)
     frac = r - lo
     for _ in range(max_tries):
-        up = rng.uniform(size=r.shape) < frac
-        q = lo + up
-        sq = q * q
-        if float(np.add.reduce(sq)) <= bound_sq:  # no BLAS dot (see fedprivacy.dp.clipping)
+        q = lo + (rng.uniform(size=r.shape) < frac)
+        if float(np.add.reduce(q * q)) <= bound_sq:  # no BLAS dot (see fedprivacy.dp.clipping)
             return q.astype(np.int64)
     raise RuntimeError(f"conditional rounding failed {max_tries} times (beta={beta})")
 

@@ -155,6 +155,17 @@ def test_rotation_and_inverse_are_bit_identical_to_the_plain_code(dim: int, seed
                           _bits(_inverse_rotate_plain(r, rseed, dim)))
 
 
+def test_rotation_beyond_one_cache_block_with_padding_is_bit_identical() -> None:
+    for dim in (BLOCK + 100, 2 * BLOCK + 1, 3 * BLOCK):  # padding inside a block, whole padded blocks
+        src = RandomSource.seeded(dim)
+        x = src.normal(std=10.0, size=dim)
+        rseed = src.random_bytes(32)
+        r = rotate(x, seed=rseed)
+        assert np.array_equal(_bits(r), _bits(_rotate_plain(x, rseed))), dim
+        assert np.array_equal(_bits(inverse_rotate(r, seed=rseed, dim=dim)),
+                              _bits(_inverse_rotate_plain(r, rseed, dim))), dim
+
+
 def test_cached_signs_are_read_only() -> None:
     s = random_signs(KEY, 64)
     assert not s.flags.writeable
@@ -260,3 +271,46 @@ def test_to_ring_is_the_plain_reduction_for_every_integer_dtype(bits: int, vals:
     assert np.array_equal(to_ring(q, modulus_bits=bits), _to_ring_plain(q, bits))
     assert np.array_equal(stochastic_round(np.array([0.25, -1.5, 3.0]), rng=RandomSource.seeded(1)),
                           _stochastic_round_plain(np.array([0.25, -1.5, 3.0]), RandomSource.seeded(1)))
+
+
+def test_conditional_round_with_retries_across_chunks_draws_the_same_stream() -> None:
+    # a bound near the median norm: about half the tries fail, some fail in their first chunk
+    from fedprivacy.secagg.ddp import _CHUNK
+
+    r = RandomSource.seeded(11).uniform(size=3 * _CHUNK + 5) * 4.0 - 2.0
+    lo = np.floor(r)
+    frac = r - lo
+    mean_sq = float(np.sum(lo * lo + frac * (2 * lo + 1)))
+    retried = 0
+    for seed in range(12):
+        src = RandomSource.seeded(seed)
+        tries = 0
+        while True:
+            tries += 1
+            q = _stochastic_round_plain(r, src)
+            if float(np.add.reduce(q.astype(np.float64) ** 2)) <= mean_sq:
+                break
+        retried += tries > 1
+        got = conditional_round(r, bound=math.sqrt(mean_sq), rng=RandomSource.seeded(seed), beta=0.5)
+        assert np.array_equal(got, q), seed
+        # and the stream after the call is where the plain loop left it
+        after = RandomSource.seeded(seed)
+        conditional_round(r, bound=math.sqrt(mean_sq), rng=after, beta=0.5)
+        assert after.uniform() == src.uniform()
+    assert retried >= 3  # the retry path really ran
+
+
+def test_a_try_that_fails_in_its_first_chunk_still_draws_all_its_uniforms() -> None:
+    from fedprivacy.secagg.ddp import _CHUNK
+
+    r = np.full(2 * _CHUNK + 7, 3.5)
+    src = RandomSource.seeded(2)
+    try:
+        conditional_round(r, bound=1.0, rng=src, beta=0.5, max_tries=3)
+    except RuntimeError:
+        pass
+    else:  # pragma: no cover - the test fails here
+        raise AssertionError("a norm of ~3.5 sqrt(n) passed a bound of 1")
+    plain = RandomSource.seeded(2)
+    plain.uniform(size=3 * r.shape[0])
+    assert src.uniform() == plain.uniform()
