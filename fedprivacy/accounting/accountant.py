@@ -244,6 +244,19 @@ class Accountant:
             self._eps_cache[delta] = self._backend.epsilon(self._total_state(), delta=delta)
         return self._eps_cache[delta]
 
+    def delta(self, *, epsilon: float) -> float:
+        """Delta spent so far at ``epsilon`` (0.0 for an empty ledger); an upper bound.
+
+        ValueError for the "prv" backend, which reports epsilon only.
+        """
+        if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+            raise TypeError(f"epsilon must be a real number, got {type(epsilon).__name__}")
+        if not (math.isfinite(epsilon) and epsilon >= 0):
+            raise ValueError(f"epsilon must be >= 0 and finite, got {epsilon}")
+        if not self._runs:
+            return 0.0
+        return self._backend.delta(self._total_state(), epsilon=float(epsilon))
+
     def epsilon_if(self, event: PrivacyEvent, *, delta: float) -> float:
         """Epsilon at ``delta`` if ``event`` were spent next. Changes nothing."""
         delta = _check_delta(delta)

@@ -90,7 +90,7 @@ from fedprivacy.accounting.events import (
     PoissonSampling,
     PrivacyEvent,
 )
-from fedprivacy.dp.mechanisms import analytic_gaussian_epsilon
+from fedprivacy.dp.mechanisms import analytic_gaussian_delta, analytic_gaussian_epsilon
 
 __all__ = [
     "BACKENDS",
@@ -189,6 +189,10 @@ class Backend(ABC):
     @abstractmethod
     def epsilon(self, state: Any, *, delta: float) -> float:
         """Smallest epsilon this backend certifies for ``state`` at ``delta``."""
+
+    def delta(self, state: Any, *, epsilon: float) -> float:
+        """Smallest delta this backend certifies for ``state`` at ``epsilon`` (an upper bound)."""
+        raise ValueError(f"the {self.name} accountant reports epsilon only; use pld or rdp for delta")
 
     def epsilon_of_runs(
         self, runs: Sequence[tuple[PrivacyEvent, int]], neighbouring: Neighbouring, *, delta: float
@@ -413,6 +417,13 @@ class PldBackend(Backend):
             )
         return float(state.get_epsilon_for_delta(delta))
 
+    def delta(self, state: Any, *, epsilon: float) -> float:
+        if isinstance(state, _GaussianState):
+            return analytic_gaussian_delta(
+                noise_std=1.0 / math.sqrt(state.mu_sq), sensitivity=1.0, epsilon=epsilon
+            )
+        return min(1.0, float(state.get_delta_for_epsilon(epsilon)))
+
 
 # ------------------------------------------------------------------------------------------------ RDP
 class RdpBackend(Backend):
@@ -448,6 +459,10 @@ class RdpBackend(Backend):
     def epsilon(self, state: Any, *, delta: float) -> float:
         eps, _ = rdp_lib.compute_epsilon(self.orders, state, delta)
         return float(eps)
+
+    def delta(self, state: Any, *, epsilon: float) -> float:
+        delta, _ = rdp_lib.compute_delta(self.orders, state, epsilon)
+        return min(1.0, float(delta))
 
 
 # ------------------------------------------------------------------------------------------------ PRV

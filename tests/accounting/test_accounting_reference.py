@@ -22,6 +22,7 @@ from fedprivacy.accounting import (
     PrivacyEvent,
     epsilon_for,
     get_backend,
+    to_dp_event,
 )
 from fedprivacy.accounting.events import Neighbouring
 
@@ -377,3 +378,41 @@ def test_discrete_gaussian_rdp_is_zcdp() -> None:
     assert acc.epsilon(delta=delta) == pytest.approx(expected, rel=1e-12)
     # zCDP: at least the Bun-Steinke conversion rho + 2 sqrt(rho ln(1/delta)) is not beaten by much.
     assert acc.epsilon(delta=delta) <= rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+@pytest.mark.parametrize("backend", ["pld", "rdp"])
+@pytest.mark.parametrize(
+    ("neighbouring", "event"),
+    [
+        (AR, PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.1),
+                          sampling=PoissonSampling(rate=0.01), count=300)),
+        (AR, PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=3.0), count=20)),
+        (RO, PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=2.0),
+                          sampling=FixedCohortSampling(cohort=10, population=100), count=30)),
+    ],
+)
+def test_delta_at_epsilon_inverts_epsilon_at_delta(backend: str, neighbouring, event) -> None:
+    acc = Accountant(backend=backend, neighbouring=neighbouring)
+    assert acc.delta(epsilon=1.0) == 0.0  # empty ledger
+    acc.spend(event)
+    for delta in (1e-3, 1e-6):
+        eps = acc.epsilon(delta=delta)
+        assert acc.delta(epsilon=eps) <= delta * (1 + 1e-6)
+        assert acc.delta(epsilon=eps * 0.98) > delta  # and not far below: the same curve
+    if backend == "pld" and neighbouring is AR and event.sampling.kind == "poisson":
+        ref = dpa_pld(to_dp_event(event, AR))
+        assert acc.delta(epsilon=1.5) == pytest.approx(ref.get_delta(1.5), rel=1e-6)
+    if backend == "rdp" and neighbouring is AR:
+        ref_rdp = dpa.rdp.RdpAccountant()
+        ref_rdp.compose(to_dp_event(event, AR))
+        assert acc.delta(epsilon=1.5) == pytest.approx(ref_rdp.get_delta(1.5), rel=1e-9)
+
+
+def test_delta_refused_by_prv_and_checked() -> None:
+    acc = Accountant(backend="prv")
+    acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0),
+                           sampling=PoissonSampling(rate=0.01), count=10))
+    with pytest.raises(ValueError, match="epsilon only"):
+        acc.delta(epsilon=1.0)
+    with pytest.raises(ValueError, match="epsilon must be >= 0"):
+        Accountant().delta(epsilon=-1.0)
