@@ -132,6 +132,14 @@ class DistributedDPConfig:
                               colluders=self.colluders, clip_norm=self.clip_norm, scale=self.scale,
                               dim=self.padded_dim, beta=self.beta)
 
+    def slack_bound(self, *, roster: int) -> tuple[float, float]:
+        """Worst per-round accounting slack over every survivor count ``t..roster``: ``(h, g)`` with
+        ``h = eta + sampler ratio`` and ``g`` the sampler's truncation TV (the ``H'`` and ``G`` of
+        :mod:`fedprivacy.accounting.distributed`); a budget check that charges ``h`` and ``g`` per
+        round is never below the final figure."""
+        rels = [self.release(roster=roster, survivors=s) for s in range(self.min_survivors, roster + 1)]
+        return (max(r.eta + r.sampler_ratio for r in rels), max(r.sampler_tv for r in rels))
+
     @property
     def released_variance_bound(self) -> float:
         """Largest noise variance a released sum can carry (headroom): ``sigma^2 t/(t-c)`` with
