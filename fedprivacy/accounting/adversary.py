@@ -107,6 +107,45 @@ def _check_gamma(gamma: float) -> float:
     return float(gamma)
 
 
+def _base_loss_inverse(gamma: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The inverse of ``c = log(1 - gamma + gamma e^u)`` (u = log P/Q of the base pair), as a
+    function of c; ``-inf`` where ``c <= log(1 - gamma)`` (no u reaches it)."""
+    log_keep = math.log1p(-gamma)
+
+    def u_of_loss(c: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inner = np.expm1(c - log_keep) * (1 - gamma) / gamma  # (e^c - (1-gamma)) / gamma
+            return np.where(c > log_keep, np.log(inner), -np.inf)
+
+    return u_of_loss
+
+
+def _gaussian_mixture_pair(
+    r: float, gamma: float, grid: float
+) -> tuple[LossIncrements, LossIncrements]:
+    """``remove`` (y ~ gamma N(1, r^2) + (1-gamma) N(0, r^2) against N(0, r^2)) and ``add`` (the
+    reverse) for a shift of 1 and noise std r. u(y) = log P/Q = (y - 1/2) / r^2, y(u) = r^2 u + 1/2."""
+    log_keep = math.log1p(-gamma)
+    u_of_loss = _base_loss_inverse(gamma)
+    y_tail = float(stats.norm.isf(TAIL_MASS, scale=r))
+    u_max = (1.0 + y_tail - 0.5) / r**2
+    loss_max = log_keep + float(np.logaddexp(0.0, math.log(gamma / (1 - gamma)) + u_max))
+
+    def surv_remove(c: np.ndarray) -> np.ndarray:
+        y = r**2 * u_of_loss(c) + 0.5
+        return (1 - gamma) * stats.norm.sf(y, scale=r) + gamma * stats.norm.sf(y - 1.0, scale=r)
+
+    def surv_add(c: np.ndarray) -> np.ndarray:
+        # loss_add(y) = -loss_remove(y) with y ~ Q: P(loss_add >= c) = P(y <= y(u(-c))).
+        y = r**2 * u_of_loss(-c) + 0.5
+        return np.asarray(stats.norm.cdf(y, scale=r))
+
+    return (
+        _floor_increments("remove", surv_remove, log_keep, loss_max, grid),
+        _floor_increments("add", surv_add, -loss_max, -log_keep, grid),
+    )
+
+
 def fixed_cohort_orientations(
     *,
     mechanism: str,
@@ -132,35 +171,11 @@ def fixed_cohort_orientations(
     y from ``Q`` against ``gamma P + (1 - gamma) Q``.
     """
     grid, gamma = _check_grid(grid), _check_gamma(sample_rate)
-    log_keep = math.log1p(-gamma)
-
-    def u_of_loss(c: np.ndarray) -> np.ndarray:
-        """Inverse of c = log(1 - gamma + gamma e^u) (u = log P/Q); -inf where c <= log(1-gamma)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inner = np.expm1(c - log_keep) * (1 - gamma) / gamma  # (e^c - (1-gamma)) / gamma
-            return np.where(c > log_keep, np.log(inner), -np.inf)
-
     if mechanism == "gaussian":
         if noise_multiplier is None or not noise_multiplier > 0:
             raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
-        r = float(noise_multiplier) / 2.0
-        # u(y) = log P/Q = (y - 1/2) / r^2, so y(u) = r^2 u + 1/2.
-        y_tail = float(stats.norm.isf(TAIL_MASS, scale=r))
-        u_max = (1.0 + y_tail - 0.5) / r**2
-        loss_max = log_keep + float(np.logaddexp(0.0, math.log(gamma / (1 - gamma)) + u_max))
-
-        def surv_remove(c: np.ndarray) -> np.ndarray:
-            y = r**2 * u_of_loss(c) + 0.5
-            return (1 - gamma) * stats.norm.sf(y, scale=r) + gamma * stats.norm.sf(y - 1.0, scale=r)
-
-        def surv_add(c: np.ndarray) -> np.ndarray:
-            # loss_add(y) = -loss_remove(y) with y ~ Q: P(loss_add >= c) = P(y <= y(u(-c))).
-            y = r**2 * u_of_loss(-c) + 0.5
-            return np.asarray(stats.norm.cdf(y, scale=r))
-
-        remove = _floor_increments("remove", surv_remove, log_keep, loss_max, grid)
-        add = _floor_increments("add", surv_add, -loss_max, -log_keep, grid)
-        return remove, add
+        return _gaussian_mixture_pair(float(noise_multiplier) / 2.0, gamma, grid)
+    u_of_loss = _base_loss_inverse(gamma)
     if mechanism == "laplace":
         if epsilon is None or not epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
@@ -207,22 +222,7 @@ def poisson_replace_one_orientations(
     r = float(noise_multiplier)
     log_keep = math.log1p(-q)
     y_tail = float(stats.norm.isf(TAIL_MASS, scale=r))
-
-    def u_of_loss(c: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inner = np.expm1(c - log_keep) * (1 - q) / q
-            return np.where(c > log_keep, np.log(inner), -np.inf)
-
-    u_max = (1.0 + y_tail - 0.5) / r**2
-    loss_max = log_keep + float(np.logaddexp(0.0, math.log(q / (1 - q)) + u_max))
-
-    def surv_remove(c: np.ndarray) -> np.ndarray:
-        y = r**2 * u_of_loss(c) + 0.5
-        return (1 - q) * stats.norm.sf(y, scale=r) + q * stats.norm.sf(y - 1.0, scale=r)
-
-    def surv_add(c: np.ndarray) -> np.ndarray:
-        y = r**2 * u_of_loss(-c) + 0.5
-        return np.asarray(stats.norm.cdf(y, scale=r))
+    remove, add = _gaussian_mixture_pair(r, q, grid)
 
     # Antipodal: loss(y) = log(q e^{(y - 1/2)/r^2} + 1 - q) - log(q e^{(-y - 1/2)/r^2} + 1 - q),
     # increasing in y; invert numerically on a fine y grid (monotone interpolation, rounded down).
@@ -244,11 +244,7 @@ def poisson_replace_one_orientations(
         return (1 - q) * stats.norm.sf(y, scale=r) + q * stats.norm.sf(y - 1.0, scale=r)
 
     bound = float(losses[-1])
-    return (
-        _floor_increments("remove", surv_remove, log_keep, loss_max, grid),
-        _floor_increments("add", surv_add, -loss_max, -log_keep, grid),
-        _floor_increments("antipodal", surv_antipodal, -bound, bound, grid),
-    )
+    return remove, add, _floor_increments("antipodal", surv_antipodal, -bound, bound, grid)
 
 
 def adaptive_delta(
