@@ -25,11 +25,13 @@ from fedprivacy.accounting.events import (
     PrivacyEvent,
     event_from_dict,
 )
+from fedprivacy.accounting.journal import ChargeJournal
 
 __all__ = [
     "BACKENDS",
     "Accountant",
     "Budget",
+    "ChargeJournal",
     "DiscreteGaussianEvent",
     "ExponentialEvent",
     "FixedCohortSampling",

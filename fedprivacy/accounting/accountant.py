@@ -26,7 +26,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,15 @@ def _check_unit(unit: Any) -> str:
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
     return unit
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync a directory (POSIX): makes a rename or a new file in it durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _run_key(event: PrivacyEvent) -> PrivacyEvent:
@@ -272,10 +281,19 @@ class Accountant:
         return self.epsilon_if(event, delta=self._budget.delta) > self._budget.epsilon
 
     # ------------------------------------------------------------------ the one mutation
-    def spend(self, event: PrivacyEvent, *, round: int | None = None) -> None:
+    def spend(
+        self,
+        event: PrivacyEvent,
+        *,
+        round: int | None = None,
+        write_ahead: Callable[[LedgerEntry], None] | None = None,
+    ) -> None:
         """Record ``event``. Raises (ValueError, TypeError, PrivacyBudgetExhausted) before any change.
 
-        Call it before the release: if it raises, nothing may be released.
+        Call it before the release: if it raises, nothing may be released. ``write_ahead`` is called
+        with the new entry after every check and before the in-memory commit (a durable journal
+        writes it there, :class:`fedprivacy.accounting.journal.ChargeJournal`); if it raises, the
+        accountant is unchanged.
         """
         event = self._check_event(event)
         if round is not None and (isinstance(round, bool) or not isinstance(round, int)):
@@ -292,6 +310,8 @@ class Accountant:
                     f"({self._unit}-level, {self._neighbouring.value}); nothing was spent"
                 )
         entry = LedgerEntry(event=event, round=round, unit=self._unit, timestamp=time.time())
+        if write_ahead is not None:
+            write_ahead(entry)
         # Commit: plain assignments only, after every check.
         self._ledger = (*self._ledger, entry)
         self._runs, self._prefix, self._last_state = runs, prefix, last_state
@@ -370,25 +390,35 @@ class Accountant:
         entries = d["entries"]
         if not isinstance(entries, list):
             raise ValueError(f"ledger entries must be a list, got {type(entries).__name__}")
-        ledger: list[LedgerEntry] = []
-        for i, e in enumerate(entries):
-            if not isinstance(e, Mapping) or set(e) != {"event", "round", "unit", "timestamp"}:
-                raise ValueError(f"ledger entry {i} must have fields event, round, unit, timestamp")
-            event = event_from_dict(e["event"])
-            reason = acc.unsupported_reason(event)
-            if reason is not None:
-                raise ValueError(f"ledger entry {i} is not supported by {acc.backend}: {reason}")
-            rnd = e["round"]
-            if rnd is not None and (isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0):
-                raise ValueError(f"ledger entry {i} round must be null or an int >= 0, got {rnd!r}")
-            if e["unit"] != acc.unit:
-                raise ValueError(f"ledger entry {i} unit must be {acc.unit!r}, got {e['unit']!r}")
-            ts = e["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-                raise ValueError(f"ledger entry {i} timestamp must be a finite number, got {ts!r}")
-            ledger.append(LedgerEntry(event=event, round=rnd, unit=acc.unit, timestamp=float(ts)))
-        acc._restore(ledger)
+        acc._restore([acc.entry_from_dict(e, f"ledger entry {i}") for i, e in enumerate(entries)])
         return acc
+
+    def entry_from_dict(self, e: Any, what: str = "ledger entry") -> LedgerEntry:
+        """A ``LedgerEntry`` from ``LedgerEntry.to_dict()``, validated for this accountant."""
+        if not isinstance(e, Mapping) or set(e) != {"event", "round", "unit", "timestamp"}:
+            raise ValueError(f"{what} must have fields event, round, unit, timestamp")
+        event = event_from_dict(e["event"])
+        reason = self.unsupported_reason(event)
+        if reason is not None:
+            raise ValueError(f"{what} is not supported by {self.backend}: {reason}")
+        rnd = e["round"]
+        if rnd is not None and (isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0):
+            raise ValueError(f"{what} round must be null or an int >= 0, got {rnd!r}")
+        if e["unit"] != self.unit:
+            raise ValueError(f"{what} unit must be {self.unit!r}, got {e['unit']!r}")
+        ts = e["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+            raise ValueError(f"{what} timestamp must be a finite number, got {ts!r}")
+        return LedgerEntry(event=event, round=rnd, unit=self.unit, timestamp=float(ts))
+
+    def restore_entries(self, entries: Sequence[LedgerEntry]) -> None:
+        """Replace the (empty) ledger by ``entries`` without budget checks: they were spent.
+
+        ValueError if this accountant already holds entries.
+        """
+        if self._ledger:
+            raise ValueError("restore_entries needs an empty accountant")
+        self._restore(entries)
 
     def _restore(self, entries: Sequence[LedgerEntry]) -> None:
         """Replay ``entries`` into an empty accountant without budget checks (they were spent)."""
@@ -421,6 +451,7 @@ class Accountant:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            _fsync_dir(path.parent)  # the rename itself is durable only once the directory is
         except BaseException:
             try:
                 os.unlink(tmp)
