@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import integrate
 
 from fedprivacy.accounting import (
@@ -337,3 +339,26 @@ def test_monte_carlo_of_the_adversary_refutes_the_old_figure_and_not_the_new() -
             assert mc - 4 * se > delta
         else:
             assert mc - 4 * se <= delta
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(
+    mechanism=st.sampled_from(["gaussian", "laplace"]),
+    param=st.floats(0.6, 4.0),
+    cohort=st.sampled_from([(1, 10), (5, 100), (30, 100), (50, 60)]),
+    steps=st.integers(1, 12),
+)
+def test_property_accountant_never_below_adversary(
+    mechanism: str, param: float, cohort: tuple[int, int], steps: int
+) -> None:
+    m, n = cohort
+    delta = 1e-5
+    mech: GaussianEvent | LaplaceEvent = (
+        GaussianEvent(noise_multiplier=param) if mechanism == "gaussian" else LaplaceEvent(epsilon=param)
+    )
+    ours = accountant_epsilon(PrivacyEvent(mechanism=mech, sampling=fixed(m, n), count=steps), delta)
+    kwargs = {"noise_multiplier": param} if mechanism == "gaussian" else {"epsilon": param}
+    orientations = fixed_cohort_orientations(
+        mechanism=mechanism, sample_rate=m / n, grid=1e-3, **kwargs
+    )
+    assert adaptive_delta(orientations, rounds=steps, epsilon=ours) <= delta
