@@ -18,15 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedprivacy.config import RunConfig
-from fedprivacy.fl.client import client_rng, train_client
 from fedprivacy.fl.secure import (
     EncodingSpec,
     ExportedSessionStore,
     client_advertise,
-    client_masked,
+    client_masked_round,
     client_share,
     client_unmask,
 )
@@ -62,19 +61,10 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     request = from_records(msg.content, stage="masked")
     encoding = EncodingSpec.from_record(dict(msg.content.config_records["encoding"]))
     instr, weights = codec.decode_train(msg)
-    if instr.round != request.round:
-        raise ValueError(f"round instructions for round {instr.round}, secagg request for {request.round}")
-    update = train_client(cfg, partition_id=partition_id, num_partitions=num_partitions, weights=weights,
-                          instructions=instr)
-    rng = client_rng(seed=instr.seed, partition_id=partition_id, round=instr.round).child("secagg")
-    out = client_masked(_store(context), _key(context), request, update, cfg=cfg, encoding=encoding, rng=rng)
-    metrics: dict[str, Any] = {}
-    if update.num_examples is not None:
-        metrics["num-examples"] = int(update.num_examples)
-    if update.train_loss is not None:
-        metrics["train-loss"] = float(update.train_loss)
-    metrics.update({k.replace("_", "-"): float(v) for k, v in update.metrics.items()})
-    return _reply(msg, "masked", out, metrics=MetricRecord(metrics))
+    out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg, encoding=encoding,
+                                    instructions=instr, weights=weights, partition_id=partition_id,
+                                    num_partitions=num_partitions)
+    return _reply(msg, "masked", out, metrics=codec.metrics_record(meta))
 
 
 def unmask(msg: Message, context: Context, *, partition_id: int) -> Message:

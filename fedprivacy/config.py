@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PRIVACY_MODES = ("none", "central", "local", "distributed")
 PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
@@ -166,7 +165,9 @@ class RunConfig:
         _positive_int("local-epochs", self.local_epochs)
         _positive("learning-rate", self.learning_rate)
         _positive_int("batch-size", self.batch_size)
-        _choice("privacy", self.privacy, PRIVACY_MODES)
+        from fedprivacy.fl.modes import mode_names  # the one registry of privacy modes
+
+        _choice("privacy", self.privacy, mode_names())
         _non_negative("clip-norm", self.clip_norm)
         _non_negative("noise-multiplier", self.noise_multiplier)
         _non_negative("target-epsilon", self.target_epsilon)

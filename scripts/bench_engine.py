@@ -199,7 +199,8 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
 
     from fedprivacy.config import RunConfig
     from fedprivacy.fl import task
-    from fedprivacy.fl.client import RoundInstructions, train_client
+    from fedprivacy.fl.client import train_client
+    from fedprivacy.fl.types import RoundInstructions
     from server.inprocess import resolve_run_config
 
     cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=REPO))

@@ -4,7 +4,7 @@ without central DP.
 Usage: python scripts/membership_inference.py [--json PATH] [--png PATH] [--quick] [--models K]
                                               [--epsilons 100,8]
 
-Each setting trains K federated models (fedprivacy.fl.loop.run_federated: FedAvg, 5 clients, many local
+Each setting trains K federated models (fedprivacy.fl.run.run_federated: FedAvg, 5 clients, many local
 epochs, a 2-hidden-layer MLP, so the non-DP model overfits) on random halves of a digits subset, attacks
 each with the others as shadow models (online and offline LiRA with fixed variance, Carlini et al.
 2022) and pools the scores. Prints AUC and TPR at FPR 1% / 0.1%; writes a log-log ROC plot.
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "script": "membership_inference",
-            "target_training": "fedprivacy.fl.loop.run_federated (FedAvg; central DP calibrated by the "
+            "target_training": "fedprivacy.fl.run.run_federated (FedAvg; central DP calibrated by the "
             "PLD accountant; privacy unit = client)",
             "lira_variant": "online and offline, fixed (global) variance, leave-one-out shadows",
             "models_per_setting": models,

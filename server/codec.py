@@ -16,10 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedprivacy.fl.aggregation import ClientUpdate
-from fedprivacy.fl.client import RoundInstructions
-
-_METRIC_KEYS = {"num_examples": "num-examples", "train_loss": "train-loss"}
+from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 
 
 def arrays_to_record(arrays: Sequence[np.ndarray]) -> ArrayRecord:
@@ -43,7 +40,11 @@ def decode_train(msg: Message) -> tuple[RoundInstructions, list[np.ndarray]]:
             record_to_arrays(msg.content.array_records["arrays"]))
 
 
-def train_reply(msg: Message, update: ClientUpdate) -> Message:
+def metrics_record(update: ClientUpdate) -> MetricRecord:
+    """What the client discloses besides Δ: only the fields its privacy mode set (finite values).
+
+    The one encoder of a train reply's metrics, for the plain reply and the SecAgg masked reply alike.
+    """
     metrics: dict[str, Any] = {}
     if update.num_examples is not None:
         metrics["num-examples"] = int(update.num_examples)
@@ -51,20 +52,30 @@ def train_reply(msg: Message, update: ClientUpdate) -> Message:
         metrics["train-loss"] = float(update.train_loss)
     for key, value in update.metrics.items():
         metrics[key.replace("_", "-")] = float(value)
-    content = RecordDict({"update": arrays_to_record(update.delta), "metrics": MetricRecord(metrics)})
-    return Message(content, reply_to=msg)
+    return MetricRecord(metrics)
 
 
-def decode_train_reply(reply: Message, partition_id: int) -> ClientUpdate:
-    delta = record_to_arrays(reply.content.array_records["update"])
-    metrics: Mapping[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
+def update_metadata(content: RecordDict, partition_id: int, *,
+                    delta: tuple[np.ndarray, ...] = ()) -> ClientUpdate:
+    """The inverse of :func:`metrics_record` (plus ``delta``, when the reply carries one in the clear)."""
+    metrics: Mapping[str, Any] = dict(content.metric_records.get("metrics", MetricRecord({})))
     extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
              if k not in ("num-examples", "train-loss")}
     n = metrics.get("num-examples")
     loss = metrics.get("train-loss")
-    return ClientUpdate(partition_id=partition_id, delta=tuple(delta),
+    return ClientUpdate(partition_id=partition_id, delta=delta,
                         num_examples=None if n is None else int(n),
                         train_loss=None if loss is None else float(loss), metrics=extra)
+
+
+def train_reply(msg: Message, update: ClientUpdate) -> Message:
+    content = RecordDict({"update": arrays_to_record(update.delta), "metrics": metrics_record(update)})
+    return Message(content, reply_to=msg)
+
+
+def decode_train_reply(reply: Message, partition_id: int) -> ClientUpdate:
+    delta = tuple(record_to_arrays(reply.content.array_records["update"]))
+    return update_metadata(reply.content, partition_id, delta=delta)
 
 
 def query_message(node_id: int) -> Message:

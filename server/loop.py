@@ -18,9 +18,9 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedprivacy.config import RunConfig
-from fedprivacy.fl.aggregation import ClientUpdate
-from fedprivacy.fl.client import RoundInstructions
-from fedprivacy.fl.loop import RoundFn, run_federated
+from fedprivacy.fl.modes import Transport
+from fedprivacy.fl.run import run_federated
+from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
 from server import codec
 
 NODE_WAIT_SECONDS = 60.0
@@ -73,8 +73,8 @@ def discover_partitions(
         time.sleep(1.0)
 
 
-def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):
-    """A transport for :func:`fedprivacy.fl.loop.run_federated`: one train message per sampled client."""
+def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> Exchange:
+    """The plain transport of :func:`fedprivacy.fl.run.run_federated`: one train message per sampled client."""
 
     def exchange(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
                  ) -> tuple[list[ClientUpdate], dict[int, str]]:
@@ -105,30 +105,16 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float):
     return exchange
 
 
-RoundProtocolFactory = Callable[[Grid, Mapping[int, int], RunConfig], RoundFn]
-_ROUND_PROTOCOLS: dict[str, RoundProtocolFactory] = {}
-
-
-def register_round_protocol(name: str, factory: RoundProtocolFactory) -> None:
-    """Plug in a multi-message round (secure aggregation): used when ``privacy == name``.
-
-    ``factory(grid, nodes, cfg)`` returns a :data:`fedprivacy.fl.loop.RoundFn`; the loop around it
-    (sampling, budget, accounting with ``RoundOutcome.event``, outputs) stays the same.
-    """
-    _ROUND_PROTOCOLS[name] = factory
-
-
 def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Validate the config, discover partitions, run all rounds; returns the results dict."""
+    """Validate the config, discover partitions, run all rounds; returns the results dict.
+
+    The privacy mode picks the round it needs from the transport: one train message per client, or
+    the four stages of secure aggregation (``secagg = true``).
+    """
+    from server.secagg_exchange import GridSecureTransport
+
     cfg = RunConfig.from_mapping(run_config)
     nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
-    if cfg.secagg:  # secure aggregation (privacy none or distributed): server/secagg_exchange.py
-        from server.secagg_exchange import make_secure_round
-
-        return run_federated(cfg, population=len(nodes), round_fn=make_secure_round(grid, nodes, cfg, log=log),
-                             log=log)
-    if cfg.privacy in _ROUND_PROTOCOLS:
-        round_fn = _ROUND_PROTOCOLS[cfg.privacy](grid, nodes, cfg)
-        return run_federated(cfg, population=len(nodes), round_fn=round_fn, log=log)
-    exchange = make_exchange(grid, nodes, timeout=cfg.client_timeout)
-    return run_federated(cfg, population=len(nodes), exchange=exchange, log=log)
+    transport = Transport(exchange=make_exchange(grid, nodes, timeout=cfg.client_timeout),
+                          secure=GridSecureTransport(grid, nodes, timeout=cfg.client_timeout))
+    return run_federated(cfg, population=len(nodes), transport=transport, log=log)

@@ -1,4 +1,4 @@
-"""Secure aggregation over the Flower Grid: the server side of :class:`fedprivacy.fl.secure.SecureRound`.
+"""Secure aggregation over the Flower Grid: the transport of :class:`fedprivacy.fl.secure.SecureRound`.
 
 Wire format (Message API; ``group_id`` = round, so fault plans and logs see the round):
 
@@ -22,17 +22,15 @@ not depend on Flower's random node ids. A missing or failed reply is a dropout a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedprivacy.config import RunConfig
-from fedprivacy.fl.aggregation import ClientUpdate
-from fedprivacy.fl.client import RoundInstructions
-from fedprivacy.fl.secure import EncodingSpec, SecureRound
+from fedprivacy.fl.secure import EncodingSpec
+from fedprivacy.fl.types import RoundInstructions
 from fedprivacy.secagg import wire
 from server import codec
 
@@ -122,7 +120,7 @@ class GridSecureTransport:
             try:
                 msg = from_records(reply.content, stage=name)
                 if name == "masked":
-                    out[pid] = (msg, _update_metadata(reply, pid))
+                    out[pid] = (msg, codec.update_metadata(reply.content, pid))
                 else:
                     out[pid] = msg
             except (KeyError, ValueError, TypeError) as exc:
@@ -181,21 +179,3 @@ def _unmask_and_advertise(transport: GridSecureTransport, unmask: Mapping[int, A
             if pid not in out and pid not in fail:
                 fail[pid] = f"secagg {stage}: no reply within client-timeout ({transport.timeout:g} s)"
     return unm, unm_fail, adv, adv_fail
-
-
-def _update_metadata(reply: Message, pid: int) -> ClientUpdate:
-    """What the client disclosed besides its masked vector (nothing in privacy mode ``distributed``)."""
-    metrics: Mapping[str, Any] = dict(reply.content.metric_records.get("metrics", MetricRecord({})))
-    n = metrics.get("num-examples")
-    loss = metrics.get("train-loss")
-    extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
-             if k not in ("num-examples", "train-loss")}
-    return ClientUpdate(partition_id=pid, delta=(), num_examples=None if n is None else int(n),
-                        train_loss=None if loss is None else float(loss), metrics=extra)
-
-
-def make_secure_round(grid: Grid, nodes: Mapping[int, int], cfg: RunConfig, *,
-                      log: Callable[[str], None] = print) -> SecureRound:
-    """The secure RoundFn for :func:`fedprivacy.fl.loop.run_federated` over ``grid``."""
-    transport = GridSecureTransport(grid, nodes, timeout=cfg.client_timeout)
-    return SecureRound(cfg, transport, population=len(nodes), log=log)

@@ -16,7 +16,7 @@ Attacks:
   P[N(mu_out, s_out^2) > phi]`` (one-sided test against OUT models only). With few shadow models the
   paper's fixed-variance variant (Sec. VI-A) is used: one global variance per IN/OUT over all examples.
 
-The targets here are trained by fedprivacy's own round loop (``fedprivacy.fl.loop.run_federated``:
+The targets here are trained by fedprivacy's own round loop (``fedprivacy.fl.run.run_federated``:
 sampling, clipping, central Gaussian noise, PLD accounting with noise calibrated to a target epsilon),
 with an exchange that trains each client on the examples the experiment assigns to it.
 """
@@ -173,7 +173,7 @@ def roc_points(s: MembershipScores) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------------------ targets
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FederatedTargetConfig:
-    """How each target/shadow model is trained (FedAvg through ``fedprivacy.fl.loop.run_federated``).
+    """How each target/shadow model is trained (FedAvg through ``fedprivacy.fl.run.run_federated``).
 
     ``target_epsilon`` None trains without DP; otherwise central DP with the noise multiplier
     calibrated by the accountant to (target_epsilon, target_delta) over ``rounds`` rounds.
@@ -225,10 +225,10 @@ def train_federated_model(
     """
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
-    from fedprivacy.fl.aggregation import ClientUpdate
     from fedprivacy.fl.checkpoint import load_checkpoint
-    from fedprivacy.fl.client import RoundInstructions, client_rng, privatize_update
-    from fedprivacy.fl.loop import ModelHooks, run_federated
+    from fedprivacy.fl.client import client_rng, privatize_update
+    from fedprivacy.fl.run import run_federated
+    from fedprivacy.fl.types import ClientUpdate, ModelHooks, RoundInstructions
     from fedprivacy.ml.data import Split
     from fedprivacy.ml.models import build_model, get_weights, set_weights
     from fedprivacy.ml.train import evaluate, train_local

@@ -1,7 +1,10 @@
-"""Aggregation of client updates: the one seam where secure aggregation plugs in.
+"""Aggregation of client updates in the clear: the :class:`Aggregator` seam and :class:`PlainAggregator`.
 
-Every privacy mode goes through an :class:`Aggregator`. :class:`PlainAggregator` covers ``none``,
-``central`` and ``local``:
+An aggregator turns a round's client updates into the released mean update. The plain privacy modes
+(:mod:`fedprivacy.fl.modes.plain`) choose :class:`PlainAggregator` with their clip and noise;
+``FederatedRun(aggregator=...)`` swaps in another rule (a median, a trimmed mean). Under secure
+aggregation (``secagg = true``) the server only ever sees the sum, so there is no aggregator to swap:
+:class:`fedprivacy.fl.secure.SecureRound` replaces the whole round. :class:`PlainAggregator`:
 
 1. updates with NaN or Inf are left out (the reason is returned, so the server can log it);
 2. each remaining update is clipped to ``clip_norm`` again on the server (idempotent for honest clients;
@@ -14,59 +17,19 @@ Every privacy mode goes through an :class:`Aggregator`. :class:`PlainAggregator`
 
 Leaving an update out does not change the accounting: under add-remove adjacency the mechanism is the
 noisy sum of whatever set of clipped vectors arrived, and its sensitivity is still ``C``.
-
-The ``distributed`` mode (secure aggregation with distributed discrete Gaussian noise) registers its own
-aggregator with :func:`register_aggregator` under the name ``"distributed"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from fedprivacy.fl.types import AggregateResult, ClientUpdate
+
 if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientUpdate:
-    """One client's reply to a training round.
-
-    Attributes:
-        partition_id: the client's partition id (stable across transports).
-        delta: the (clipped, and in ``local`` mode noised) model update Δ = w_local − w_global.
-        num_examples: local examples used, or None when not disclosed (DP modes other than central).
-        train_loss: mean local training loss, or None when not disclosed.
-        metrics: further scalar metrics (e.g. ``dpsgd_steps``).
-    """
-
-    partition_id: int
-    delta: tuple[np.ndarray, ...]
-    num_examples: int | None = None
-    train_loss: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AggregateResult:
-    """The released aggregate of one round.
-
-    Attributes:
-        mean_update: noisy sum divided by the fixed denominator (same shapes as the model weights).
-        aggregated: partition ids whose updates are in the sum, ascending.
-        dropped: partition id -> reason for every update left out.
-        noise_std: std of the noise the server added per coordinate of the sum (0 if none).
-        denominator: the fixed denominator used.
-    """
-
-    mean_update: tuple[np.ndarray, ...]
-    aggregated: tuple[int, ...]
-    dropped: dict[int, str]
-    noise_std: float
-    denominator: float
 
 
 class Aggregator(Protocol):
@@ -97,10 +60,6 @@ def non_finite_reason(delta: Sequence[np.ndarray], like: Sequence[np.ndarray]) -
             bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
             return f"array {i} contains {bad} NaN/Inf values"
     return None
-
-
-def global_l2_norm(arrays: Sequence[np.ndarray]) -> float:
-    return float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays)))
 
 
 def clip_to_norm(arrays: Sequence[np.ndarray], *, clip_norm: float) -> list[np.ndarray]:
@@ -173,34 +132,3 @@ class PlainAggregator:
             noise_std=self.noise_std,
             denominator=float(denominator),
         )
-
-
-AggregatorFactory = Callable[..., Any]
-_REGISTRY: dict[str, AggregatorFactory] = {}
-
-
-def register_aggregator(name: str, factory: AggregatorFactory) -> None:
-    """Register an aggregator factory ``factory(cfg, *, clip_norm, noise_multiplier) -> Aggregator``."""
-    if not name:
-        raise ValueError("name must not be empty")
-    _REGISTRY[name] = factory
-
-
-def make_aggregator(privacy: str, *, clip_norm: float, noise_multiplier: float, cfg: Any = None) -> Aggregator:
-    """The aggregator for a privacy mode.
-
-    ``none`` and ``local``: plain sum, no server noise. ``central``: plain sum + N(0, (σC)²).
-    ``distributed``: whatever :mod:`fedprivacy.secagg` registered; refused until it exists.
-    """
-    if privacy == "none":
-        return PlainAggregator(clip_norm=clip_norm, noise_std=0.0)
-    if privacy == "local":
-        return PlainAggregator(clip_norm=0.0, noise_std=0.0)
-    if privacy == "central":
-        return PlainAggregator(clip_norm=clip_norm, noise_std=noise_multiplier * clip_norm)
-    if privacy in _REGISTRY:
-        return _REGISTRY[privacy](cfg, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
-    raise ValueError(
-        f"privacy={privacy!r} is not available: no aggregator is registered for it "
-        "(distributed DP needs fedprivacy.secagg)"
-    )

@@ -14,54 +14,16 @@ secure source otherwise; the torch seed of local training is drawn from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedprivacy.fl.aggregation import ClientUpdate
+from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundInstructions:
-    """What the server tells a sampled client (travels as a flat ConfigRecord)."""
-
-    round: int
-    privacy: str
-    clip_norm: float
-    local_noise_std: float
-    learning_rate: float
-    local_epochs: int
-    batch_size: int
-    num_classes: int
-    seed: int  # -1 = secure randomness
-
-    def __post_init__(self) -> None:
-        if self.round < 1:
-            raise ValueError(f"round must be >= 1, got {self.round}")
-        if self.clip_norm < 0:
-            raise ValueError(f"clip_norm must be >= 0, got {self.clip_norm}")
-        if self.local_noise_std < 0:
-            raise ValueError(f"local_noise_std must be >= 0, got {self.local_noise_std}")
-        if self.privacy == "local" and (self.clip_norm <= 0 or self.local_noise_std <= 0):
-            raise ValueError("privacy='local' needs clip_norm > 0 and local_noise_std > 0")
-
-    def to_record(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> RoundInstructions:
-        types = {"round": int, "local_epochs": int, "batch_size": int, "num_classes": int, "seed": int,
-                 "privacy": str, "clip_norm": float, "local_noise_std": float, "learning_rate": float}
-        missing = sorted(set(types) - set(record))
-        if missing:
-            raise ValueError(f"round instructions miss {missing}")
-        return cls(**{k: t(record[k]) for k, t in types.items()})
 
 
 def client_rng(*, seed: int, partition_id: int, round: int) -> RandomSource:

@@ -14,6 +14,10 @@ One place decides, from the validated config and the population size ``N``:
 
 The denominator of the mean is fixed (:func:`fedprivacy.fl.sampling.expected_cohort`).
 
+Each mode's plan lives with the mode (:mod:`fedprivacy.fl.modes`, the one registry); this module holds
+the plan's type and what every mode shares: the population checks, the denominator, the sampling as
+the accountant and the claim see it, and the accountant.
+
 Calibration: with ``target-epsilon > 0`` and ``noise-multiplier = 0`` the smallest σ with
 ε(σ, sampling, T rounds, δ) ≤ target is found by :func:`fedprivacy.accounting.calibration.
 calibrate_noise_multiplier` (never overshoots).
@@ -21,13 +25,14 @@ calibrate_noise_multiplier` (never overshoots).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedprivacy.fl.sampling import expected_cohort
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import PrivacyEvent, Sampling
     from fedprivacy.config import RunConfig
 
 
@@ -46,7 +51,7 @@ class PrivacyPlan:
     unit: str
     neighbouring: str
     sampling_description: str
-    event: Any
+    event: PrivacyEvent | None
     target_delta: float
     target_epsilon: float
     mechanism: str = ""
@@ -73,19 +78,35 @@ class PrivacyPlan:
         )
 
 
-_PLANNERS: dict[str, Callable[..., PrivacyPlan]] = {}
+def check_population(cfg: RunConfig, *, population: int) -> None:
+    """Refuse a population the config cannot be honoured for (ValueError naming the key)."""
+    if population < 1:
+        raise ValueError(f"population must be >= 1, got {population}")
+    if cfg.sampling == "fixed" and cfg.cohort_size > population:
+        raise ValueError(f"cohort-size must be <= the number of clients ({population}), got {cfg.cohort_size}")
+    if cfg.is_dp and cfg.target_delta >= 1.0 / population:
+        raise ValueError(
+            f"target-delta must be < 1/population = {1.0 / population:.3g} for a meaningful user-level "
+            f"guarantee, got {cfg.target_delta}"
+        )
 
 
-def register_plan(mode: str, planner: Callable[..., PrivacyPlan]) -> None:
-    """Plug in the plan of another privacy mode (``distributed``):
-    ``planner(cfg, *, population, denominator) -> PrivacyPlan`` whose ``event`` is the worst case the
-    budget check uses before a round (e.g. the fewest survivors that can complete it)."""
-    if mode in ("none", "central", "local"):
-        raise ValueError(f"mode {mode!r} is built in")
-    _PLANNERS[mode] = planner
+def denominator_of(cfg: RunConfig, *, population: int) -> float:
+    """The fixed aggregation denominator (:func:`fedprivacy.fl.sampling.expected_cohort`)."""
+    return expected_cohort(sampling=cfg.sampling, population=population,
+                           sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
 
 
-def _sampling_object(cfg: RunConfig, population: int) -> Any:
+def sampling_description(cfg: RunConfig, *, population: int, replacement_note: bool = True) -> str:
+    """How clients are sampled, as the claim states it."""
+    if cfg.sampling == "poisson":
+        return f"poisson(q={cfg.sample_rate:g}, N={population})"
+    tail = ", without replacement" if replacement_note else ""
+    return f"fixed cohort (m={cfg.cohort_size} of N={population}{tail})"
+
+
+def sampling_object(cfg: RunConfig, population: int) -> Sampling:
+    """The accountant's sampling for the plain modes (local: none, the server sees who takes part)."""
     from fedprivacy.accounting.events import FixedCohortSampling, NoSampling, PoissonSampling
 
     if cfg.privacy == "local":
@@ -101,62 +122,7 @@ def neighbouring_of(cfg: RunConfig) -> str:
     return "replace-one" if cfg.privacy == "local" else cfg.neighbouring
 
 
-def plan_privacy(cfg: RunConfig, *, population: int) -> PrivacyPlan:
-    """Resolve the privacy plan; raises ValueError naming the run-config key that cannot be honoured."""
-    if population < 1:
-        raise ValueError(f"population must be >= 1, got {population}")
-    if cfg.sampling == "fixed" and cfg.cohort_size > population:
-        raise ValueError(f"cohort-size must be <= the number of clients ({population}), got {cfg.cohort_size}")
-    if cfg.is_dp and cfg.target_delta >= 1.0 / population:
-        raise ValueError(
-            f"target-delta must be < 1/population = {1.0 / population:.3g} for a meaningful user-level "
-            f"guarantee, got {cfg.target_delta}"
-        )
-    denominator = expected_cohort(sampling=cfg.sampling, population=population,
-                                  sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
-    sampling_desc = (f"poisson(q={cfg.sample_rate:g}, N={population})" if cfg.sampling == "poisson"
-                     else f"fixed cohort (m={cfg.cohort_size} of N={population}, without replacement)")
-    if cfg.privacy == "none":
-        return PrivacyPlan(mode="none", population=population, denominator=denominator,
-                           clip_norm=cfg.clip_norm, noise_multiplier=0.0, calibrated=False,
-                           central_noise_std=0.0, local_noise_std=0.0, unit="none",
-                           neighbouring=cfg.neighbouring, sampling_description=sampling_desc,
-                           event=None, target_delta=cfg.target_delta, target_epsilon=0.0)
-    if cfg.privacy in _PLANNERS:
-        return _PLANNERS[cfg.privacy](cfg, population=population, denominator=denominator)
-    if cfg.privacy not in ("central", "local"):
-        raise ValueError(
-            f"privacy={cfg.privacy!r} is not available yet in this build: it needs secure aggregation "
-            "(fedprivacy.secagg) wired into the round"
-        )
-    from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
-
-    sampling = _sampling_object(cfg, population)
-    neighbouring = Neighbouring.parse(neighbouring_of(cfg))
-    sigma = cfg.noise_multiplier
-    calibrated = False
-    if sigma == 0:
-        from fedprivacy.accounting.calibration import calibrate_noise_multiplier
-
-        sigma = float(calibrate_noise_multiplier(
-            target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta, sampling=sampling,
-            steps=cfg.num_server_rounds, backend=cfg.accountant, neighbouring=neighbouring))
-        calibrated = True
-    event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=sigma), sampling=sampling, count=1)
-    unit = "user (all data of one client)"
-    if cfg.privacy == "local":
-        sampling_desc += "; local DP: no amplification (the server sees who takes part)"
-    return PrivacyPlan(
-        mode=cfg.privacy, population=population, denominator=denominator, clip_norm=cfg.clip_norm,
-        noise_multiplier=sigma, calibrated=calibrated,
-        central_noise_std=sigma * cfg.clip_norm if cfg.privacy == "central" else 0.0,
-        local_noise_std=sigma * cfg.clip_norm if cfg.privacy == "local" else 0.0,
-        unit=unit, neighbouring=neighbouring.value, sampling_description=sampling_desc, event=event,
-        target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
-    )
-
-
-def make_accountant(cfg: RunConfig, plan: PrivacyPlan) -> Any:
+def make_accountant(cfg: RunConfig, plan: PrivacyPlan) -> Accountant | None:
     """A fresh accountant for the plan (None without DP); refuses an event it cannot account for."""
     if plan.event is None:
         return None

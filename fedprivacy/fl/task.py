@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedprivacy.fl.types import ModelHooks, RoundInstructions
+
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
-    from fedprivacy.fl.client import RoundInstructions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +24,17 @@ class LocalResult:
     loss: float
     dpsgd_steps: int | None
     dpsgd_sample_rate: float | None
+
+
+def default_hooks(cfg: RunConfig, *, population: int) -> ModelHooks:
+    """Init and central evaluation of the configured model on the configured data's test set."""
+    test = test_set(cfg, num_partitions=population)
+    k = num_classes_for(cfg, num_partitions=population)
+    return ModelHooks(
+        init=lambda seed: initial_weights(cfg, input_shape=test.feature_shape, num_classes=k, seed=seed),
+        evaluate=lambda w: evaluate_weights(cfg, w, test, num_classes=k),
+        num_classes=k,
+    )
 
 
 def _torch_threads() -> None:

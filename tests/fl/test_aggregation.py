@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.fl.aggregation import ClientUpdate, PlainAggregator, make_aggregator
+from fedprivacy.fl.aggregation import PlainAggregator
+from fedprivacy.fl.types import ClientUpdate
 
 LIKE = [np.zeros((3, 2), np.float32), np.zeros(4, np.float32)]
 
@@ -67,23 +68,41 @@ def test_result_does_not_depend_on_reply_order() -> None:
         np.testing.assert_array_equal(x, y)
 
 
+def _mode_round(privacy: str, like: list[np.ndarray], updates: list[ClientUpdate] | None = None):
+    """One round of the registered mode ``privacy`` over an exchange that returns ``updates``."""
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl.modes import Transport, get_mode
+    from fedprivacy.fl.types import RoundInstructions
+
+    cfg = RunConfig(privacy=privacy, clip_norm=1.0, noise_multiplier=2.0, accountant="rdp",
+                    target_delta=1e-3)
+    mode = get_mode(privacy)
+    plan = mode.plan(cfg, population=4, dim=sum(a.size for a in like))
+    rnd = mode.round_fn(cfg, plan, Transport(exchange=lambda instr, cohort, w: (updates or [], {})))
+    instr = RoundInstructions(round=1, privacy=privacy, clip_norm=1.0, local_noise_std=plan.local_noise_std,
+                              learning_rate=0.1, local_epochs=1, batch_size=1, num_classes=2, seed=0)
+    return rnd(instr, [0, 1, 2, 3], like, RandomSource.seeded(2)).aggregate
+
+
 def test_central_noise_has_std_sigma_c_on_the_sum() -> None:
     # sigma * C = 2.0 on the sum, denominator 4 -> std 0.5 on the mean; 200k coordinates
     like = [np.zeros(200_000, np.float32)]
-    agg = make_aggregator("central", clip_norm=1.0, noise_multiplier=2.0)
-    res = agg.aggregate([], like=like, denominator=4.0, rng=RandomSource.seeded(2))
+    res = _mode_round("central", like)
     sample = res.mean_update[0].astype(np.float64)
     assert abs(sample.mean()) < 5 * 0.5 / np.sqrt(sample.size)
     assert sample.std() == pytest.approx(0.5, rel=0.01)  # sd of the sd estimate ~0.16%
-    assert res.noise_std == 2.0
+    assert res.noise_std == 2.0 and res.denominator == 4.0
 
 
 def test_modes_place_noise_where_documented() -> None:
-    assert make_aggregator("none", clip_norm=1.0, noise_multiplier=0.0).noise_std == 0.0
-    local = make_aggregator("local", clip_norm=1.0, noise_multiplier=3.0)
-    assert local.noise_std == 0.0 and local.clip_norm == 0.0  # clients already clipped and noised
-    with pytest.raises(ValueError, match="distributed"):
-        make_aggregator("distributed", clip_norm=1.0, noise_multiplier=1.0)
+    big = [ClientUpdate(partition_id=0, delta=(np.full(4, 3.0, np.float32),))]  # norm 6 > C = 1
+    like = [np.zeros(4, np.float32)]
+    none = _mode_round("none", like, big)
+    assert none.noise_std == 0.0  # server clips to C, adds nothing
+    assert float(np.linalg.norm(none.mean_update[0])) == pytest.approx(1.0 / 4, rel=1e-6)
+    local = _mode_round("local", like, big)
+    assert local.noise_std == 0.0  # clients already clipped and noised: the server only sums
+    np.testing.assert_allclose(local.mean_update[0], np.full(4, 3.0 / 4), rtol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)

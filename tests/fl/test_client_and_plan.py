@@ -12,8 +12,10 @@ from fedprivacy.accounting import GaussianEvent, NoSampling, PoissonSampling, ep
 from fedprivacy.accounting.events import FixedCohortSampling
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.fl.client import RoundInstructions, client_rng, privatize_update
-from fedprivacy.fl.privacy import make_accountant, plan_privacy
+from fedprivacy.fl.client import client_rng, privatize_update
+from fedprivacy.fl.modes import plan_privacy
+from fedprivacy.fl.privacy import make_accountant
+from fedprivacy.fl.types import RoundInstructions
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,36 +98,59 @@ def test_calibrated_sigma_meets_the_target() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cfg", "population", "key"),
+    ("cfg", "population", "dim", "key"),
     [
-        (RunConfig(target_delta=0.2), 10, "target-delta"),
-        (RunConfig(sampling="fixed", cohort_size=11, neighbouring="replace-one"), 10, "cohort-size"),
-        (RunConfig(privacy="distributed", secagg=True, accountant="rdp"), 10, "distributed"),
+        (RunConfig(target_delta=0.2), 10, None, "target-delta"),
+        (RunConfig(sampling="fixed", cohort_size=11, neighbouring="replace-one"), 10, None, "cohort-size"),
+        (RunConfig(privacy="distributed", secagg=True, accountant="rdp"), 10, None, "dim"),
     ],
 )
-def test_plans_that_cannot_be_honoured_are_refused(
-    cfg: RunConfig, population: int, key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from fedprivacy.fl import privacy
-
-    monkeypatch.delitem(privacy._PLANNERS, "distributed", raising=False)  # as before secagg registers
+def test_plans_that_cannot_be_honoured_are_refused(cfg: RunConfig, population: int, dim: int | None,
+                                                   key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        plan_privacy(cfg, population=population)
+        plan_privacy(cfg, population=population, dim=dim)
 
 
-def test_a_registered_planner_serves_the_distributed_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedprivacy.fl import privacy
+def test_distributed_plan_works_in_a_fresh_interpreter_and_is_sized_by_dim() -> None:
+    # D1: the distributed plan used to exist only after fedprivacy.fl.secure had been imported, and
+    # (D3) was sized from the configured model rather than the weights the run uses.
+    import subprocess
+    import sys
 
-    def planner(cfg: RunConfig, *, population: int, denominator: float) -> privacy.PrivacyPlan:
-        return privacy.PrivacyPlan(
-            mode="distributed", population=population, denominator=denominator, clip_norm=cfg.clip_norm,
-            noise_multiplier=cfg.noise_multiplier, calibrated=False, central_noise_std=0.0,
-            local_noise_std=0.0, unit="user", neighbouring="add-remove", sampling_description="x",
-            event=None, target_delta=cfg.target_delta, target_epsilon=0.0, mechanism="discrete Gaussian")
+    code = ("from fedprivacy.config import RunConfig\n"
+            "from fedprivacy.fl.modes import plan_privacy\n"
+            "cfg = RunConfig(privacy='distributed', secagg=True, accountant='rdp', target_delta=1e-3)\n"
+            "p = plan_privacy(cfg, population=10, dim=100)\n"
+            "import sys; print(p.mode, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["distributed", "False"]  # planned, without loading torch
 
-    monkeypatch.setitem(privacy._PLANNERS, "distributed", planner)
-    plan = plan_privacy(RunConfig(privacy="distributed", secagg=True, sample_rate=0.5, accountant="rdp"),
-                        population=20)
-    assert plan.mode == "distributed" and plan.denominator == 10.0
+
+def test_the_distributed_worst_case_depends_on_the_dimension() -> None:
+    from fedprivacy.accounting.accountant import Accountant
+
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", target_delta=1e-3)
+    eps = []
+    for dim in (10, 100_000):
+        acc = Accountant(backend="rdp")
+        acc.spend(plan_privacy(cfg, population=10, dim=dim).event)
+        eps.append(acc.epsilon(delta=1e-3))
+    assert eps[0] != eps[1]  # rounding enlarges the sensitivity by a dim-dependent amount
+
+
+def test_a_registered_mode_is_accepted_by_the_config_and_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedprivacy.fl import modes
+    from fedprivacy.fl.modes.plain import CentralMode
+
+    class Renamed(CentralMode):
+        name = "central-copy"
+
+    monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
+    modes.register_mode(Renamed())
+    cfg = RunConfig(privacy="central-copy", sample_rate=0.5, accountant="rdp")
+    plan = plan_privacy(cfg, population=20)
+    assert plan.mode == "central-copy" and plan.denominator == 10.0
     with pytest.raises(ValueError, match="built in"):
-        privacy.register_plan("central", planner)
+        modes.register_mode(CentralMode())
+    with pytest.raises(ValueError, match="privacy must be one of"):
+        RunConfig(privacy="nonexistent")

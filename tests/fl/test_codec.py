@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from fedprivacy.fl.aggregation import ClientUpdate
-from fedprivacy.fl.client import RoundInstructions
+from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from server import codec
 from server.inprocess import _TaskIdentityScope
 

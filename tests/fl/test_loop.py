@@ -16,10 +16,10 @@ import pytest
 from fedprivacy.accounting import Neighbouring, NoSampling, epsilon_for
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.fl.aggregation import ClientUpdate
 from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
-from fedprivacy.fl.loop import ModelHooks, run_federated
+from fedprivacy.fl.run import run_federated
+from fedprivacy.fl.types import ClientUpdate, ModelHooks
 
 N = 12
 TARGETS = [RandomSource.seeded(100).child(p).normal(std=1.0, size=6) for p in range(N)]

@@ -22,10 +22,8 @@ import torch
 from fedprivacy.accounting.accountant import Accountant
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
-from fedprivacy.fl.aggregation import ClientUpdate
 from fedprivacy.fl.checkpoint import load_checkpoint
-from fedprivacy.fl.client import RoundInstructions
-from fedprivacy.fl.privacy import plan_privacy
+from fedprivacy.fl.modes import plan_privacy
 from fedprivacy.fl.secure import (
     EncodingSpec,
     ExportedSessionStore,
@@ -38,6 +36,7 @@ from fedprivacy.fl.secure import (
     make_encoding,
     secagg_parameters,
 )
+from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from fedprivacy.secagg.protocol import SetupRequest
 from server.inprocess import run_inprocess
 from server.inprocess_faults import FaultPlan, FaultRule
@@ -121,7 +120,7 @@ def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stag
     enc = make_encoding(cfg, population=10, dim=ref.size, threshold=rnd.threshold)
     bound = len(survivors) / enc.scale + 1e-6 * 10  # quantisation + float32 storage of the mean
     assert np.max(np.abs(got - ref)) <= bound
-    assert outcome.info["secagg_survivors"] == 7 and outcome.info["secagg_exchanges"] == 4
+    assert outcome.secagg.survivors == 7 and outcome.secagg.exchanges == 4
     # the unmask stage deletes the secrets from the state of every node that completed it
     states = rnd.transport.states  # type: ignore[attr-defined]
     assert all("secagg-session" not in states[pid] for pid in (0, 5, 6, 7, 8, 9))
@@ -159,8 +158,8 @@ def test_distributed_round_accounts_the_survivors_noise() -> None:
     enc = make_encoding(cfg, population=8, dim=100, threshold=5)
     ddp = enc.ddp()
     rho_ref = ddp.norm_bound**2 / (2 * 7 * ddp.local_sigma**2)
-    assert outcome.info["secagg_survivors"] == 7
-    assert outcome.info["rho"] == pytest.approx(rho_ref, rel=1e-6)
+    assert outcome.secagg.survivors == 7
+    assert outcome.secagg.rho == pytest.approx(rho_ref, rel=1e-6)
     assert outcome.aggregate.noise_std == pytest.approx(math.sqrt(7 / 5) * 0.8 * 1.0, rel=1e-9)
     # the released sum is the survivors' clipped sum plus noise of that std (100 coordinates)
     got = outcome.aggregate.mean_update[0].astype(np.float64) * 8
@@ -172,7 +171,7 @@ def test_distributed_round_accounts_the_survivors_noise() -> None:
 def test_the_plan_budgets_for_the_worst_case_of_t_survivors() -> None:
     cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", noise_multiplier=1.0,
                     target_delta=1e-3, model="mlp")
-    plan = plan_privacy(cfg, population=10)
+    plan = plan_privacy(cfg, population=10, dim=64 * 32 + 32 + 32 * 10 + 10)  # digits MLP, 32 hidden
     t, k = secagg_parameters(cfg, population=10)
     worst = Accountant(backend="rdp")
     worst.spend(plan.event)

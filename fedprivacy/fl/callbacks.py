@@ -1,0 +1,87 @@
+"""What a run does besides training, as callbacks: console lines, checkpoints, output files.
+
+:class:`fedprivacy.fl.run.FederatedRun` calls every callback's ``on_run_start`` after it has set up
+(plan, accountant, weights), ``on_round_end`` after each round's record exists (its privacy already
+charged), and ``on_run_end`` with the :class:`fedprivacy.fl.run.RunResult`. Order matters and is the
+list's: the default (:func:`default_callbacks`) checkpoints a round before it prints it, and writes
+the outputs before it prints where they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedprivacy.fl.run import FederatedRun, RunResult
+    from fedprivacy.fl.types import RoundRecord
+
+__all__ = ["CheckpointCallback", "ConsoleCallback", "OutputsCallback", "RunCallback", "default_callbacks"]
+
+
+class RunCallback:
+    """Base class: every hook does nothing."""
+
+    def on_run_start(self, run: FederatedRun) -> None:
+        """After set-up, before round 1 (or the first resumed round)."""
+
+    def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
+        """After a round: its release is charged, the model updated, the record complete."""
+
+    def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
+        """After the last round (or the budget stop)."""
+
+
+def _fmt_eps(eps: float | None) -> str:
+    return "n/a (no DP)" if eps is None else f"{eps:.3f}"
+
+
+class ConsoleCallback(RunCallback):
+    """One line per round and a closing line, to ``log``."""
+
+    def __init__(self, log: Callable[[str], None] = print) -> None:
+        self.log = log
+
+    def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
+        sample_level = ""
+        if record.dpsgd is not None and record.dpsgd.epsilon is not None:
+            sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
+        self.log(f"round {record.round:3d}/{run.cfg.num_server_rounds}  accuracy {record.test_accuracy:.4f}  "
+                 f"loss {record.test_loss:.4f}  ε {_fmt_eps(record.epsilon)}  clients "
+                 f"{record.clients_aggregated}/{record.clients_sampled}  {record.seconds:.2f}s{sample_level}")
+
+    def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
+        acc = result.records[-1].test_accuracy if result.records else float("nan")
+        where = run.run_dir / "results.json" if run.run_dir is not None else "memory (no run folder)"
+        self.log(f"done: {len(result.records)} rounds, accuracy {acc:.4f}, "
+                 f"ε {_fmt_eps(result.results['privacy'].get('epsilon'))}; results in {where}")
+
+
+class CheckpointCallback(RunCallback):
+    """After every round, the model, the ledger and the records, atomically (``<run dir>/checkpoint``)."""
+
+    def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
+        from fedprivacy.fl.checkpoint import save_checkpoint
+
+        if run.run_dir is None:
+            raise ValueError("CheckpointCallback needs a run with a run_dir")
+        save_checkpoint(run.run_dir / "checkpoint", round=record.round, weights=run.weights,
+                        accountant=run.accountant, rows=[r.to_json() for r in run.records],
+                        config=run.cfg.to_mapping(), extra=run.checkpoint_extra() or None)
+
+
+class OutputsCallback(RunCallback):
+    """At the end: results.json, rounds.csv, privacy_report.md and the plot (``<run dir>/``)."""
+
+    def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
+        from fedprivacy.fl.outputs import write_outputs
+        from fedprivacy.report import privacy_report_md
+
+        if run.run_dir is None:
+            raise ValueError("OutputsCallback needs a run with a run_dir")
+        write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results))
+
+
+def default_callbacks(log: Callable[[str], None] = print) -> list[RunCallback]:
+    """Checkpoint, then outputs, then the console (the order the hooks run in)."""
+    return [CheckpointCallback(), OutputsCallback(), ConsoleCallback(log)]

@@ -1,0 +1,69 @@
+"""The one registry of privacy modes: plan, round factory and the run's claim, per mode.
+
+``MODES`` is filled here, explicitly, with the built-in modes (``none``, ``central``, ``local``,
+``distributed``); nothing registers itself as an import side effect. The config's ``privacy`` key is
+checked against it, and :func:`plan_privacy` looks the mode up in it. A research prototype either
+passes its mode object straight to :class:`fedprivacy.fl.run.FederatedRun` (``mode=MyMode()``) or
+calls :func:`register_mode` so that ``privacy = "<name>"`` selects it from a run config.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedprivacy.fl.modes.base import PrivacyMode, Transport, plain_round, privacy_block
+from fedprivacy.fl.modes.distributed import DistributedMode
+from fedprivacy.fl.modes.plain import CentralMode, LocalMode, NoneMode
+from fedprivacy.fl.privacy import PrivacyPlan, check_population
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+
+__all__ = ["MODES", "PrivacyMode", "Transport", "get_mode", "mode_names", "plain_round", "plan_privacy",
+           "privacy_block", "register_mode"]
+
+MODES: dict[str, PrivacyMode] = {m.name: m for m in (NoneMode(), CentralMode(), LocalMode(), DistributedMode())}
+_BUILT_IN = frozenset(MODES)
+
+
+def register_mode(mode: PrivacyMode) -> None:
+    """Make ``privacy = mode.name`` select ``mode`` (the built-in modes cannot be replaced)."""
+    name = getattr(mode, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"mode.name must be a non-empty string, got {name!r}")
+    if name in _BUILT_IN:
+        raise ValueError(f"privacy mode {name!r} is built in and cannot be replaced")
+    for method in ("plan", "round_fn", "summary"):
+        if not callable(getattr(mode, method, None)):
+            raise TypeError(f"a privacy mode needs a {method}() method; {type(mode).__name__} has none")
+    MODES[name] = mode
+
+
+def mode_names() -> tuple[str, ...]:
+    return tuple(MODES)
+
+
+def get_mode(name: str) -> PrivacyMode:
+    """The registered mode ``name``; ValueError naming the ``privacy`` key otherwise."""
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"privacy must be one of {', '.join(MODES)}; got {name!r}") from None
+
+
+def plan_privacy(cfg: RunConfig, *, population: int, dim: int | None = None,
+                 mode: PrivacyMode | None = None) -> PrivacyPlan:
+    """Resolve the privacy plan of ``cfg.privacy`` (or of ``mode``) for ``population`` clients.
+
+    Args:
+        cfg: the validated run config.
+        population: number of partitions N.
+        dim: number of model parameters the clients send (needed by ``distributed``: its encoding
+            scale and worst-case event are sized from the weights the run really uses).
+        mode: a :class:`PrivacyMode` object; default: the registered one named ``cfg.privacy``.
+
+    Raises:
+        ValueError: naming the run-config key that cannot be honoured.
+    """
+    check_population(cfg, population=population)
+    return (mode or get_mode(cfg.privacy)).plan(cfg, population=population, dim=dim)

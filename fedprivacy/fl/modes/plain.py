@@ -1,0 +1,142 @@
+"""The privacy modes whose server sees the (clipped) updates or a plain sum: ``none``, ``central``,
+``local``.
+
+* ``central`` (trusted server, DP-FedAvg; McMahan et al. 2018, Alg. 1): the server adds N(0, (σC)²) to
+  the sum of clipped updates. Unit: user (one client's whole data set). Event per round:
+  ``Gaussian(z=σ)`` under the sampling that ran: Poisson(q) with amplification under add-remove, or a
+  fixed cohort of m of N (without replacement, replace-one only).
+* ``local`` (untrusted server): each participating client adds N(0, (σC)²) to its own clipped update.
+  The server sees who took part, so there is *no* amplification by sampling, and the worst-case client
+  takes part every round. Any two clipped inputs are ≤ 2C apart, so the claim is about replace-one
+  adjacency of one client's input: ``Gaussian(z=σ)`` composed once per round, replace-one.
+* ``none``: nothing is accounted; ε is reported as ``null``. With ``secagg = true`` the server sees only
+  the fixed-point sum (:class:`fedprivacy.fl.secure.SecureRound`).
+
+Calibration: with ``target-epsilon > 0`` and ``noise-multiplier = 0`` the smallest σ with
+ε(σ, sampling, T rounds, δ) ≤ target is found by :func:`fedprivacy.accounting.calibration.
+calibrate_noise_multiplier` (never overshoots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
+from fedprivacy.fl.modes.base import (
+    Transport,
+    exchange_of,
+    plain_round,
+    privacy_block,
+    secure_round,
+)
+from fedprivacy.fl.privacy import (
+    PrivacyPlan,
+    denominator_of,
+    neighbouring_of,
+    sampling_description,
+    sampling_object,
+)
+from fedprivacy.fl.types import RoundFn, RoundRecord
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.config import RunConfig
+    from fedprivacy.dp.rng import RandomSource
+
+__all__ = ["CentralMode", "LocalMode", "NoneMode"]
+
+
+class NoneMode:
+    """No differential privacy: updates clipped (``clip-norm > 0``) and averaged; nothing accounted."""
+
+    name = "none"
+
+    def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
+        return PrivacyPlan(mode="none", population=population,
+                           denominator=denominator_of(cfg, population=population),
+                           clip_norm=cfg.clip_norm, noise_multiplier=0.0, calibrated=False,
+                           central_noise_std=0.0, local_noise_std=0.0, unit="none",
+                           neighbouring=cfg.neighbouring,
+                           sampling_description=sampling_description(cfg, population=population),
+                           event=None, target_delta=cfg.target_delta, target_epsilon=0.0)
+
+    def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
+                 aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        if cfg.secagg:
+            return secure_round(cfg, plan, transport, aggregator=aggregator, log=log)
+        agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm, noise_std=0.0)
+        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
+
+    def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
+                accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
+        return privacy_block(cfg, plan, accountant, rng)
+
+
+class _GaussianMode:
+    """``Gaussian(z=σ)`` once per round on clipped updates; where the noise goes is the subclass's."""
+
+    name = ""
+    mechanism = ""
+
+    def _sigma(self, cfg: RunConfig, population: int) -> tuple[float, bool]:
+        """σ as configured, or calibrated to the target (then ``True``)."""
+        if cfg.noise_multiplier > 0:
+            return cfg.noise_multiplier, False
+        from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+        from fedprivacy.accounting.events import Neighbouring
+
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
+            sampling=sampling_object(cfg, population), steps=cfg.num_server_rounds,
+            backend=cfg.accountant, neighbouring=Neighbouring.parse(neighbouring_of(cfg)))
+        return float(sigma), True
+
+    def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
+        from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
+
+        sigma, calibrated = self._sigma(cfg, population)
+        event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=sigma),
+                             sampling=sampling_object(cfg, population), count=1)
+        desc = sampling_description(cfg, population=population)
+        if self.name == "local":
+            desc += "; local DP: no amplification (the server sees who takes part)"
+        std = sigma * cfg.clip_norm
+        return PrivacyPlan(
+            mode=self.name, population=population, denominator=denominator_of(cfg, population=population),
+            clip_norm=cfg.clip_norm, noise_multiplier=sigma, calibrated=calibrated,
+            central_noise_std=std if self.name == "central" else 0.0,
+            local_noise_std=std if self.name == "local" else 0.0,
+            unit="user (all data of one client)",
+            neighbouring=Neighbouring.parse(neighbouring_of(cfg)).value, sampling_description=desc,
+            event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
+            mechanism=self.mechanism)
+
+    def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
+                accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
+        return privacy_block(cfg, plan, accountant, rng)
+
+
+class CentralMode(_GaussianMode):
+    """A trusted server adds N(0, (σC)²) to the sum of the clipped updates it re-clipped."""
+
+    name = "central"
+    mechanism = "Gaussian on the sum of clipped updates (server-side noise)"
+
+    def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
+                 aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm,
+                                            noise_std=plan.noise_multiplier * cfg.clip_norm)
+        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
+
+
+class LocalMode(_GaussianMode):
+    """Each client adds N(0, (σC)²) to its own clipped update; the server sums what arrives."""
+
+    name = "local"
+    mechanism = "Gaussian on each clipped update (client-side noise)"
+
+    def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
+                 aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        agg = aggregator or PlainAggregator(clip_norm=0.0, noise_std=0.0)
+        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)

@@ -1,0 +1,450 @@
+"""The DP-FedAvg run, transport-free: :class:`FederatedRun` and its seams.
+
+The Flower ServerApp (``server/loop.py``) supplies only the transport; the same run works under
+Flower's simulation, the Deployment Engine, the in-process engine or plain functions in a test or a
+notebook. Seams, each an object that can be swapped:
+
+* ``mode`` (:class:`fedprivacy.fl.modes.PrivacyMode`): the plan, the round function, the claim;
+* ``aggregator`` (:class:`fedprivacy.fl.aggregation.Aggregator`): the aggregation rule of plain rounds;
+* ``server_optimizer`` (:class:`fedprivacy.fl.server_opt.ServerOptimizer`): FedAvg's ``w + Δ̄`` by default;
+* ``hooks`` (:class:`fedprivacy.fl.types.ModelHooks`): model init and central evaluation;
+* ``callbacks`` (:mod:`fedprivacy.fl.callbacks`): console lines, checkpoints, output files.
+
+Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placement of the mode):
+
+1. budget check *before* any release: if the round's event would overspend ``(target-epsilon,
+   target-delta)``, stop cleanly and say so;
+2. sample partition ids with ``RandomSource(...).child("server", r)`` exactly as the plan reports;
+3. run the round (clients train, clip, maybe noise; the aggregate is summed, maybe noised, divided by
+   the fixed denominator);
+4. :meth:`FederatedRun.charge_before_release`: spend the event that really ran (``RoundOutcome.event``
+   overrides the plan, e.g. distributed DP with the survivors' noise) before the aggregate is applied
+   or shown to anyone;
+5. the server optimizer updates the global model; central evaluation; the round's record;
+6. callbacks (checkpoint, console line).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedprivacy.fl.aggregation import Aggregator
+from fedprivacy.fl.callbacks import RunCallback, default_callbacks
+from fedprivacy.fl.modes import PrivacyMode, Transport, get_mode, plan_privacy
+from fedprivacy.fl.privacy import PrivacyPlan, make_accountant
+from fedprivacy.fl.sampling import fixed_cohort_sample, poisson_sample
+from fedprivacy.fl.server_opt import FedAvg, ServerOptimizer
+from fedprivacy.fl.types import (
+    ClientUpdate,
+    DpsgdRoundInfo,
+    Exchange,
+    ModelHooks,
+    RoundFn,
+    RoundInstructions,
+    RoundOutcome,
+    RoundRecord,
+)
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.config import RunConfig
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.checkpoint import Checkpoint
+
+__all__ = ["RESUMABLE_CHANGES", "FederatedRun", "RunResult", "resolve_run_dir", "run_federated"]
+
+# Config keys that may differ between a run and its resumption.
+RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What a run produced.
+
+    Attributes:
+        status: ``completed`` or ``budget-exhausted``.
+        stopped: why the run stopped early, else None.
+        weights: the final global weights.
+        accountant: the run's user-level accountant (None without DP).
+        records: one :class:`RoundRecord` per completed round.
+        plan: the privacy plan.
+        results: the ``results.json`` content (what :class:`fedprivacy.fl.callbacks.OutputsCallback` writes).
+    """
+
+    status: str
+    stopped: str | None
+    weights: tuple[np.ndarray, ...]
+    accountant: Accountant | None
+    records: tuple[RoundRecord, ...]
+    plan: PrivacyPlan
+    results: dict[str, Any]
+
+
+def root_source(cfg: RunConfig) -> RandomSource:
+    from fedprivacy.dp.rng import RandomSource
+
+    return RandomSource.seeded(cfg.seed) if cfg.seeded else RandomSource.secure()
+
+
+def sample_cohort(cfg: RunConfig, population: Sequence[int], rng: RandomSource) -> list[int]:
+    if cfg.sampling == "fixed":
+        return fixed_cohort_sample(population, cohort_size=cfg.cohort_size, rng=rng)
+    return poisson_sample(population, sample_rate=cfg.sample_rate, rng=rng)
+
+
+def resolve_run_dir(cfg: RunConfig) -> Path:
+    """``<output-dir>/<run-name>``, or a fresh timestamped folder when ``run-name`` is empty."""
+    base = Path(cfg.output_dir)
+    if cfg.run_name:
+        return base / cfg.run_name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, i = base / stamp, 1
+    while candidate.exists():
+        candidate, i = base / f"{stamp}-{i}", i + 1
+    return candidate
+
+
+class _DpsgdLedger:
+    """Per-client sample-level accountants for DP-SGD (unit: one training example)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.accountants: dict[int, Accountant] = {}
+
+    def spend(self, pid: int, *, steps: int, rate: float, round: int) -> None:
+        from fedprivacy.accounting.accountant import Accountant
+        from fedprivacy.accounting.events import GaussianEvent, PoissonSampling, PrivacyEvent
+
+        if steps < 1 or not 0 < rate <= 1:
+            return
+        acc = self.accountants.get(pid)
+        if acc is None:
+            acc = self.accountants[pid] = Accountant(backend=self.cfg.accountant, unit="example")
+        event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
+                             sampling=PoissonSampling(rate=rate), count=steps)
+        acc.spend(event, round=round)
+
+    def spend_round(self, updates: Sequence[ClientUpdate], in_sum: set[int], *, round: int) -> None:
+        for u in updates:
+            if u.partition_id in in_sum and "dpsgd_steps" in u.metrics:
+                self.spend(u.partition_id, steps=int(u.metrics["dpsgd_steps"]),
+                           rate=float(u.metrics.get("dpsgd_sample_rate", 0.0)), round=round)
+
+    def epsilon(self) -> float | None:
+        if not self.accountants:
+            return None
+        return max(a.epsilon(delta=self.cfg.target_delta) for a in self.accountants.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {str(k): v.to_json() for k, v in self.accountants.items()}
+
+    def load(self, data: dict[str, Any]) -> None:
+        from fedprivacy.accounting.accountant import Accountant
+
+        self.accountants = {int(k): Accountant.from_json(v) for k, v in data.items()}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "unit": "example (one training example of one client), per client, worst client",
+            "epsilon": self.epsilon(), "delta": cfg.target_delta,
+            "noise_multiplier": cfg.dpsgd_noise_multiplier, "max_grad_norm": cfg.dpsgd_max_grad_norm,
+            "accountant": cfg.accountant,
+            "note": ("Composed over every round the client took part in, Poisson sampling at the "
+                     "client's DP-SGD rate; only disclosed in modes none/central."),
+        }
+
+
+class FederatedRun:
+    """One federated training run, stepped round by round (or all at once with :meth:`run`).
+
+    Args:
+        cfg: the validated run config.
+        population: number of partitions N; partition ids are ``0..N-1``.
+        transport: how the server reaches the clients (the mode builds its round function on it).
+        exchange: shorthand for ``transport=Transport(exchange=exchange)``.
+        round_fn: a whole round function (overrides the mode's; the mode still plans and reports).
+        hooks: model init and central evaluation (default: the configured model and data).
+        mode: the privacy mode object (default: the registered mode named ``cfg.privacy``).
+        aggregator: the aggregation rule of plain rounds (default: the mode's).
+        server_optimizer: the global update (default: :class:`fedprivacy.fl.server_opt.FedAvg`).
+        callbacks: default :func:`fedprivacy.fl.callbacks.default_callbacks` (console, checkpoint,
+            outputs); ``[]`` for a run that writes nothing.
+        run_dir: the run folder (checkpoints, outputs, resumption); None: no folder.
+        log: where the run's own lines go (start, resumption, left-out clients, stops).
+    """
+
+    def __init__(self, cfg: RunConfig, *, population: int, transport: Transport | None = None,
+                 exchange: Exchange | None = None, round_fn: RoundFn | None = None,
+                 hooks: ModelHooks | None = None, mode: PrivacyMode | None = None,
+                 aggregator: Aggregator | None = None, server_optimizer: ServerOptimizer | None = None,
+                 callbacks: Sequence[RunCallback] | None = None, run_dir: Path | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        if transport is None and exchange is not None:
+            transport = Transport(exchange=exchange)
+        if transport is None and round_fn is None:
+            raise ValueError("give a transport (or an exchange) or a round_fn")
+        self.cfg, self.population, self.log, self.run_dir = cfg, population, log, run_dir
+        self.mode = mode or get_mode(cfg.privacy)
+        self.hooks = hooks
+        self.aggregator = aggregator
+        self.server_optimizer = server_optimizer or FedAvg()
+        self.callbacks = list(callbacks) if callbacks is not None else default_callbacks(log)
+        self.root = root_source(cfg)
+        self.dpsgd = _DpsgdLedger(cfg) if cfg.dpsgd else None
+        self._transport, self._round_fn = transport, round_fn
+        self.plan: PrivacyPlan | None = None
+        self.accountant: Accountant | None = None
+        self.weights: list[np.ndarray] = []
+        self.records: list[RoundRecord] = []
+        self.next_round = 1
+        self.status = "pending"
+        self.stopped: str | None = None
+        self._started = 0.0
+
+    # ------------------------------------------------------------------ set-up
+    def start(self) -> None:
+        """Initialise (or resume from the run folder's checkpoint), plan, and build the round."""
+        cfg = self.cfg
+        self._started = time.perf_counter()
+        if self.hooks is None:
+            from fedprivacy.fl.task import default_hooks
+
+            self.hooks = default_hooks(cfg, population=self.population)
+        ckpt = self._checkpoint()
+        if ckpt is None:
+            init_seed = int(self.root.child("server", "init").integers(0, 2**31 - 1))
+            self.weights = [np.asarray(w) for w in self.hooks.init(init_seed)]
+        dim = int(sum(np.size(w) for w in (ckpt.weights if ckpt else self.weights)))
+        self.plan = plan = plan_privacy(cfg, population=self.population, dim=dim, mode=self.mode)
+        if self._round_fn is None:
+            assert self._transport is not None  # checked in __init__
+            self._round_fn = self.mode.round_fn(cfg, plan, self._transport, aggregator=self.aggregator,
+                                                log=self.log)
+        if ckpt is not None:
+            self._resume(ckpt)
+        else:
+            self.accountant = make_accountant(cfg, plan)
+        self.log(f"fedprivacy: {self.population} clients, {cfg.num_server_rounds} rounds, "
+                 f"dataset={cfg.dataset}, model={cfg.model}, output={self.run_dir}")
+        self.log(plan.describe())
+        self.log(f"randomness: {self.root.describe()}")
+        self.status = "running"
+        for cb in self.callbacks:
+            cb.on_run_start(self)
+
+    def _checkpoint(self) -> Checkpoint | None:
+        """The run folder's checkpoint, if any (refused unless ``resume = true`` and the same config)."""
+        from fedprivacy.fl.checkpoint import load_checkpoint
+
+        if self.run_dir is None or not (self.run_dir / "checkpoint").exists():
+            return None
+        ckpt = load_checkpoint(self.run_dir / "checkpoint")
+        if ckpt is not None and not self.cfg.resume:
+            raise ValueError(
+                f"run-name {self.cfg.run_name!r}: {self.run_dir} already holds a run; set resume=true to "
+                "continue it or choose another run-name")
+        if ckpt is not None:
+            _check_resume_config(ckpt.config, self.cfg)
+        return ckpt
+
+    def _resume(self, ckpt: Checkpoint) -> None:
+        self.weights = [np.asarray(w) for w in ckpt.weights]
+        self.records = [RoundRecord.from_json(r) for r in ckpt.rows]
+        self.next_round = ckpt.round + 1
+        assert self.plan is not None
+        if self.plan.event is not None:
+            from fedprivacy.accounting.accountant import Accountant
+
+            if ckpt.ledger_path is None:
+                raise ValueError(f"checkpoint in {self.run_dir}/checkpoint has no privacy ledger")
+            self.accountant = Accountant.load(ckpt.ledger_path)
+        if self.dpsgd is not None:
+            self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
+        self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
+        self.log(f"resuming {self.run_dir} after round {ckpt.round}")
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """State beyond weights and ledger that a resumed run needs (DP-SGD ledgers, optimizer)."""
+        extra: dict[str, Any] = {}
+        if self.dpsgd is not None:
+            extra["dpsgd"] = self.dpsgd.to_json()
+        state = self.server_optimizer.state_dict()
+        if state:
+            extra["server_optimizer"] = state
+        return extra
+
+    # ------------------------------------------------------------------ rounds
+    def step(self) -> RoundRecord | None:
+        """Run the next round; its record, or None when the run is over (done or stopped)."""
+        if self.status == "pending":
+            self.start()
+        rnd = self.next_round
+        if self.status != "running" or rnd > self.cfg.num_server_rounds:
+            return None
+        t0 = time.perf_counter()
+        if self._budget_stops(rnd):
+            return None
+        rng = self.root.child("server", rnd)
+        cohort = sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling"))
+        assert self._round_fn is not None
+        outcome = self._round_fn(self._instructions(rnd), cohort, self.weights, rng.child("aggregate"))
+        if not self.charge_before_release(rnd, outcome):
+            return None
+        self.weights = self.server_optimizer.step(self.weights, outcome.aggregate.mean_update)
+        record = self._record(rnd, cohort, outcome, t0)
+        self.records.append(record)
+        self.next_round = rnd + 1
+        for cb in self.callbacks:
+            cb.on_round_end(self, record)
+        return record
+
+    def _budget_stops(self, rnd: int) -> bool:
+        """Stop before a round whose worst-case event would overspend the budget."""
+        plan, acc = self.plan, self.accountant
+        if acc is None or plan is None or plan.event is None or not acc.would_exceed(plan.event):
+            return False
+        eps_next = acc.epsilon_if(plan.event, delta=self.cfg.target_delta)
+        self._stop(f"stopped before round {rnd}: it would raise ε to {eps_next:.4f} > target-epsilon "
+                   f"{self.cfg.target_epsilon:g} at δ={self.cfg.target_delta:g}")
+        return True
+
+    def _stop(self, reason: str) -> None:
+        self.status, self.stopped = "budget-exhausted", reason
+        self.log(reason)
+
+    def _instructions(self, rnd: int) -> RoundInstructions:
+        cfg, plan, hooks = self.cfg, self.plan, self.hooks
+        assert plan is not None and hooks is not None
+        return RoundInstructions(
+            round=rnd, privacy=cfg.privacy, clip_norm=cfg.clip_norm, local_noise_std=plan.local_noise_std,
+            learning_rate=cfg.learning_rate, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+            num_classes=hooks.num_classes, seed=cfg.seed)
+
+    def charge_before_release(self, rnd: int, outcome: RoundOutcome) -> bool:
+        """Spend the round's privacy cost before its aggregate is applied, saved or shown.
+
+        The one place a release is charged: the event that really ran (``outcome.event``, else the
+        plan's). An aborted round released nothing and is not charged. Returns False when the event
+        exceeds the budget (a round function that reports an event worse than the plan's worst case:
+        the aggregate is discarded, never applied or published). The write-ahead ledger of issue 11
+        (charge on disk first) belongs here, and, for secure rounds, at the point ``SecureRound``
+        marks before its unmask stage.
+        """
+        if outcome.aborted is not None:  # secagg: nothing released, nothing spent, model unchanged
+            self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {outcome.aborted}; nothing "
+                     "released, no ε spent, global model unchanged")
+            return True
+        if self.accountant is None:
+            return True
+        from fedprivacy.accounting.accountant import PrivacyBudgetExhausted
+
+        assert self.plan is not None
+        event = outcome.event if outcome.event is not None else self.plan.event
+        try:
+            self.accountant.spend(event, round=rnd)  # type: ignore[arg-type]
+        except PrivacyBudgetExhausted as exc:
+            self._stop(f"round {rnd} discarded, its event exceeds the budget: {exc}")
+            return False
+        return True
+
+    def _record(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome, t0: float) -> RoundRecord:
+        """Evaluate the new model, log who was left out, book DP-SGD, and build the round's record."""
+        assert self.hooks is not None
+        test_loss, test_acc = self.hooks.evaluate(self.weights)
+        agg = outcome.aggregate
+        for pid, reason in sorted({**outcome.failures, **agg.dropped}.items()):
+            self.log(f"  round {rnd}: client {pid} left out: {reason}")
+        in_sum = set(agg.aggregated)
+        train_loss = _weighted_loss([u for u in outcome.updates if u.partition_id in in_sum])
+        if self.dpsgd is not None:
+            self.dpsgd.spend_round(outcome.updates, in_sum, round=rnd)
+        acc = self.accountant
+        return RoundRecord(
+            round=rnd, clients_sampled=len(cohort), clients_aggregated=len(agg.aggregated),
+            train_loss=train_loss, test_loss=float(test_loss), test_accuracy=float(test_acc),
+            epsilon=acc.epsilon(delta=self.cfg.target_delta) if acc is not None else None,
+            delta=self.cfg.target_delta if acc is not None else None, seconds=time.perf_counter() - t0,
+            dpsgd=DpsgdRoundInfo(epsilon=self.dpsgd.epsilon()) if self.dpsgd is not None else None,
+            secagg=outcome.secagg, aborted=outcome.aborted)
+
+    # ------------------------------------------------------------------ end
+    def finish(self) -> RunResult:
+        """The result (and the callbacks' ``on_run_end``: outputs, closing line)."""
+        if self.status == "running":
+            self.status = "completed"
+        assert self.plan is not None
+        result = RunResult(status=self.status, stopped=self.stopped, weights=tuple(self.weights),
+                           accountant=self.accountant, records=tuple(self.records), plan=self.plan,
+                           results=self._results())
+        for cb in self.callbacks:
+            cb.on_run_end(self, result)
+        return result
+
+    def run(self) -> RunResult:
+        """Every remaining round, then :meth:`finish`."""
+        while self.step() is not None:
+            pass
+        return self.finish()
+
+    def _results(self) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
+        assert plan is not None
+        results: dict[str, Any] = {
+            "run_name": self.run_dir.name if self.run_dir is not None else cfg.run_name,
+            "run_dir": str(self.run_dir) if self.run_dir is not None else None,
+            "status": self.status, "stopped": self.stopped, "population": plan.population,
+            "config": cfg.to_mapping(),
+            "resolved": {"noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated,
+                         "denominator": plan.denominator, "population": plan.population},
+            "rounds": [r.to_json() for r in self.records],
+            "privacy": self.mode.summary(cfg, plan, self.records, accountant=self.accountant,
+                                         rng=self.root),
+            "seconds": time.perf_counter() - self._started,
+        }
+        if self.dpsgd is not None:
+            results["dpsgd"] = self.dpsgd.summary()
+        return results
+
+
+def run_federated(cfg: RunConfig, *, population: int, round_fn: RoundFn | None = None,
+                  exchange: Exchange | None = None, transport: Transport | None = None,
+                  hooks: ModelHooks | None = None, log: Callable[[str], None] = print,
+                  **seams: Any) -> dict[str, Any]:
+    """Run (or resume) the whole training in ``<output-dir>/<run-name>``; returns the results dict.
+
+    A convenience over :class:`FederatedRun` with the default callbacks (checkpoint, outputs, console);
+    ``seams`` are the other :class:`FederatedRun` arguments (``mode``, ``aggregator``,
+    ``server_optimizer``, ``callbacks``).
+    """
+    run = FederatedRun(cfg, population=population, round_fn=round_fn, exchange=exchange,
+                       transport=transport, hooks=hooks, log=log, run_dir=resolve_run_dir(cfg), **seams)
+    return run.run().results
+
+
+def _weighted_loss(updates: Sequence[ClientUpdate]) -> float | None:
+    pairs = [(u.train_loss, u.num_examples or 1) for u in updates
+             if u.train_loss is not None and math.isfinite(u.train_loss)]
+    if not pairs:
+        return None
+    total = sum(n for _, n in pairs)
+    return float(sum(loss * n for loss, n in pairs) / total)
+
+
+def _check_resume_config(saved: dict[str, Any], cfg: RunConfig) -> None:
+    current = cfg.to_mapping()
+    for key in sorted(set(saved) | set(current)):
+        if key in RESUMABLE_CHANGES:
+            continue
+        if saved.get(key) != current.get(key):
+            raise ValueError(
+                f"{key} differs from the checkpointed run ({saved.get(key)!r} != {current.get(key)!r}); "
+                "a resumed run must use the same config"
+            )

@@ -1,0 +1,45 @@
+"""A run config's secure-aggregation parameters: threshold, degree and encoding (wrappers over the
+pure :mod:`fedprivacy.secagg.encoding`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedprivacy.secagg.encoding import EncodingSpec, largest_scale_encoding, round_parameters
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+
+__all__ = ["encoding_kind", "expected_cohort_size", "make_encoding", "secagg_parameters"]
+
+
+def expected_cohort_size(cfg: RunConfig, *, population: int) -> int:
+    """The cohort the round parameters are sized for (``cohort-size`` or ``round(q N)``)."""
+    if cfg.sampling == "fixed":
+        return int(cfg.cohort_size)
+    return max(1, int(round(cfg.sample_rate * population)))
+
+
+def secagg_parameters(cfg: RunConfig, *, population: int) -> tuple[int, int]:
+    """``(threshold t, degree k)`` of the run, sized for the expected cohort ``n``
+    (:func:`fedprivacy.secagg.encoding.round_parameters`)."""
+    n = expected_cohort_size(cfg, population=population)
+    if n < 3:
+        raise ValueError(f"secagg needs an expected cohort of >= 3 clients, got {n} "
+                         f"(population {population}, sampling {cfg.sampling})")
+    return round_parameters(cohort=n, neighbours=cfg.secagg_neighbours, threshold=cfg.secagg_threshold)
+
+
+def encoding_kind(cfg: RunConfig) -> str:
+    """``ddgauss`` for privacy ``distributed``, else ``fixed-point``."""
+    return "ddgauss" if cfg.privacy == "distributed" else "fixed-point"
+
+
+def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
+                  rotation_seed: bytes = b"\x00" * 32) -> EncodingSpec:
+    """The run's encoding: the largest power-of-two scale whose sum over ``population`` cannot wrap
+    (:func:`fedprivacy.secagg.encoding.largest_scale_encoding`)."""
+    return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
+                                  modulus_bits=cfg.secagg_bits, population=population,
+                                  noise_multiplier=cfg.noise_multiplier, threshold=threshold,
+                                  rotation_seed=rotation_seed)

@@ -1,0 +1,282 @@
+"""The server side of a DP-FedAvg round under secure aggregation (``secagg = true``).
+
+The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg.protocol` over any transport
+that implements :class:`SecureTransport` (the Flower Grid in ``server/secagg_exchange.py``, a direct
+function call in tests). Four exchanges per round:
+
+====================  ======================================  =======================================
+exchange              server -> each client                   client -> server
+====================  ======================================  =======================================
+1 ``advertise``       ``SetupRequest``                        ``AdvertiseKeys`` (fresh X25519 keys)
+2 ``share``           ``ShareKeysRequest`` (roster)           ``SharedKeys`` (sealed Shamir shares)
+3 ``masked`` (train)  model, instructions, encoding,          ``MaskedInput``: the client trains, clips,
+                      ``MaskedInputRequest``                  encodes and masks its update
+4 ``unmask``          ``UnmaskRequest`` (survivors, dropped)  ``UnmaskResponse``
+====================  ======================================  =======================================
+
+Stages 2|3 and 3|4 of one round cannot be merged (``docs/SECAGG.md``, "Merging stages"). With full
+participation (``sample-rate = 1`` or a fixed cohort of everyone) the cohort of round r+1 is known
+before round r ends and does not depend on data, so round r+1's stage 1 (``SetupRequest`` ->
+``AdvertiseKeys``: fresh keys, bound to r+1, independent of r) rides on round r's unmask exchange when
+the transport is a :class:`PipelinedTransport`: three exchanges per round after the first
+(``SecureRoundInfo.pipelined``). With client sampling the next cohort is drawn only when r+1 starts,
+so every round takes four exchanges.
+
+Privacy (``distributed``): the round's event is :func:`fedprivacy.accounting.distributed.round_event`
+for the number of clients whose masked input is in the released sum (``ServerSession.u3``), never the
+plan; the budget check before the round uses the worst case, ``t`` survivors. A round that aborts
+(fewer than ``t`` clients at any stage, a disconnected survivor graph, a protocol violation) releases
+nothing, spends nothing and leaves the global model unchanged (``RoundOutcome.aborted``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+from fedprivacy.fl.types import (
+    AggregateResult,
+    ClientUpdate,
+    RoundInstructions,
+    RoundOutcome,
+    SecureRoundInfo,
+)
+from fedprivacy.secagg.encoding import EncodingSpec, round_degree
+from fedprivacy.secagg.protocol import (
+    AdvertiseKeys,
+    MaskedInput,
+    ProtocolViolation,
+    RoundAborted,
+    ServerSession,
+    SetupRequest,
+    SharedKeys,
+    UnmaskResponse,
+)
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.config import RunConfig
+    from fedprivacy.dp.rng import RandomSource
+
+__all__ = ["STAGES", "PipelinedTransport", "SecureRound", "SecureTransport"]
+
+STAGES = ("advertise", "share", "masked", "unmask")
+_REPLY_TYPES = {"advertise": AdvertiseKeys, "share": SharedKeys, "masked": MaskedInput,
+                "unmask": UnmaskResponse}
+Replies = tuple[dict[int, Any], dict[int, str]]
+
+
+class SecureTransport(Protocol):
+    """Sends one stage's requests (partition id -> protocol message) and returns the replies.
+
+    ``stage("masked", ...)`` also carries the model, the round instructions and the encoding; its
+    replies are ``(MaskedInput, ClientUpdate)`` pairs (the ClientUpdate holds only the metadata the
+    privacy mode lets a client disclose, ``delta=()``). Missing or failed replies go to ``failures``.
+    """
+
+    def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
+              weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
+              ) -> Replies: ...
+
+
+@runtime_checkable
+class PipelinedTransport(SecureTransport, Protocol):
+    """A :class:`SecureTransport` that can merge round r's unmask stage with round r+1's advertise."""
+
+    def unmask_and_advertise(self, unmask: Mapping[int, Any], setups: Mapping[int, Any]
+                             ) -> tuple[dict[int, Any], dict[int, str], dict[int, Any], dict[int, str]]: ...
+
+
+class SecureRound:
+    """The secure :data:`fedprivacy.fl.types.RoundFn` (four exchanges per round, three pipelined)."""
+
+    def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
+                 log: Callable[[str], None] = print) -> None:
+        from fedprivacy.fl.sampling import expected_cohort
+
+        if not cfg.secagg:
+            raise ValueError("SecureRound needs secagg=true")
+        if cfg.privacy not in ("none", "distributed"):
+            raise ValueError(f"secagg=true supports privacy 'none' or 'distributed', got {cfg.privacy!r}")
+        self.cfg = cfg
+        self.transport = transport
+        self.population = population
+        self.threshold, self.degree = secagg_parameters(cfg, population=population)
+        self.log = log
+        self._pending: tuple[SetupRequest, tuple[int, ...], dict[int, Any], dict[int, str]] | None = None
+        self.denominator = expected_cohort(sampling=cfg.sampling, population=population,
+                                           sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
+
+    def _next_round_setup(self, instr: RoundInstructions, *, dim: int
+                          ) -> tuple[SetupRequest, tuple[int, ...]] | None:
+        """Round r+1's setup and cohort, when both are known now (else None: no pipelining).
+
+        Only with full participation (``sample-rate = 1``, or a fixed cohort of the whole
+        population): then the next cohort is every partition, independent of any data, as the merging
+        rule in :mod:`fedprivacy.secagg.protocol` requires. The transport must support it.
+        """
+        cfg = self.cfg
+        if instr.round >= cfg.num_server_rounds or not isinstance(self.transport, PipelinedTransport):
+            return None
+        full = ((cfg.sampling == "poisson" and cfg.sample_rate >= 1.0)
+                or (cfg.sampling == "fixed" and cfg.cohort_size == self.population))
+        if not full:
+            return None
+        cohort = tuple(range(self.population))
+        k = round_degree(cohort=len(cohort), degree=self.degree, threshold=self.threshold)
+        setup = SetupRequest(round=instr.round + 1, threshold=self.threshold, degree=k,
+                             modulus_bits=cfg.secagg_bits, dim=dim, min_survivors=self.threshold)
+        return setup, cohort
+
+    def _aborted(self, reason: str, *, like: Sequence[np.ndarray], failures: dict[int, str],
+                 info: SecureRoundInfo) -> RoundOutcome:
+        zero = tuple(np.zeros_like(np.asarray(w)) for w in like)
+        agg = AggregateResult(mean_update=zero, aggregated=(), dropped={}, noise_std=0.0,
+                              denominator=float(self.denominator))
+        return RoundOutcome(aggregate=agg, failures=dict(failures), updates=(), event=None,
+                            aborted=reason, secagg=info)
+
+    def _check(self, name: str, replies: dict[int, Any], failures: dict[int, str], *,
+               round: int) -> dict[int, Any]:
+        """Keep replies of the right type, sender and round; the others count as dropouts.
+
+        (A reply that fails here would otherwise make the server session refuse the whole stage, so one
+        faulty client could abort every round.)
+        """
+        kept = {}
+        for pid, reply in replies.items():
+            msg: Any = reply[0] if name == "masked" else reply
+            if (not isinstance(msg, _REPLY_TYPES[name]) or getattr(msg, "node_id", None) != pid
+                    or getattr(msg, "round", None) != round):
+                failures[pid] = f"secagg {name}: malformed reply (wrong type, sender or round)"
+                continue
+            kept[pid] = reply
+        return kept
+
+    def _stage(self, name: str, requests: Mapping[int, Any], progress: _Progress, *, round: int,
+               **payload: Any) -> dict[int, Any]:
+        replies, f = self.transport.stage(name, requests, **payload)
+        progress.failures.update(f)
+        kept = self._check(name, replies, progress.failures, round=round)
+        progress.exchanges += 1
+        return kept
+
+    def _advertise(self, setup: SetupRequest, cohort: Sequence[int], progress: _Progress) -> dict[int, Any]:
+        """Stage 1, or the keys that already came with the previous round's unmask exchange."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == setup and pending[1] == tuple(cohort):
+            progress.pipelined = True
+            progress.failures.update(pending[3])
+            return self._check("advertise", pending[2], progress.failures, round=setup.round)
+        return self._stage("advertise", {pid: setup for pid in cohort}, progress, round=setup.round)
+
+    def _unmask(self, instr: RoundInstructions, ureqs: Mapping[int, Any], progress: _Progress, *,
+                dim: int) -> dict[int, Any]:
+        """Stage 4, carrying round r+1's stage 1 when the next cohort is already known."""
+        nxt = self._next_round_setup(instr, dim=dim)
+        if nxt is None:
+            return self._stage("unmask", ureqs, progress, round=instr.round)
+        next_setup, next_cohort = nxt
+        transport: Any = self.transport
+        unm, f, adv_next, f_next = transport.unmask_and_advertise(
+            ureqs, {pid: next_setup for pid in next_cohort})
+        self._pending = (next_setup, next_cohort, adv_next, f_next)
+        progress.failures.update(f)
+        kept = self._check("unmask", unm, progress.failures, round=instr.round)
+        progress.exchanges += 1
+        return kept
+
+    def _protocol(self, server: ServerSession, instr: RoundInstructions, cohort: Sequence[int],
+                  weights: Sequence[np.ndarray], enc: EncodingSpec, progress: _Progress
+                  ) -> tuple[np.ndarray, dict[int, ClientUpdate]]:
+        """The four stages; returns the unmasked sum mod 2^b and the metadata the clients disclosed.
+
+        Raises RoundAborted or ProtocolViolation (then the caller releases nothing).
+        """
+        rnd = instr.round
+        adv = self._advertise(server.setup, cohort, progress)
+        roster = server.receive_keys(list(adv.values()))
+        shared = self._stage("share", {pid: roster for pid in roster.node_ids}, progress, round=rnd)
+        mreqs = server.receive_shares(list(shared.values()))
+        masked = self._stage("masked", mreqs, progress, round=rnd, instructions=instr, weights=weights,
+                             encoding=enc)
+        updates = {pid: upd for pid, (_, upd) in masked.items()}
+        ureqs = server.receive_masked([m for m, _ in masked.values()])
+        # accounting (issue 11): the survivors (server.u3) and hence the round's event are known here,
+        # before the unmask requests go out: a write-ahead charge of the release belongs at this point.
+        unm = self._unmask(instr, ureqs, progress, dim=enc.padded_dim)
+        return server.receive_unmask(list(unm.values())), updates
+
+    def _event(self, enc: EncodingSpec, survivors: int, info: SecureRoundInfo
+               ) -> tuple[PrivacyEvent | None, float, SecureRoundInfo]:
+        """The event the survivors' noise gives (distributed), the sum's noise std, the row figures."""
+        from fedprivacy.accounting.distributed import round_event
+
+        if self.cfg.privacy != "distributed":
+            info = dataclasses.replace(info, max_abs_error=enc.max_abs_error(num_clients=survivors),
+                                       noise_std_sum=0.0)
+            return None, 0.0, info
+        dr = enc.ddp().privacy(num_survivors=survivors, neighbouring=self.cfg.neighbouring)
+        noise_std = dr.total_sigma / enc.scale
+        return round_event(dr), noise_std, dataclasses.replace(info, rho=dr.rho, noise_std_sum=noise_std)
+
+    def __call__(self, instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
+                 rng: RandomSource) -> RoundOutcome:
+        cfg = self.cfg
+        n, t = len(cohort), self.threshold
+        progress = _Progress(threshold=t)
+        if n < t:
+            return self._aborted(f"cohort of {n} is below the secagg threshold {t}", like=weights,
+                                 failures=progress.failures, info=progress.info())
+        progress.degree = round_degree(cohort=n, degree=self.degree, threshold=t)
+        enc = make_encoding(cfg, population=self.population, dim=int(sum(np.size(w) for w in weights)),
+                            threshold=t, rotation_seed=rng.child("rotation").random_bytes(32))
+        server = ServerSession(SetupRequest(round=instr.round, threshold=t, degree=progress.degree,
+                                            modulus_bits=cfg.secagg_bits, dim=enc.padded_dim,
+                                            min_survivors=t))
+        try:
+            total, updates = self._protocol(server, instr, cohort, weights, enc, progress)
+        except (RoundAborted, ProtocolViolation) as exc:
+            return self._aborted(f"secure aggregation aborted: {exc}", like=weights,
+                                 failures=progress.failures, info=progress.info())
+        return self._released(instr, weights, enc, total, updates, survivors=tuple(sorted(server.u3)),
+                              progress=progress)
+
+    def _released(self, instr: RoundInstructions, weights: Sequence[np.ndarray], enc: EncodingSpec,
+                  total: np.ndarray, updates: Mapping[int, ClientUpdate], *, survivors: tuple[int, ...],
+                  progress: _Progress) -> RoundOutcome:
+        """Decode the survivors' sum into the mean update; the outcome with the event that ran."""
+        from fedprivacy.dp.clipping import unflatten
+
+        mean = unflatten(enc.decode(total) / self.denominator, weights)
+        mean_update = tuple(np.asarray(m).astype(np.asarray(w).dtype) for m, w in zip(mean, weights, strict=True))
+        info = dataclasses.replace(progress.info(), survivors=len(survivors))
+        event, noise_std, info = self._event(enc, len(survivors), info)
+        failures = progress.failures
+        for pid, reason in failures.items():  # in the sum; dropped out only at the unmask stage
+            if pid in survivors:
+                self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
+        agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
+                              denominator=float(self.denominator))
+        kept = tuple(updates[p] for p in survivors if p in updates)
+        dropped = {pid: reason for pid, reason in failures.items() if pid not in survivors}
+        return RoundOutcome(aggregate=agg, failures=dropped, updates=kept, event=event, secagg=info)
+
+
+@dataclasses.dataclass(slots=True)
+class _Progress:
+    """What one secure round has done so far (mutable, local to one call)."""
+
+    threshold: int
+    exchanges: int = 0
+    degree: int | None = None
+    pipelined: bool = False
+    failures: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def info(self) -> SecureRoundInfo:
+        return SecureRoundInfo(threshold=self.threshold, exchanges=self.exchanges, degree=self.degree,
+                               pipelined=self.pipelined)

@@ -1,0 +1,277 @@
+"""The contracts of a federated round: a leaf module (numpy only; privacy types for annotations).
+
+Everything the parts of :mod:`fedprivacy.fl` hand each other is defined here, so that none of them
+imports another for a type:
+
+* :class:`RoundInstructions`: what the server tells a sampled client (travels as a flat record);
+* :class:`ClientUpdate`: one client's reply (Δ and the metadata its privacy mode lets it disclose);
+* :class:`AggregateResult`: the released mean update of a round and who is in it;
+* :class:`RoundOutcome`: what one round produced, including the privacy event that really ran;
+* :class:`SecureRoundInfo`, :class:`DpsgdRoundInfo` and :class:`RoundRecord`: the typed row of
+  ``results.json["rounds"]`` (:meth:`RoundRecord.to_json` gives exactly the published keys);
+* :class:`ModelHooks`: the ML operations the run needs (init, central evaluation);
+* ``Exchange`` and ``RoundFn``: the transport seams (one exchange of train messages; a whole round).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.dp.rng import RandomSource
+
+__all__ = [
+    "AggregateResult",
+    "ClientUpdate",
+    "DpsgdRoundInfo",
+    "Exchange",
+    "ModelHooks",
+    "RoundFn",
+    "RoundInstructions",
+    "RoundOutcome",
+    "RoundRecord",
+    "SecureRoundInfo",
+    "from_flat_record",
+]
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {int: int, float: float, str: str, bytes: bytes}
+
+
+def from_flat_record(cls: type, record: Mapping[str, Any], *, what: str) -> dict[str, Any]:
+    """The keyword arguments of dataclass ``cls`` from a flat record, each cast to its field's type.
+
+    The field list and types come from the dataclass itself (no second, hand-written table to keep in
+    step). Raises ValueError naming the missing fields.
+    """
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    missing = sorted(set(names) - set(record))
+    if missing:
+        raise ValueError(f"{what} miss {missing}")
+    return {n: _SCALARS[hints[n]](record[n]) for n in names}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundInstructions:
+    """What the server tells a sampled client (travels as a flat ConfigRecord)."""
+
+    round: int
+    privacy: str
+    clip_norm: float
+    local_noise_std: float
+    learning_rate: float
+    local_epochs: int
+    batch_size: int
+    num_classes: int
+    seed: int  # -1 = secure randomness
+
+    def __post_init__(self) -> None:
+        if self.round < 1:
+            raise ValueError(f"round must be >= 1, got {self.round}")
+        if self.clip_norm < 0:
+            raise ValueError(f"clip_norm must be >= 0, got {self.clip_norm}")
+        if self.local_noise_std < 0:
+            raise ValueError(f"local_noise_std must be >= 0, got {self.local_noise_std}")
+        if self.privacy == "local" and self.clip_norm <= 0:
+            raise ValueError(f"clip_norm must be > 0 when privacy='local', got {self.clip_norm}")
+        if self.privacy == "local" and self.local_noise_std <= 0:
+            raise ValueError(
+                f"local_noise_std must be > 0 when privacy='local', got {self.local_noise_std}")
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RoundInstructions:
+        return cls(**from_flat_record(cls, record, what="round instructions"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientUpdate:
+    """One client's reply to a training round.
+
+    Attributes:
+        partition_id: the client's partition id (stable across transports).
+        delta: the (clipped, and in ``local`` mode noised) model update Δ = w_local − w_global.
+        num_examples: local examples used, or None when not disclosed (DP modes other than central).
+        train_loss: mean local training loss, or None when not disclosed.
+        metrics: further scalar metrics (e.g. ``dpsgd_steps``).
+    """
+
+    partition_id: int
+    delta: tuple[np.ndarray, ...]
+    num_examples: int | None = None
+    train_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregateResult:
+    """The released aggregate of one round.
+
+    Attributes:
+        mean_update: noisy sum divided by the fixed denominator (same shapes as the model weights).
+        aggregated: partition ids whose updates are in the sum, ascending.
+        dropped: partition id -> reason for every update left out.
+        noise_std: std of the noise in each coordinate of the released sum (0 if none).
+        denominator: the fixed denominator used.
+    """
+
+    mean_update: tuple[np.ndarray, ...]
+    aggregated: tuple[int, ...]
+    dropped: dict[int, str]
+    noise_std: float
+    denominator: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecureRoundInfo:
+    """Per-round figures of a secure-aggregation round (``secagg_*`` keys of the results row).
+
+    Attributes:
+        threshold: the round's Shamir threshold ``t``.
+        exchanges: message exchanges the round took (3 when its stage 1 rode on the previous round).
+        degree: the masking graph's degree ``k`` (None if the round aborted before choosing it).
+        pipelined: the round's key advertisement rode on the previous round's unmask exchange.
+        survivors: clients whose masked input is in the released sum (None if aborted).
+        rho: zCDP ρ of the released sum (privacy ``distributed``).
+        max_abs_error: bound on the fixed-point decoding error per coordinate (privacy ``none``).
+        noise_std_sum: std of the noise in the released sum (0 without DP).
+    """
+
+    threshold: int
+    exchanges: int = 0
+    degree: int | None = None
+    pipelined: bool = False
+    survivors: int | None = None
+    rho: float | None = None
+    max_abs_error: float | None = None
+    noise_std_sum: float | None = None
+
+    _KEYS = {"threshold": "secagg_threshold", "exchanges": "secagg_exchanges",
+             "degree": "secagg_degree", "pipelined": "secagg_pipelined",
+             "survivors": "secagg_survivors", "rho": "rho", "max_abs_error": "secagg_max_abs_error",
+             "noise_std_sum": "noise_std_sum"}
+
+    def to_json(self) -> dict[str, Any]:
+        """The row keys (a figure that does not apply is left out, as is ``pipelined=False``)."""
+        out: dict[str, Any] = {}
+        for name, key in self._KEYS.items():
+            value = getattr(self, name)
+            if value is not None and value is not False:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> SecureRoundInfo | None:
+        if "secagg_threshold" not in row:
+            return None
+        return cls(**{n: row[k] for n, k in cls._KEYS.items() if k in row})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DpsgdRoundInfo:
+    """Sample-level DP-SGD on the clients: the worst client's ε so far (None before any step)."""
+
+    epsilon: float | None
+
+
+_RECORD_KEYS = ("round", "clients_sampled", "clients_aggregated", "train_loss", "test_loss",
+                "test_accuracy", "epsilon", "delta", "seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """One row of ``results.json["rounds"]`` (and of ``rounds.csv``), typed.
+
+    ``epsilon``/``delta`` are the run's cumulative user-level guarantee after the round (None without
+    DP). ``aborted`` says why a secure round released nothing; ``secagg`` and ``dpsgd`` hold the figures
+    of those features when they are on.
+    """
+
+    round: int
+    clients_sampled: int
+    clients_aggregated: int
+    train_loss: float | None
+    test_loss: float
+    test_accuracy: float
+    epsilon: float | None
+    delta: float | None
+    seconds: float
+    dpsgd: DpsgdRoundInfo | None = None
+    secagg: SecureRoundInfo | None = None
+    aborted: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The published row: the fixed keys, then ``dpsgd_epsilon``, the secagg figures, ``aborted``."""
+        row: dict[str, Any] = {k: getattr(self, k) for k in _RECORD_KEYS}
+        if self.dpsgd is not None:
+            row["dpsgd_epsilon"] = self.dpsgd.epsilon
+        if self.secagg is not None:
+            row.update(self.secagg.to_json())
+        if self.aborted is not None:
+            row["aborted"] = self.aborted
+        return row
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> RoundRecord:
+        """Inverse of :meth:`to_json` (a checkpoint's rows); ValueError on an unknown key."""
+        known = set(_RECORD_KEYS) | {"dpsgd_epsilon", "aborted"} | set(SecureRoundInfo._KEYS.values())
+        unknown = sorted(set(row) - known)
+        if unknown:
+            raise ValueError(f"round record has unknown keys {unknown}")
+        return cls(**{k: row[k] for k in _RECORD_KEYS},
+                   dpsgd=DpsgdRoundInfo(epsilon=row["dpsgd_epsilon"]) if "dpsgd_epsilon" in row else None,
+                   secagg=SecureRoundInfo.from_json(row), aborted=row.get("aborted"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundOutcome:
+    """What one round produced.
+
+    Attributes:
+        aggregate: the released mean update and who is in it.
+        failures: partition id -> reason, for sampled clients that crashed or timed out.
+        updates: the (metadata of the) updates received, for loss and DP-SGD bookkeeping.
+        event: the privacy event that really ran, if it differs from the plan (None = the plan's). It
+            must be no worse than the plan's event, which the budget check used before the round.
+        aborted: why the round released nothing (secure aggregation below threshold), else None:
+            nothing is spent and the model stays unchanged (``aggregate.mean_update`` is all zeros).
+        secagg: the figures of a secure-aggregation round, for the results row.
+    """
+
+    aggregate: AggregateResult
+    failures: dict[int, str] = field(default_factory=dict)
+    updates: tuple[ClientUpdate, ...] = ()
+    event: PrivacyEvent | None = None
+    aborted: str | None = None
+    secagg: SecureRoundInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelHooks:
+    """The ML operations the run needs (defaults: :func:`fedprivacy.fl.task.default_hooks`).
+
+    Attributes:
+        init: initial global weights from an integer seed.
+        evaluate: ``(loss, accuracy)`` of weights on the server's held-out test set.
+        num_classes: number of classes (sent to the clients in the round instructions).
+    """
+
+    init: Callable[[int], list[np.ndarray]]
+    evaluate: Callable[[Sequence[np.ndarray]], tuple[float, float]]
+    num_classes: int
+
+
+Exchange = Callable[[RoundInstructions, Sequence[int], Sequence[np.ndarray]],
+                    tuple[Sequence[ClientUpdate], dict[int, str]]]
+"""Sends train instructions to a cohort; returns ``(updates, failures)``."""
+
+RoundFn = Callable[[RoundInstructions, Sequence[int], Sequence[np.ndarray], "RandomSource"], RoundOutcome]
+"""Runs one whole round: ``(instructions, cohort, global weights, server rng) -> RoundOutcome``."""
