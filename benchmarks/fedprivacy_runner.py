@@ -1,7 +1,7 @@
 """Run fedprivacy's own Flower apps (``server.server_app:app``, ``clients.client_app:app``) for a spec.
 
-Engines: ``inprocess`` (``server.inprocess.run_inprocess``, the fast path) and ``ray`` (the same
-apps on Flower's Ray simulation engine via ``server.inprocess.run_flower_simulation``). The figures
+Engines: ``inprocess`` (``server.engine.run_inprocess``, the fast path) and ``ray`` (the same
+apps on Flower's Ray simulation engine via ``server.engine.run_flower_simulation``). The figures
 come from the ``results.json`` the ServerApp writes (per round: ``test_accuracy``, ``epsilon``,
 ``seconds``, where ``seconds`` spans the round and its central evaluation).
 """
@@ -85,7 +85,7 @@ def record_from_results(spec: BenchSpec, results: dict[str, Any], **extra: Any) 
 def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
     if spec.framework != "fedprivacy":
         raise ValueError(f"framework must be 'fedprivacy', got {spec.framework!r}")
-    import server.inprocess as engine
+    import server.engine as engine
 
     with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-") as out:
         run_config = run_config_for(spec, output_dir=out)

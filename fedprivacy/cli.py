@@ -7,7 +7,9 @@ either a table or, with ``--json``, one JSON object. Invalid input exits with co
 names the parameter and the rule. The default accountant is PLD (the tightest valid bound); the
 Gaussian-DP/CLT approximation is never offered.
 
-This module may import ``flwr``/``server`` lazily inside a command function only (DESIGN.md).
+This module is library code: it never imports ``flwr``, ``server`` or ``clients``. The installed
+``fedprivacy`` command is :func:`server.engine.cli.main`, which adds ``fedprivacy simulate`` (the
+Flower engines) to these commands.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class AccountantName(StrEnum):
     prv = "prv"
 
 
-def _fail(message: str) -> NoReturn:
+def usage_error(message: str) -> NoReturn:
     """One line on stderr, exit code 2."""
     typer.echo(f"fedprivacy: error: {message}", err=True)
     raise typer.Exit(code=2)
@@ -75,13 +77,13 @@ def _fail(message: str) -> NoReturn:
 
 def _check_delta(delta: float) -> float:
     if not (math.isfinite(delta) and 0.0 < delta < 1.0):
-        _fail(f"--delta must be in (0, 1), got {delta:g}")
+        usage_error(f"--delta must be in (0, 1), got {delta:g}")
     return delta
 
 
 def _check_steps(steps: int) -> int:
     if steps < 1:
-        _fail(f"--steps must be >= 1, got {steps}")
+        usage_error(f"--steps must be >= 1, got {steps}")
     return steps
 
 
@@ -95,37 +97,37 @@ def _resolve_sampling(
     """The sampling the user described, or exit 2 naming the inconsistent parameter."""
     if sampling is SamplingName.fixed:
         if population is None or cohort is None:
-            _fail("--sampling fixed needs --population N and --cohort M")
+            usage_error("--sampling fixed needs --population N and --cohort M")
         if population < 1:
-            _fail(f"--population must be >= 1, got {population}")
+            usage_error(f"--population must be >= 1, got {population}")
         if cohort < 1:
-            _fail(f"--cohort must be >= 1, got {cohort}")
+            usage_error(f"--cohort must be >= 1, got {cohort}")
         if cohort > population:
-            _fail(
+            usage_error(
                 f"--cohort must be <= --population, got cohort={cohort} > population={population}"
             )
         if neighbouring is not Neighbouring.REPLACE_ONE:
-            _fail(
+            usage_error(
                 "--sampling fixed requires --neighbouring replace-one (a fixed cohort drawn "
                 "without replacement is only analysed under replace-one; never as Poisson)"
             )
         rate = cohort / population
         if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
-            _fail(
+            usage_error(
                 f"--sample-rate must equal --cohort/--population = {rate:.12g} for --sampling fixed, "
                 f"got {sample_rate:g} (or leave it out)"
             )
         return FixedCohortSampling(cohort=cohort, population=population)
     if population is not None or cohort is not None:
-        _fail("--population/--cohort apply only to --sampling fixed")
+        usage_error("--population/--cohort apply only to --sampling fixed")
     if sampling is SamplingName.none:
         if sample_rate is not None and sample_rate != 1.0:
-            _fail(f"--sample-rate must be 1 (or left out) for --sampling none, got {sample_rate:g}")
+            usage_error(f"--sample-rate must be 1 (or left out) for --sampling none, got {sample_rate:g}")
         return NoSampling()
     if sample_rate is None:
-        _fail("--sample-rate is required for --sampling poisson")
+        usage_error("--sample-rate is required for --sampling poisson")
     if not (math.isfinite(sample_rate) and 0.0 < sample_rate <= 1.0):
-        _fail(f"--sample-rate must be in (0, 1], got {sample_rate:g}")
+        usage_error(f"--sample-rate must be in (0, 1], got {sample_rate:g}")
     return PoissonSampling(rate=sample_rate)
 
 
@@ -138,7 +140,7 @@ def _check_combination(
     )
     reason = acc.unsupported_reason(event)
     if reason is not None:
-        _fail(
+        usage_error(
             f"unsupported combination --accountant {accountant} --sampling {sampling.kind} "
             f"--neighbouring {neighbouring.value}: {reason}"
         )
@@ -234,7 +236,7 @@ def epsilon(
     """Print the epsilon (an upper bound) of STEPS Gaussian releases at DELTA."""
     _check_delta(delta)
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        _fail(f"--noise-multiplier must be > 0, got {noise_multiplier:g}")
+        usage_error(f"--noise-multiplier must be > 0, got {noise_multiplier:g}")
     nb, samp = _resolve_release(steps, sampling, sample_rate, population, cohort, neighbouring,
                                 accountant)
     acc = Accountant(backend=accountant.value, neighbouring=nb, unit=unit.value)
@@ -277,7 +279,7 @@ def noise(
     """Print the smallest noise multiplier (relative tolerance 1e-3) whose epsilon <= TARGET."""
     _check_delta(delta)
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        _fail(f"--target-epsilon must be > 0, got {target_epsilon:g}")
+        usage_error(f"--target-epsilon must be > 0, got {target_epsilon:g}")
     nb, samp = _resolve_release(steps, sampling, sample_rate, population, cohort, neighbouring,
                                 accountant)
     try:
@@ -290,7 +292,7 @@ def noise(
             neighbouring=nb,
         )
     except ValueError as exc:
-        _fail(f"--target-epsilon: {exc}")
+        usage_error(f"--target-epsilon: {exc}")
     acc = Accountant(backend=accountant.value, neighbouring=nb, unit=unit.value)
     acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z), sampling=samp, count=steps))
     result = {
@@ -308,13 +310,14 @@ def noise(
     _emit(result, as_json=as_json, title="fedprivacy noise")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fedprivacy`` script; returns the exit code (usage errors: 2, one line)."""
+def main(argv: list[str] | None = None, *, command: typer.Typer | None = None) -> int:
+    """Run the accounting commands (or ``command``, an app extending them); returns the exit code
+    (usage errors: 2, one line)."""
     # dp-accounting's RDP code warns (via absl) for every Renyi order it drops when a series does not
     # converge; dropping an order only loosens the bound, so it is noise for a command-line user.
     logging.getLogger("absl").setLevel(logging.ERROR)
     try:
-        rv = app(args=argv, prog_name="fedprivacy", standalone_mode=False)
+        rv = (command or app)(args=argv, prog_name="fedprivacy", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         typer.echo(exc.ctx.get_help() if exc.ctx is not None else str(exc))
         return 0
@@ -324,86 +327,3 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         return 1
     return rv if isinstance(rv, int) else 0
-
-
-# --- simulate command registered below by the engine (issue 7) ---
-# ==================================================================================================
-# `fedprivacy simulate` (owner: engine, issue 7). flwr and server/ are imported inside the command
-# only, so `import fedprivacy` / `import fedprivacy.cli` never loads flwr.
-# ==================================================================================================
-
-
-class EngineName(StrEnum):
-    inprocess = "inprocess"
-    flower = "flower"
-
-
-@app.command()
-def simulate(
-    engine: Annotated[
-        EngineName,
-        typer.Option("--engine", help="inprocess (fast, one machine) or flower (flwr run, Ray)."),
-    ] = EngineName.inprocess,
-    num_supernodes: Annotated[
-        int, typer.Option("--num-supernodes", help="Virtual SuperNodes (clients), >= 1.")
-    ] = 10,
-    run_config: Annotated[
-        str,
-        typer.Option(
-            "--run-config", "-c", help="Overrides, same syntax as `flwr run`: 'k=v k2=\"s\"'."
-        ),
-    ] = "",
-    workers: Annotated[
-        int, typer.Option("--workers", help="Processes running clients (inprocess engine), >= 1.")
-    ] = 1,
-    faults: Annotated[
-        str,
-        typer.Option(
-            "--faults",
-            help="Fault plan (inprocess engine), e.g. 'drop:type=train,rounds=2,fraction=0.3;raise:partitions=1'.",
-        ),
-    ] = "",
-    fault_seed: Annotated[int, typer.Option("--fault-seed", help="Seed of the fault plan.")] = 0,
-    app_dir: Annotated[
-        str, typer.Option("--app-dir", help="Directory holding the app's pyproject.toml.")
-    ] = ".",
-    as_json: JsonOpt = False,
-) -> None:
-    """Run the Flower apps on the in-process engine or on Flower's own simulation engine."""
-    if num_supernodes < 1:
-        _fail(f"--num-supernodes must be >= 1, got {num_supernodes}")
-    if workers < 1:
-        _fail(f"--workers must be >= 1, got {workers}")
-    if engine is EngineName.flower and (workers != 1 or faults):
-        _fail("--workers and --faults apply only to --engine inprocess")
-    from server.inprocess import FaultPlan
-    from server.inprocess import simulate as run_simulate
-
-    try:
-        plan = FaultPlan.parse(faults, seed=fault_seed) if faults.strip() else None
-    except (TypeError, ValueError) as exc:
-        _fail(f"--faults: {exc}")
-    try:
-        summary = run_simulate(
-            engine=engine.value,
-            num_supernodes=num_supernodes,
-            run_config=run_config,
-            workers=workers,
-            app_dir=app_dir,
-            faults=plan,
-        )
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(f"--run-config: {exc}" if "config" in str(exc).lower() else str(exc))
-    except RuntimeError as exc:
-        typer.echo(f"fedprivacy: error: {exc}", err=True)
-        raise typer.Exit(code=1) from exc
-    if as_json:
-        typer.echo(json.dumps(summary, allow_nan=False, default=str))
-        return
-    final = summary.get("final") or {}
-    typer.echo(
-        f"engine {summary['engine']}: {summary.get('rounds', 0)} rounds on {num_supernodes} "
-        f"supernodes in {summary.get('seconds', float('nan')):.1f} s; "
-        f"final accuracy {final.get('test_accuracy')}, epsilon {final.get('epsilon')}; "
-        f"results: {summary.get('results_path')}"
-    )

@@ -11,8 +11,8 @@ round, 1 local epoch; a ~10k-parameter MLP (hidden 128) and a ~100k one (``mlp-l
 - ``loop``: the same per-client work in a plain Python loop, no Flower: for each sampled client
   :func:`fedprivacy.fl.client.train_client` (local training, Δ, clipping), then the mean of the
   updates and the test-set evaluation, exactly what one round of the apps computes.
-- ``engine``: ``server.inprocess.run_inprocess`` with the real apps, ``workers`` 1 and 2.
-- ``flower``: the same apps on Flower's Ray engine via ``server.inprocess.run_flower_simulation``.
+- ``engine``: ``server.engine.run_inprocess`` with the real apps, ``workers`` 1 and 2.
+- ``flower``: the same apps on Flower's Ray engine via ``server.engine.run_flower_simulation``.
 
 Reported per row: median steady-state seconds per round (rounds 2..R; for the engine and Flower
 from ``results.json``, which includes evaluation and checkpointing, and, for the engine, the time of
@@ -151,7 +151,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         timer = _Round1Timer()
         logging.getLogger("flwr").addHandler(timer)
         if kind == "engine":
-            from server.inprocess import run_inprocess
+            from server.engine import run_inprocess
 
             res = run_inprocess(
                 run_config=cfg,
@@ -177,7 +177,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                 result["paired_loop_round_seconds"] = paired["round_seconds"]
                 result["paired_loop_train_seconds"] = paired["train_seconds"]
         else:
-            from server.inprocess import run_flower_simulation
+            from server.engine import run_flower_simulation
 
             run_flower_simulation(run_config=cfg, num_supernodes=spec["population"], app_dir=REPO)
             found = sorted(Path(out_dir).rglob("results.json"))
@@ -201,7 +201,7 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
     from fedprivacy.fl import task
     from fedprivacy.fl.client import train_client
     from fedprivacy.fl.types import RoundInstructions
-    from server.inprocess import resolve_run_config
+    from server.engine import resolve_run_config
 
     cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=REPO))
     n = spec["population"]

@@ -146,9 +146,9 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "per-client split; a one-hidden-layer MLP (`mlp`; width 128/1330 on digits and 140/1400 on "
         "Synthetic for ~10k/~100k parameters); 1 local epoch of SGD, lr 0.1, batch 32; seed 0.",
         "fedprivacy rows run `server.server_app:app` + `clients.client_app:app` through "
-        "`server.inprocess.run_inprocess` (1 worker), seeded research mode (`seed=0`), Poisson "
+        "`server.engine.run_inprocess` (1 worker), seeded research mode (`seed=0`), Poisson "
         "client sampling at q = cohort/population, PLD accountant; the `ray` row runs the same apps "
-        "on Flower's Ray engine (`server.inprocess.run_flower_simulation`).",
+        "on Flower's Ray engine (`server.engine.run_flower_simulation`).",
         "User-level DP rows use clip C = 1.0 and the noise multiplier σ calibrated with "
         "`fedprivacy.accounting.calibrate_noise_multiplier` (PLD, Poisson) to the target ε at "
         f"δ = {DELTA:g}: "

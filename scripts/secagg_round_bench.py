@@ -1,7 +1,7 @@
 """Seconds per round on the in-process engine: plain FedAvg vs secure aggregation vs distributed DP.
 
 Usage: ``python scripts/secagg_round_bench.py --clients 10 --rounds 4 [--model mlp-large] --json out.json``.
-Each mode runs the real ServerApp/ClientApp (``server.inprocess.run_inprocess``, one worker) with the
+Each mode runs the real ServerApp/ClientApp (``server.engine.run_inprocess``, one worker) with the
 same seed; "seconds per round" is the median over rounds 2..R (round 1 carries one-off warm-up).
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
 secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP).
@@ -26,7 +26,7 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> dict[str, Any]:
-    from server.inprocess import run_inprocess
+    from server.engine import run_inprocess
 
     cfg = {"num-server-rounds": rounds, "seed": 0, "output-dir": str(out), "run-name": mode,
            "model": model, "target-delta": min(1e-5, 0.1 / clients), **MODES[mode]}

@@ -108,3 +108,17 @@ def decode_evaluate(msg: Message) -> tuple[list[np.ndarray], int]:
 def evaluate_reply(msg: Message, *, loss: float, accuracy: float, num_examples: int) -> Message:
     metrics = MetricRecord({"loss": float(loss), "accuracy": float(accuracy), "num-examples": int(num_examples)})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+RESULTS_RECORD = "fedprivacy-results"
+
+
+def results_record(results_path: str) -> ConfigRecord:
+    """What the ServerApp leaves in its Context's state: where it wrote ``results.json``."""
+    return ConfigRecord({"path": str(results_path)})
+
+
+def results_path_of(state: RecordDict) -> str | None:
+    """The ``results.json`` path a ServerApp reported in its Context's ``state`` (None if none)."""
+    record = state.config_records.get(RESULTS_RECORD)
+    return None if record is None else str(record["path"])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from logging import INFO
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from server.codec import RESULTS_RECORD, results_record
 from server.loop import run_server
 
 app = ServerApp()
@@ -20,4 +22,5 @@ def _log(line: str) -> None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run DP-FedAvg as configured in ``[tool.flwr.app.config]`` / ``--run-config``."""
-    run_server(grid, context.run_config, log=_log)
+    results = run_server(grid, context.run_config, log=_log)
+    context.state[RESULTS_RECORD] = results_record(str(Path(results["run_dir"]) / "results.json"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.inprocess import run_inprocess
+from server.engine import run_inprocess
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

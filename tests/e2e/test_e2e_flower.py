@@ -1,12 +1,11 @@
 """End-to-end on Flower's own engines (slow): ``flwr run .`` simulation and the Deployment Engine.
 
 Both run offline: ``FLWR_HOME`` is a temporary folder, runtime dependency installation is off, and every
-process started here is stopped by process id afterwards (``scripts/flwr_local.py`` helpers).
+process started here is stopped by process id afterwards (``server.engine.flower`` helpers).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,23 +13,24 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fedprivacy.accounting import epsilon_for
+from server.engine import flower
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("flwr_local", REPO / "scripts" / "flwr_local.py")
-assert _spec is not None and _spec.loader is not None
-flwr_local = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(flwr_local)
 
 pytestmark = pytest.mark.slow
 
 
 def _leftovers(home: Path) -> list[int]:
-    table = flwr_local._proc_table()
-    return [p for p, (_, cmd) in table.items()
-            if ("flower-superlink" in cmd and str(home) in cmd and not flwr_local._is_zombie(p))]
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "flower-superlink" in cmd and str(home) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p.pid)
+    return out
 
 
 def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -> None:
@@ -41,11 +41,11 @@ def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -
     run_config = (f"num-server-rounds=2 seed=0 run-name='sim' output-dir='{out}' "
                   "privacy='central' secagg=false accountant='pld'")
     # Act
-    proc = flwr_local.run_local(supernodes=10, run_config=run_config, flwr_home=home, timeout=900,
-                                capture=True)
+    res = flower.run_flwr(num_supernodes=10, run_config=run_config, app_dir=REPO, flwr_home=home,
+                          timeout=900, capture=True)
     # Assert
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
+    log = res.output or ""
+    assert res.returncode == 0, log[-3000:]
     assert "round   1/2" in log and "ε" in log
     results = json.loads((out / "sim" / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2]
@@ -78,9 +78,9 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
     # Arrange: one SuperLink and three SuperNodes, each on its own port, insecure, loopback only
     home = tmp_path / "flwr-home"
     home.mkdir()
-    env = flwr_local.flwr_env(home)
+    env = flower.flwr_env(home)
     bindir = Path(sys.executable).parent
-    link_port = flwr_local.free_port()
+    link_port = flower.free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\n'
         "insecure = true\n"
@@ -94,7 +94,7 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
         _wait_port(link_port)
         for i in range(3):
             procs.append(_spawn([str(bindir / "flower-supernode"), "--insecure", "--superlink",
-                                 f"127.0.0.1:{link_port}", "--port", str(flwr_local.free_port()),
+                                 f"127.0.0.1:{link_port}", "--port", str(flower.free_port()),
                                  "--node-config", f"partition-id={i} num-partitions=3"],
                                 env, tmp_path / f"supernode{i}.log"))
         run_config = (f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 "
@@ -112,14 +112,17 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
         assert [(r["round"], r["clients_aggregated"]) for r in results["rounds"]] == [(1, 3), (2, 3)]
         assert results["privacy"]["epsilon"] > 0
     finally:
-        table = flwr_local._proc_table()
-        victims: list[int] = []
+        tree: list[psutil.Process] = []
         for p in procs:
-            victims += flwr_local._descendants(p.pid, table)
-            victims.append(p.pid)
-        flwr_local.stop_processes(victims)
+            try:
+                root = psutil.Process(p.pid)
+                tree += [*root.children(recursive=True), root]
+            except psutil.NoSuchProcess:
+                pass
+        victims = flower.stop_processes(tree)
         for p in procs:
             p.wait(timeout=30)
-    alive = [p for p in victims if Path(f"/proc/{p}").exists() and not flwr_local._is_zombie(p)]
+    alive = [p for p in victims if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"processes still running: {alive}"
     assert os.environ.get("FLWR_HOME") != str(home)  # the test never touched the caller's FLWR_HOME

@@ -31,7 +31,7 @@ def _script(run_config: dict) -> str:
     return textwrap.dedent(f"""
         import torch
         torch.set_num_threads(1)
-        from server.inprocess import run_inprocess
+        from server.engine import run_inprocess
         run_inprocess(run_config={run_config!r}, num_supernodes=10, app_dir={str(REPO)!r}, node_id_seed=3)
         print("FINISHED", flush=True)
     """)

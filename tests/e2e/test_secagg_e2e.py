@@ -1,6 +1,6 @@
 """Secure aggregation with distributed DP on Flower's own simulation engine (slow): ``flwr run .``.
 
-Runs offline through ``scripts/flwr_local.py`` (private ``FLWR_HOME``, SuperLink stopped by process id).
+Runs offline through ``server.engine.flower.run_flwr`` (private ``FLWR_HOME``, SuperLink stopped by process id).
 With ``client-resources-num-cpus=1`` Flower starts two ClientApp actors on this machine, so a node's four
 secagg messages of a round reach different processes: this also tests that the client's session travels
 in its ``context.state``.
@@ -8,18 +8,15 @@ in its ``context.state``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from server.engine.flower import run_flwr
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("flwr_local", REPO / "scripts" / "flwr_local.py")
-assert _spec is not None and _spec.loader is not None
-flwr_local = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(flwr_local)
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +28,11 @@ def test_flwr_run_distributed_dp_with_secagg_two_rounds(tmp_path: Path) -> None:
     run_config = (f"num-server-rounds=2 seed=0 run-name='sa' output-dir='{out}' privacy='distributed' "
                   "secagg=true accountant='rdp' target-delta=0.001")
     # Act
-    proc = flwr_local.run_local(supernodes=6, run_config=run_config, flwr_home=home, timeout=900, capture=True)
+    res = run_flwr(num_supernodes=6, run_config=run_config, app_dir=REPO, flwr_home=home, timeout=900,
+                   capture=True)
     # Assert
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
+    log = res.output or ""
+    assert res.returncode == 0, log[-3000:]
     assert "round   2/2" in log and "ABORTED" not in log and "LookupError" not in log
     results = json.loads((out / "sa" / "results.json").read_text())
     rows = results["rounds"]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from fedprivacy.cli import main
+from server.engine.cli import main
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def test_importing_the_cli_does_not_load_flwr() -> None:
-    code = "import sys, fedprivacy.cli; print('flwr' in sys.modules)"
+    code = "import sys, fedprivacy.cli, server.engine.cli; print('flwr' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.inprocess import FaultPlan, FaultRule, run_inprocess
-from server.inprocess_faults import FaultDecision
+from server.engine import FaultPlan, FaultRule, run_inprocess
+from server.engine.faults import FaultDecision
 
 
 def _rounds(result) -> list[str]:  # type: ignore[no-untyped-def]

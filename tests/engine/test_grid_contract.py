@@ -17,28 +17,26 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 
-from server.inprocess import (
+from server.engine import (
     InProcessGrid,
-    _make_run,
-    _TaskIdentityScope,
     load_app_spec,
     parse_overrides,
     resolve_run_config,
     run_inprocess,
 )
+from server.engine._flwr_private import TaskIdentityScope
+from server.engine.run import load_apps, make_run
 
 RUN_ID = 4242
 
 
 def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, **overrides: object) -> InProcessGrid:
-    from server.inprocess import _load_apps
-
     spec = load_app_spec(toyapp_dir)
-    _, capp = _load_apps(spec, None, None)
+    _, capp = load_apps(spec, None, None)
     cfg = resolve_run_config(dict(overrides), app_dir=toyapp_dir)
     return InProcessGrid(
         client_app=capp,
-        run=_make_run(spec, parse_overrides(dict(overrides)), RUN_ID),
+        run=make_run(spec, parse_overrides(dict(overrides)), RUN_ID),
         run_config=cfg,
         num_supernodes=n,
         workers=workers,
@@ -48,7 +46,7 @@ def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, **overrides: object) -
 
 @pytest.fixture()
 def identity() -> Iterator[None]:
-    with _TaskIdentityScope(RUN_ID):
+    with TaskIdentityScope(RUN_ID):
         yield
 
 
@@ -215,7 +213,7 @@ def test_failed_call_keeps_the_previous_node_state(toyapp_dir: Path, identity: N
     spec = load_app_spec(toyapp_dir)
     grid = InProcessGrid(
         client_app=app,
-        run=_make_run(spec, {}, RUN_ID),
+        run=make_run(spec, {}, RUN_ID),
         run_config=resolve_run_config({}, app_dir=toyapp_dir),
         num_supernodes=1,
     )

@@ -11,14 +11,9 @@ from typing import Any
 
 import pytest
 
-from server.inprocess import (
-    FaultPlan,
-    FaultRule,
-    _config_string,
-    run_flwr_cli,
-    run_inprocess,
-    simulate,
-)
+from server.engine import FaultPlan, FaultRule, run_flwr, run_inprocess
+from server.engine.appspec import config_string
+from server.engine.cli import simulate
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 
@@ -102,7 +97,7 @@ def test_simulate_summary(tmp_path: Path) -> None:
     out = simulate(
         engine="inprocess",
         num_supernodes=4,
-        run_config=_config_string(_config(tmp_path, "sim", **{"num-server-rounds": 1})),
+        run_config=config_string(_config(tmp_path, "sim", **{"num-server-rounds": 1})),
         app_dir=REPO_DIR,
     )
 
@@ -117,8 +112,8 @@ def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
     inproc = run_inprocess(
         run_config=_config(tmp_path, "inprocess"), num_supernodes=4, app_dir=REPO_DIR
     )
-    ray = run_flwr_cli(
-        run_config=_config_string(_config(tmp_path, "ray")),
+    ray = run_flwr(
+        run_config=config_string(_config(tmp_path, "ray")),
         num_supernodes=4,
         app_dir=REPO_DIR,
         timeout=600,

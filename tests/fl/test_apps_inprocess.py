@@ -1,6 +1,6 @@
 """The real ServerApp/ClientApp through the in-process engine: digits, a crashed and a silent client.
 
-Uses ``server.inprocess`` (the engine's Grid) so it runs in seconds; the same apps under Flower's own
+Uses ``server.engine`` (the in-process engine's Grid) so it runs in seconds; the same apps under Flower's own
 engines are tested in ``tests/e2e`` (slow).
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.inprocess import run_inprocess
-from server.inprocess_faults import FaultPlan, FaultRule
+from server.engine import run_inprocess
+from server.engine.faults import FaultPlan, FaultRule
 
 APP_DIR = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from server import codec
-from server.inprocess import _TaskIdentityScope
+from server.engine._flwr_private import TaskIdentityScope as _TaskIdentityScope
 
 
 @pytest.fixture(autouse=True)

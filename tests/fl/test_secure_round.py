@@ -38,8 +38,8 @@ from fedprivacy.fl.secure import (
 )
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from fedprivacy.secagg.protocol import SetupRequest
-from server.inprocess import run_inprocess
-from server.inprocess_faults import FaultPlan, FaultRule
+from server.engine import run_inprocess
+from server.engine.faults import FaultPlan, FaultRule
 
 APP_DIR = Path(__file__).resolve().parents[2]
 

@@ -64,7 +64,7 @@ def fingerprint(results: dict[str, Any], weights: list[np.ndarray]) -> dict[str,
 def run(name: str, out_dir: Path) -> dict[str, Any]:
     """Run config ``name`` on the in-process engine; its fingerprint."""
     from fedprivacy.fl.checkpoint import load_checkpoint
-    from server.inprocess import run_inprocess
+    from server.engine import run_inprocess
 
     run_config = {**_COMMON, **CONFIGS[name], "output-dir": str(out_dir), "run-name": name}
     run_inprocess(run_config=run_config, num_supernodes=NUM_SUPERNODES, app_dir=REPO, node_id_seed=3)

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from logging import DEBUG, ERROR
 
 from flwr.app import Context, Message, RecordDict
-from flwr.app.error import Error
 from flwr.clientapp import ClientApp
-from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
-from flwr.common.constant import ErrorCode
-from flwr.common.logger import log
 
-from server.inprocess_faults import InjectedClientFault
+from server.engine._flwr_private import (
+    ClientAppException,
+    Error,
+    ErrorCode,
+    LoadClientAppError,
+    log,
+)
+from server.engine.faults import InjectedClientFault
 
 
 @dataclass(slots=True)

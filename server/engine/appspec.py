@@ -1,0 +1,101 @@
+"""What ``pyproject.toml`` says about a Flower app, and run-config overrides resolved exactly as
+``flwr run`` resolves them (Flower's own parser and fuser)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.engine._flwr_private import (
+    flatten_dict,
+    fuse_dicts,
+    get_metadata_from_config,
+    get_project_config,
+    parse_config_args,
+)
+
+__all__ = ["AppSpec", "absolute_output_dir", "config_string", "load_app_spec", "parse_overrides",
+           "resolve_run_config"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppSpec:
+    """What ``pyproject.toml`` says about the Flower app in ``app_dir``."""
+
+    app_dir: Path
+    server_app_ref: str
+    client_app_ref: str
+    default_config: dict[str, Any]
+    fab_id: str
+    fab_version: str
+
+
+def load_app_spec(app_dir: str | Path = ".") -> AppSpec:
+    """Read components and ``[tool.flwr.app.config]`` defaults as Flower does."""
+    path = Path(app_dir).absolute()
+    config = get_project_config(path)
+    app = config["tool"]["flwr"]["app"]
+    fab_id, fab_version = get_metadata_from_config(config)
+    return AppSpec(
+        app_dir=path,
+        server_app_ref=app["components"]["serverapp"],
+        client_app_ref=app["components"]["clientapp"],
+        default_config=flatten_dict(app.get("config", {})),
+        fab_id=fab_id,
+        fab_version=fab_version,
+    )
+
+
+def parse_overrides(run_config: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Turn a ``flwr run --run-config`` string (or a mapping) into flat overrides."""
+    if run_config is None:
+        return {}
+    if isinstance(run_config, str):
+        import click
+
+        try:
+            return dict(parse_config_args([run_config]) if run_config.strip() else {})
+        except click.ClickException as exc:
+            raise ValueError(f"run_config {run_config!r}: {exc.format_message()}") from exc
+    if isinstance(run_config, Mapping):
+        return flatten_dict(dict(run_config))
+    raise TypeError(f"run_config must be a mapping or a string, got {type(run_config).__name__}")
+
+
+def resolve_run_config(
+    run_config: Mapping[str, Any] | str | None, *, app_dir: str | Path = "."
+) -> dict[str, Any]:
+    """Defaults from ``pyproject.toml`` fused with overrides, exactly as ``flwr run``.
+
+    Raises:
+        ValueError: an override names a key that has no default (Flower's message).
+    """
+    spec = load_app_spec(app_dir)
+    return fuse_dicts(spec.default_config, parse_overrides(run_config))
+
+
+def absolute_output_dir(overrides: dict[str, Any], fused: Mapping[str, Any]) -> dict[str, Any]:
+    """Pin a relative ``output-dir`` to this working directory (Flower's processes may run elsewhere)."""
+    out = fused.get("output-dir")
+    if isinstance(out, str) and out and not Path(out).is_absolute():
+        return {**overrides, "output-dir": str(Path(out).absolute())}
+    return overrides
+
+
+def config_string(overrides: Mapping[str, Any]) -> str:
+    """Render overrides in ``flwr run --run-config`` syntax (TOML values)."""
+    parts = []
+    for key, value in overrides.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = repr(value)
+        else:
+            text = str(value)
+            if '"' in text and "'" in text:
+                raise ValueError(f"run-config value of {key!r} cannot hold both quote kinds")
+            text = f"'{text}'" if '"' in text else f'"{text}"'
+        parts.append(f"{key}={text}")
+    return " ".join(parts)

@@ -1,0 +1,214 @@
+"""The same app on Flower's own engines: Ray simulation in this process, or ``flwr run`` as a subprocess.
+
+``run_flwr`` is the one launcher of ``flwr run`` (the README's main command ``scripts/flwr_local.py``,
+``fedprivacy simulate --engine flower`` and the end-to-end tests all use it). It
+
+* points ``FLWR_HOME`` at a private folder (a fresh temporary one unless ``flwr_home`` is given), so the
+  user's ``~/.flwr`` is untouched and the legacy ``[tool.flwr.federations]`` migration stays local;
+* turns off runtime dependency installation (everything is in the venv) and telemetry;
+* picks free ports for the local SuperLink, so parallel runs never talk to each other's SuperLink;
+* runs ``flwr run <app> --federation-config "num-supernodes=N ..." --stream`` (without ``--stream``
+  ``flwr run`` returns as soon as the run is submitted);
+* afterwards stops what *this* run started and nothing else: the detached ``flower-superlink`` whose
+  command line or environment names this ``FLWR_HOME``, its descendants, and the Flower/Ray processes
+  that inherited this ``FLWR_HOME`` (Ray re-parents its actors to init). Processes of other users or
+  other runs never carry our private ``FLWR_HOME``, so they are never touched (review defect D2).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from flwr.app import Context
+
+from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
+from server.engine.appspec import load_app_spec, parse_overrides
+from server.engine.run import make_run, server_context
+
+__all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr",
+           "stop_processes", "stop_started_by"]
+
+
+def run_flower_simulation(  # pylint: disable=too-many-arguments
+    *,
+    run_config: Mapping[str, Any] | str = "",
+    num_supernodes: int,
+    app_dir: str | Path = ".",
+    backend_config: Mapping[str, Any] | None = None,
+    server_app: str | None = None,
+    client_app: str | None = None,
+) -> Context:
+    """Run the same app on Flower's Ray Simulation Engine, in this process.
+
+    ``flwr.simulation.run_simulation`` has no run-config argument, so this calls the function
+    ``flwr run`` itself uses inside its simulation process (see
+    :func:`server.engine._flwr_private.run_simulation_as_flwr_run`): the ClientApps get the fused run
+    config from ``app_dir`` plus the overrides carried by the ``Run``, and the ServerApp gets it in its
+    Context. Returns the ServerApp's final Context.
+    """
+    from server.engine._flwr_private import TaskIdentityScope
+
+    spec = load_app_spec(app_dir)
+    overrides = parse_overrides(run_config)
+    fused = fuse_dicts(spec.default_config, overrides)
+    run_id = secrets.randbits(63) | 1
+    run = make_run(spec, overrides, run_id)
+    context = server_context(run_id, fused)
+    config: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+    config.update(dict(backend_config or {}))
+    with TaskIdentityScope(run_id):
+        result = run_simulation_as_flwr_run(
+            server_app_attr=server_app or spec.server_app_ref,
+            client_app_attr=client_app or spec.client_app_ref,
+            num_supernodes=num_supernodes, backend_name="ray", backend_config=config,
+            app_dir=str(spec.app_dir), run=run, server_app_context=context)
+    return result.context  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- flwr run
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flwr_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for an offline, isolated ``flwr`` invocation under ``flwr_home``."""
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        # flwr spawns `flower-superlink` / `flwr-simulation` by name: find them beside this Python.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def stop_processes(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> list[int]:
+    """SIGTERM each process, then SIGKILL what is still alive after ``grace`` seconds; their pids."""
+    procs = list(procs)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in procs]
+
+
+def _uses_home(proc: psutil.Process, marker: str) -> bool:
+    """Whether ``proc`` belongs to the runs under ``marker`` (our private FLWR_HOME)."""
+    try:
+        cmd = " ".join(proc.cmdline())
+        if "flower-superlink" in cmd and marker in cmd:
+            return True
+        flowerish = any(k in cmd for k in ("ray", "flower", "flwr"))
+        return flowerish and proc.environ().get("FLWR_HOME") == marker
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def stop_started_by(flwr_home: Path) -> list[int]:
+    """Stop every process a run under ``flwr_home`` left behind (see the module docstring), never this
+    process or its ancestors; returns their pids."""
+    marker = str(flwr_home)
+    me = psutil.Process()
+    mine = {me.pid, *(p.pid for p in me.parents())}
+    victims: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        if proc.pid in mine or not _uses_home(proc, marker):
+            continue
+        victims[proc.pid] = proc
+        try:
+            victims.update({c.pid: c for c in proc.children(recursive=True) if c.pid not in mine})
+        except psutil.NoSuchProcess:
+            pass
+    return stop_processes(victims.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlwrRunResult:
+    """Exit code and (if captured) console output of ``flwr run``."""
+
+    returncode: int
+    output: str | None
+    seconds: float
+    stopped: tuple[int, ...] = ()  # pids of the processes the run left behind and we stopped
+
+
+def flwr_command(*, app_dir: Path, num_supernodes: int, run_config: str, federation_config: str) -> list[str]:
+    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or "flwr"
+    fed = f"num-supernodes={num_supernodes} {federation_config}".strip()
+    cmd = [flwr, "run", str(app_dir), "--federation-config", fed, "--stream"]
+    if run_config.strip():
+        cmd += ["--run-config", run_config]
+    return cmd
+
+
+def run_flwr(  # pylint: disable=too-many-arguments
+    *,
+    num_supernodes: int,
+    run_config: str = "",
+    app_dir: str | Path = ".",
+    federation_config: str = "client-resources-num-cpus=1",
+    flwr_home: Path | None = None,
+    timeout: float | None = None,
+    capture: bool = False,
+    echo: bool = False,
+) -> FlwrRunResult:
+    """``flwr run <app_dir> --stream`` on a local simulation; stops only what this run started.
+
+    Args:
+        num_supernodes: simulated SuperNodes.
+        run_config: overrides in ``flwr run --run-config`` syntax.
+        app_dir: the app (its ``pyproject.toml``); also the working directory of ``flwr``.
+        federation_config: further ``--federation-config`` entries.
+        flwr_home: the private ``FLWR_HOME`` (default: a fresh temporary folder, removed afterwards).
+        timeout: seconds before ``flwr run`` is given up (then its processes are stopped too).
+        capture: collect stdout and stderr (merged) into ``output`` instead of printing them.
+        echo: print the command before running it.
+    """
+    app = Path(app_dir).absolute()
+    home = flwr_home or Path(tempfile.mkdtemp(prefix="fedprivacy-flwr-"))
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = flwr_command(app_dir=app, num_supernodes=num_supernodes, run_config=run_config,
+                       federation_config=federation_config)
+    if echo:
+        print("$ " + shlex.join(cmd), flush=True)
+    start = time.monotonic()
+    pipe = subprocess.PIPE if capture else None
+    try:
+        proc = subprocess.run(cmd, env=flwr_env(home), cwd=app, timeout=timeout, check=False, text=True,
+                              stdout=pipe, stderr=subprocess.STDOUT if capture else None)
+    finally:
+        stopped = stop_started_by(home)
+        if flwr_home is None:
+            shutil.rmtree(home, ignore_errors=True)
+    return FlwrRunResult(returncode=proc.returncode, output=proc.stdout, seconds=time.monotonic() - start,
+                         stopped=tuple(stopped))

@@ -1,0 +1,167 @@
+"""Run a Flower app on the in-process engine: load the apps, build the Run and Contexts, drive the
+ServerApp against an :class:`server.engine.grid.InProcessGrid`."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+from server.codec import results_path_of
+from server.engine._flwr_private import (
+    SUPERLINK_NODE_ID,
+    LoadClientAppError,
+    LoadServerAppError,
+    Run,
+    TaskIdentityScope,
+    fuse_dicts,
+    load_app,
+    log,
+)
+from server.engine.appspec import AppSpec, load_app_spec, parse_overrides
+from server.engine.faults import FaultPlan
+from server.engine.grid import EngineStats, InProcessGrid
+
+__all__ = ["InProcessResult", "make_run", "run_inprocess", "server_context"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InProcessResult:
+    """What a run on the in-process engine leaves behind.
+
+    Attributes:
+        context: the ServerApp's Context after ``main`` returned.
+        run_config: the fused run config the apps saw.
+        stats: message and fault counters.
+        seconds: wall time of the ServerApp run (apps already loaded).
+        startup_seconds: loading apps, config and the worker pool.
+        num_supernodes: virtual SuperNodes.
+        workers: processes that ran clients.
+        results_path: the ``results.json`` the ServerApp wrote, as it reported it in its
+            Context's state (``fedprivacy_flwr.codec.results_path_of``), or None.
+    """
+
+    context: Context
+    run_config: dict[str, Any]
+    stats: EngineStats
+    seconds: float
+    startup_seconds: float
+    num_supernodes: int
+    workers: int
+    results_path: Path | None
+
+
+def load_apps(
+    spec: AppSpec, server_app: str | ServerApp | None, client_app: str | ClientApp | None
+) -> tuple[ServerApp, ClientApp]:
+    if isinstance(server_app, ServerApp):
+        sapp = server_app
+    else:
+        sapp = load_app(server_app or spec.server_app_ref, LoadServerAppError, spec.app_dir)
+        if not isinstance(sapp, ServerApp):
+            raise LoadServerAppError(f"{server_app or spec.server_app_ref} is not a ServerApp")
+    if isinstance(client_app, ClientApp):
+        capp = client_app
+    else:
+        capp = load_app(client_app or spec.client_app_ref, LoadClientAppError, spec.app_dir)
+        if not isinstance(capp, ClientApp):
+            raise LoadClientAppError(f"{client_app or spec.client_app_ref} is not a ClientApp")
+    return sapp, capp
+
+
+def server_context(run_id: int, run_config: Mapping[str, Any]) -> Context:
+    """The ServerApp's Context, as Flower's SuperLink builds it."""
+    return Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                   run_config=dict(run_config))
+
+
+def make_run(spec: AppSpec, overrides: dict[str, Any], run_id: int) -> Run:
+    run = Run.create_empty(run_id=run_id)
+    run.fab_id = spec.fab_id
+    run.fab_version = spec.fab_version
+    run.override_config = dict(overrides)
+    run.primary_task_id = 1
+    return run
+
+
+@contextmanager
+def _native_thread_limit(limit: int | None) -> Iterator[None]:
+    """Cap BLAS/OpenMP thread pools (threadpoolctl, a scikit-learn dependency) for a run."""
+    if limit is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - scikit-learn always brings it
+        yield
+        return
+    with threadpool_limits(limits=limit):
+        yield
+
+
+def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
+    *,
+    run_config: Mapping[str, Any] | str = "",
+    num_supernodes: int,
+    workers: int = 1,
+    faults: FaultPlan | None = None,
+    app_dir: str | Path = ".",
+    server_app: str | ServerApp | None = None,
+    client_app: str | ClientApp | None = None,
+    node_id_seed: int | None = None,
+    native_threads: int | None = 1,
+) -> InProcessResult:
+    """Run the Flower app in ``app_dir`` on the in-process engine.
+
+    Args:
+        run_config: overrides, as a mapping or a ``flwr run --run-config`` string
+            (``"num-server-rounds=3 privacy='central'"``); unknown keys raise ValueError.
+        num_supernodes: virtual SuperNodes, one data partition each.
+        workers: 1 runs clients in this process; >= 2 in a forked process pool.
+        faults: optional deterministic fault plan.
+        app_dir: the directory holding ``pyproject.toml``.
+        server_app, client_app: app references (or objects) overriding the components
+            named in ``pyproject.toml``.
+        node_id_seed: reproducible node ids (default: random, as Flower).
+        native_threads: cap on BLAS/OpenMP threads while the run lasts (``None``: leave
+            as is). Many small clients gain nothing from multi-threaded BLAS and lose a
+            lot when cores are shared (OpenBLAS threads spin); Flower's Ray engine
+            likewise runs each client with ``OMP_NUM_THREADS=num_cpus``.
+
+    Returns:
+        The ServerApp's final Context, the fused run config, engine counters, timings
+        and the path of ``results.json`` if the ServerApp wrote one.
+    """
+    t0 = time.monotonic()
+    spec = load_app_spec(app_dir)
+    overrides = parse_overrides(run_config)
+    fused = fuse_dicts(spec.default_config, overrides)
+    sapp, capp = load_apps(spec, server_app, client_app)
+    run_id = secrets.randbits(63) | 1
+    run = make_run(spec, overrides, run_id)
+    with TaskIdentityScope(run_id), _native_thread_limit(native_threads):
+        grid = InProcessGrid(client_app=capp, run=run, run_config=fused, num_supernodes=num_supernodes,
+                             workers=workers, faults=faults, node_id_seed=node_id_seed)
+        context = server_context(run_id, fused)
+        t1 = time.monotonic()
+        try:
+            grid.set_run(run)
+            sapp(grid=grid, context=context)
+        finally:
+            grid.close()
+        t2 = time.monotonic()
+    log(INFO, "in-process engine: %d supernodes, %d worker(s), %d messages, %.2f s",
+        num_supernodes, grid.workers, grid.stats.messages, t2 - t1)
+    path = results_path_of(context.state)
+    return InProcessResult(context=context, run_config=fused, stats=grid.stats, seconds=t2 - t1,
+                           startup_seconds=t1 - t0, num_supernodes=num_supernodes, workers=grid.workers,
+                           results_path=None if path is None else Path(path))
