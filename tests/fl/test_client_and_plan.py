@@ -111,19 +111,29 @@ def test_plans_that_cannot_be_honoured_are_refused(cfg: RunConfig, population: i
         plan_privacy(cfg, population=population, dim=dim)
 
 
-def test_distributed_plan_works_in_a_fresh_interpreter_and_is_sized_by_dim() -> None:
-    # D1: the distributed plan used to exist only after fedprivacy.fl.secure had been imported, and
-    # (D3) was sized from the configured model rather than the weights the run uses.
+def test_distributed_plan_works_in_a_fresh_interpreter() -> None:
+    # D1: the distributed plan used to exist only after fedprivacy.fl.secure had been imported.
     import subprocess
     import sys
 
     code = ("from fedprivacy.config import RunConfig\n"
             "from fedprivacy.fl.modes import plan_privacy\n"
             "cfg = RunConfig(privacy='distributed', secagg=True, accountant='rdp', target_delta=1e-3)\n"
-            "p = plan_privacy(cfg, population=10, dim=100)\n"
-            "import sys; print(p.mode, 'torch' in sys.modules)\n")
+            "print(plan_privacy(cfg, population=10, dim=100).mode)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["distributed", "False"]  # planned, without loading torch
+    assert out.stdout.split() == ["distributed"]
+
+
+def test_distributed_plan_never_builds_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    # D3: the plan is sized from the dim the run passes in, not from the configured model
+    from fedprivacy.ml import models
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("planning built a model")
+
+    monkeypatch.setattr(models, "build_model", refuse)
+    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", target_delta=1e-3)
+    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"
 
 
 def test_the_distributed_worst_case_depends_on_the_dimension() -> None:

@@ -39,7 +39,7 @@ def _flower_trajectory(strategy: Any) -> list[list[np.ndarray]]:
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 
-    from server.inprocess import run_inprocess
+    from server.engine import run_inprocess
 
     client = ClientApp()
 

@@ -32,8 +32,8 @@ from flwr.serverapp.strategy import (
 from typer.testing import CliRunner
 
 from fedprivacy.cli import app as cli_app
+from server.engine import run_inprocess
 from server.flower_accountant import FedprivacyAccountant, SecureCohortFedAvg, attach_accountant
-from server.inprocess import run_inprocess
 
 REPO = Path(__file__).resolve().parents[2]
 DELTA = 1e-5
