@@ -9,7 +9,7 @@ from flwr.clientapp import ClientApp
 
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
-from server import codec
+from fedprivacy_flwr import codec
 
 app = ClientApp()
 
@@ -73,14 +73,3 @@ def secagg_unmask(msg: Message, context: Context) -> Message:
     _, pid, _ = _node(context)
     return secagg_handlers.unmask(msg, context, partition_id=pid)
 # ---- end of secure aggregation stages
-
-
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received model on this node's own partition (not covered by ε)."""
-    from fedprivacy.fl.task import evaluate_local
-
-    cfg, pid, total = _node(context)
-    weights, num_classes = codec.decode_evaluate(msg)
-    loss, acc, n = evaluate_local(cfg, weights, partition_id=pid, num_partitions=total, num_classes=num_classes)
-    return codec.evaluate_reply(msg, loss=loss, accuracy=acc, num_examples=n)

@@ -29,8 +29,8 @@ from fedprivacy.fl.secure import (
     client_share,
     client_unmask,
 )
-from server import codec
-from server.secagg_exchange import from_records, to_records
+from fedprivacy_flwr import codec
+from fedprivacy_flwr.secagg_records import from_records, to_records
 
 
 def _store(context: Context) -> ExportedSessionStore:

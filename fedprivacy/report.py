@@ -16,87 +16,105 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
 def privacy_report_md(results: dict[str, Any]) -> str:
     """A Markdown report stating exactly what the run's ε covers and what it does not."""
     p = results["privacy"]
-    cfg = results["config"]
-    rounds = results["rounds"]
-    last = rounds[-1] if rounds else {}
     lines = [f"# Privacy report: {results.get('run_name', '')}", ""]
-    if p.get("rng_mode") == "seeded":
-        lines += [
-            f"> **Seeded research mode** ({p.get('rng')}): all randomness, including the privacy noise, "
-            "is reproducible from the seed. The guarantee below does NOT hold against anyone who knows "
-            "the seed. Use `seed = -1` for a deployment.",
-            "",
-        ]
-    lines += ["## Claim", ""]
-    if p.get("mode") == "none":
-        lines += ["No differential privacy: updates were clipped but not noised. No ε is claimed.", ""]
-    else:
-        lines += [
-            "| | |",
-            "|---|---|",
-            f"| Privacy mode | {p['mode']} |",
-            f"| Unit of privacy | {p['unit']} |",
-            f"| Adjacency | {p['adjacency']} |",
-            f"| Mechanism | {p['mechanism']} |",
-            f"| Clip norm C | {_fmt(p['clip_norm'])} |",
-            f"| Noise multiplier σ | {_fmt(p['noise_multiplier'])}"
-            f"{' (calibrated to the target)' if p.get('calibrated') else ''} |",
-            f"| Noise std per coordinate | {_fmt(p['noise_std'])} |",
-            f"| Sampling | {p['sampling']} |",
-            f"| Aggregation denominator | {_fmt(p['denominator'])} (fixed) |",
-            f"| Rounds accounted | {p['rounds']} |",
-            f"| Accountant | {p['accountant']} |",
-            f"| **ε** | **{_fmt(p['epsilon'], '.6g')}** |",
-            f"| δ | {_fmt(p['delta'], 'g')} |",
-            f"| Budget | {p.get('budget') or 'none'} |",
-            f"| Randomness | {p['rng']} |",
-            "",
-        ]
+    lines += _seeded_warning(p)
+    lines += ["## Claim", ""] + _claim(p)
     if results.get("dpsgd"):
-        d = results["dpsgd"]
-        lines += [
-            "## Sample-level DP-SGD (per client)",
-            "",
-            f"Unit: {d['unit']}. Worst client ε = {_fmt(d.get('epsilon'), '.6g')} at δ = {_fmt(d.get('delta'), 'g')} "
-            f"(σ = {_fmt(d.get('noise_multiplier'))}, per-example clip {_fmt(d.get('max_grad_norm'))}, "
-            f"accountant {d.get('accountant')}). {d.get('note', '')}",
-            "",
-        ]
-    if p.get("distributed"):  # ---- secure aggregation with distributed DP (fedprivacy/fl/secure.py)
+        lines += _dpsgd_section(results["dpsgd"])
+    if p.get("distributed"):  # ---- secure aggregation with distributed DP (fedprivacy/fl/modes/distributed.py)
         lines += _distributed_section(p)
-    lines += ["## What ε covers", ""]
-    if p.get("mode") == "central":
-        lines += [
-            "- Covers: the sequence of released global models (and anything computed from them, such as "
-            "the test accuracy), against anyone who sees them, for the unit above.",
-            "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
-            "the noise.",
-            "- Does not cover: `train_loss` in results.json (computed from clients' un-noised losses, a "
-            "diagnostic only), who took part in a round, and timing.",
-        ]
-    elif p.get("mode") == "distributed":
-        lines += [
-            "- Covers: the sequence of released global models, against the server and everyone else: "
-            "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
-            "noise (secure aggregation, threshold t).",
-            "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that no "
-            "client colludes with it (corrupted = 0); see docs/SECAGG.md.",
-            "- Does not cover: who took part or survived in a round, and timing. No amplification by "
-            "client sampling is claimed. Aborted rounds release nothing and spend nothing.",
-        ]
-    elif p.get("mode") == "local":
-        lines += [
-            "- Covers: each client's released update, against the server and everyone else; no trust in "
-            "the server. Clients do not disclose losses or example counts.",
-            "- Worst case: a client that takes part in every round. No amplification by sampling is "
-            "claimed, because the server sees who takes part.",
-        ]
-    else:
-        lines += ["- Nothing: no differential privacy in this run."]
-    lines += [
+    lines += ["## What ε covers", ""] + _covers(p.get("mode"))
+    lines += _run_section(results)
+    return "\n".join(lines)
+
+
+def _seeded_warning(p: dict[str, Any]) -> list[str]:
+    if p.get("rng_mode") != "seeded":
+        return []
+    return [
+        f"> **Seeded research mode** ({p.get('rng')}): all randomness, including the privacy noise, "
+        "is reproducible from the seed. The guarantee below does NOT hold against anyone who knows "
+        "the seed. Use `seed = -1` for a deployment.",
+        "",
+    ]
+
+
+def _claim(p: dict[str, Any]) -> list[str]:
+    if p.get("mode") == "none":
+        return ["No differential privacy: updates were clipped but not noised. No ε is claimed.", ""]
+    return [
+        "| | |",
+        "|---|---|",
+        f"| Privacy mode | {p['mode']} |",
+        f"| Unit of privacy | {p['unit']} |",
+        f"| Adjacency | {p['adjacency']} |",
+        f"| Mechanism | {p['mechanism']} |",
+        f"| Clip norm C | {_fmt(p['clip_norm'])} |",
+        f"| Noise multiplier σ | {_fmt(p['noise_multiplier'])}"
+        f"{' (calibrated to the target)' if p.get('calibrated') else ''} |",
+        f"| Noise std per coordinate | {_fmt(p['noise_std'])} |",
+        f"| Sampling | {p['sampling']} |",
+        f"| Aggregation denominator | {_fmt(p['denominator'])} (fixed) |",
+        f"| Rounds accounted | {p['rounds']} |",
+        f"| Accountant | {p['accountant']} |",
+        f"| **ε** | **{_fmt(p['epsilon'], '.6g')}** |",
+        f"| δ | {_fmt(p['delta'], 'g')} |",
+        f"| Budget | {p.get('budget') or 'none'} |",
+        f"| Randomness | {p['rng']} |",
+        "",
+    ]
+
+
+def _dpsgd_section(d: dict[str, Any]) -> list[str]:
+    return [
+        "## Sample-level DP-SGD (per client)",
+        "",
+        f"Unit: {d['unit']}. Worst client ε = {_fmt(d.get('epsilon'), '.6g')} at δ = {_fmt(d.get('delta'), 'g')} "
+        f"(σ = {_fmt(d.get('noise_multiplier'))}, per-example clip {_fmt(d.get('max_grad_norm'))}, "
+        f"accountant {d.get('accountant')}). {d.get('note', '')}",
+        "",
+    ]
+
+
+_COVERS: dict[str, list[str]] = {
+    "central": [
+        "- Covers: the sequence of released global models (and anything computed from them, such as "
+        "the test accuracy), against anyone who sees them, for the unit above.",
+        "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
+        "the noise.",
+        "- Does not cover: `train_loss` in results.json (computed from clients' un-noised losses, a "
+        "diagnostic only), who took part in a round, and timing.",
+    ],
+    "distributed": [
+        "- Covers: the sequence of released global models, against the server and everyone else: "
+        "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
+        "noise (secure aggregation, threshold t).",
+        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that no "
+        "client colludes with it (corrupted = 0); see docs/SECAGG.md.",
+        "- Does not cover: who took part or survived in a round, and timing. No amplification by "
+        "client sampling is claimed. Aborted rounds release nothing and spend nothing.",
+    ],
+    "local": [
+        "- Covers: each client's released update, against the server and everyone else; no trust in "
+        "the server. Clients do not disclose losses or example counts.",
+        "- Worst case: a client that takes part in every round. No amplification by sampling is "
+        "claimed, because the server sees who takes part.",
+    ],
+}
+
+
+def _covers(mode: str | None) -> list[str]:
+    return _COVERS.get(str(mode), ["- Nothing: no differential privacy in this run."]) + [
         "- Assumes: the listed clip norm is enforced (the server re-clips in central mode), the "
         "accountant's composition theorem, and a secure source of randomness (see Randomness).",
         "",
+    ]
+
+
+def _run_section(results: dict[str, Any]) -> list[str]:
+    cfg, rounds = results["config"], results["rounds"]
+    last = rounds[-1] if rounds else {}
+    return [
         "## Run",
         "",
         f"- Status: {results.get('status')}" + (f" ({results['stopped']})" if results.get("stopped") else ""),
@@ -106,7 +124,6 @@ def privacy_report_md(results: dict[str, Any]) -> str:
         f"- Dataset / model: {cfg.get('dataset')} / {cfg.get('model')}",
         "",
     ]
-    return "\n".join(lines)
 
 
 def _distributed_section(p: dict[str, Any]) -> list[str]:

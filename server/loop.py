@@ -21,14 +21,9 @@ from fedprivacy.config import RunConfig
 from fedprivacy.fl.modes import Transport
 from fedprivacy.fl.run import run_federated
 from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
-from server import codec
+from fedprivacy_flwr import codec
 
 NODE_WAIT_SECONDS = 60.0
-
-
-def _error_text(reply: Any) -> str:
-    err = reply.error
-    return f"client error (code {err.code}): {err.reason}"
 
 
 def discover_partitions(
@@ -50,7 +45,7 @@ def discover_partitions(
             for reply in grid.send_and_receive([codec.query_message(n) for n in new], timeout=timeout):
                 src = reply.metadata.src_node_id
                 if reply.has_error():
-                    raise RuntimeError(f"node {src} failed the partition query: {_error_text(reply)}")
+                    raise RuntimeError(f"node {src} failed the partition query: {codec.error_text(reply)}")
                 pid, total = codec.decode_query_reply(reply)
                 if pid in mapping:
                     raise RuntimeError(f"two nodes claim partition-id {pid}")
@@ -89,7 +84,7 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> Ex
             if pid is None:
                 continue
             if reply.has_error():
-                failures[pid] = _error_text(reply)
+                failures[pid] = codec.error_text(reply)
                 continue
             try:
                 updates.append(codec.decode_train_reply(reply, pid))

@@ -26,54 +26,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedprivacy.fl.secure import EncodingSpec
 from fedprivacy.fl.types import RoundInstructions
-from fedprivacy.secagg import wire
-from server import codec
-
-MESSAGE_TYPES = {
-    "advertise": f"{MessageType.QUERY}.secagg_advertise",
-    "share": f"{MessageType.QUERY}.secagg_share",
-    "masked": f"{MessageType.TRAIN}.secagg_masked",
-    "unmask": f"{MessageType.QUERY}.secagg_unmask",
-}
-_ARRAY_FIELD = "masked"
-
-
-def to_records(stage: str, msg: object, *, record: str = "secagg") -> dict[str, Any]:
-    """``secagg`` ConfigRecord (and ``secagg-masked`` ArrayRecord for a masked vector) of a message."""
-    kind, fields = wire.encode(msg)
-    array = fields.pop(_ARRAY_FIELD, None)
-    out: dict[str, Any] = {record: ConfigRecord({"stage": stage, "kind": kind, **fields})}
-    if array is not None:
-        out["secagg-masked"] = ArrayRecord.from_numpy_ndarrays([np.ascontiguousarray(array)])
-    return out
-
-
-def from_records(content: RecordDict, *, stage: str, name: str = "secagg") -> Any:
-    """Rebuild a protocol message from a Message's content; ValueError/TypeError if malformed."""
-    record = content.config_records.get(name)
-    if record is None:
-        raise ValueError(f"no {name!r} record in the message")
-    fields: dict[str, Any] = dict(record)
-    got = fields.pop("stage", None)
-    if got != stage:
-        raise ValueError(f"secagg stage {got!r} where {stage!r} was expected")
-    kind = fields.pop("kind", None)
-    if not isinstance(kind, str):
-        raise ValueError("secagg record has no kind")
-    fields = {k: list(v) if isinstance(v, list | tuple) else v for k, v in fields.items()}
-    if "secagg-masked" in content.array_records:
-        (array,) = content.array_records["secagg-masked"].to_numpy_ndarrays()
-        fields[_ARRAY_FIELD] = np.asarray(array)
-    return wire.decode(kind, fields)
-
-
-def _error_text(reply: Message) -> str:
-    return f"client error (code {reply.error.code}): {reply.error.reason}"
+from fedprivacy_flwr import codec
+from fedprivacy_flwr.secagg_records import MESSAGE_TYPES, from_records, to_records
 
 
 class GridSecureTransport:
@@ -115,7 +74,7 @@ class GridSecureTransport:
             if pid is None:
                 continue
             if reply.has_error():
-                failures[pid] = f"secagg {name}: {_error_text(reply)}"
+                failures[pid] = f"secagg {name}: {codec.error_text(reply)}"
                 continue
             try:
                 msg = from_records(reply.content, stage=name)
@@ -165,7 +124,7 @@ def _unmask_and_advertise(transport: GridSecureTransport, unmask: Mapping[int, A
         if reply.has_error():
             for want, fail in ((unmask, unm_fail), (setups, adv_fail)):
                 if pid in want:
-                    fail[pid] = f"secagg unmask/advertise: {_error_text(reply)}"
+                    fail[pid] = f"secagg unmask/advertise: {codec.error_text(reply)}"
             continue
         for want, name, stage, out, fail in ((unmask, "secagg", "unmask", unm, unm_fail),
                                              (setups, "secagg-next", "advertise", adv, adv_fail)):

@@ -9,7 +9,7 @@ from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from server.codec import RESULTS_RECORD, results_record
+from fedprivacy_flwr.codec import RESULTS_RECORD, results_record
 from server.loop import run_server
 
 app = ServerApp()

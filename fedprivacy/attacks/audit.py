@@ -436,15 +436,20 @@ def one_run_audit_gaussian(
 def _aggregate_round(
     updates: Sequence[np.ndarray], *, clip_norm: float, noise_std: float, rng: RandomSource
 ) -> np.ndarray:
-    """The DP-FedAvg aggregation step: clip every client's update to ``clip_norm`` with the library's
-    ``clip_l2`` and add one Gaussian draw ``N(0, noise_std^2 I)`` to the sum (central DP)."""
-    from fedprivacy.dp.clipping import clip_l2
+    """The shipped DP-FedAvg aggregation (:class:`fedprivacy.fl.aggregation.PlainAggregator`, central
+    mode): every update re-clipped to ``clip_norm``, summed in client order, plus one Gaussian draw
+    ``N(0, noise_std^2 I)`` on the sum (denominator 1: the audit scores the noisy sum)."""
+    from fedprivacy.fl.aggregation import PlainAggregator
+    from fedprivacy.fl.types import ClientUpdate
 
-    total = np.zeros_like(updates[0], dtype=np.float64)
-    for u in updates:
-        clipped, _ = clip_l2(np.asarray(u, dtype=np.float64), clip_norm=clip_norm)
-        total += clipped
-    return total + rng.normal(std=noise_std, size=total.shape)
+    like = [np.zeros(np.shape(updates[0]), dtype=np.float64)]
+    batch = [ClientUpdate(partition_id=i, delta=(np.asarray(u, dtype=np.float64),))
+             for i, u in enumerate(updates)]
+    agg = PlainAggregator(clip_norm=clip_norm, noise_std=noise_std).aggregate(
+        batch, like=like, denominator=1.0, rng=rng)
+    if agg.dropped:
+        raise ValueError(f"audit updates were left out: {agg.dropped}")
+    return np.asarray(agg.mean_update[0], dtype=np.float64)
 
 
 def dp_fedavg_canary_statistics(

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTACKS",
+    "Attack",
+    "AttackParams",
     "Reconstruction",
     "VictimMLP",
     "VictimLeNet",
@@ -51,12 +53,14 @@ __all__ = [
     "baseline_psnr",
     "build_victim",
     "default_defences",
+    "encoded_share",
     "evaluate_leakage",
     "compute_update",
     "dlg_attack",
     "idlg_attack",
     "infer_labels",
     "inverting_gradients_attack",
+    "register_attack",
     "run_attack",
 ]
 
@@ -99,6 +103,9 @@ class VictimMLP(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.reshape(x.shape[0], -1))))
 
 
+VICTIMS = ("lenet", "mlp")
+
+
 def build_victim(name: str, *, seed: int) -> nn.Module:
     """A float64 victim model. "lenet": weights uniform in [-0.5, 0.5] as in the DLG reference code;
     "mlp": PyTorch's default initialisation."""
@@ -113,7 +120,7 @@ def build_victim(name: str, *, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         model = VictimMLP()
     else:
-        raise ValueError(f"victim must be 'lenet' or 'mlp', got {name!r}")
+        raise ValueError(f"victim must be one of {VICTIMS}, got {name!r}")
     return model.double()
 
 
@@ -191,6 +198,35 @@ def apply_defence(
     return arrays
 
 
+def encoded_share(
+    update: Sequence[np.ndarray],
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    threshold: int,
+    rng: RandomSource,
+) -> list[np.ndarray]:
+    """One client's distributed-DP share as the shipped client encodes it, decoded back to floats.
+
+    The update is clipped to ``clip_norm`` (the client pipeline's
+    :func:`fedprivacy.fl.client.privatize_update`) and encoded with the run's ``ddgauss``
+    :class:`fedprivacy.secagg.encoding.EncodingSpec` for ``threshold`` survivors (Kairouz, Liu & Steinke
+    2021: rotation, scaling, conditional rounding, ``N_Z(0, (zCs)^2/t)``, modular clipping); decoding
+    that one vector is what a server that unmasked this client alone would see.
+    """
+    from fedprivacy.dp.clipping import flatten, unflatten
+    from fedprivacy.fl.client import privatize_update
+    from fedprivacy.secagg.encoding import largest_scale_encoding
+
+    clipped = privatize_update(update, privacy="none", clip_norm=clip_norm, local_noise_std=0.0, rng=rng)
+    flat = flatten(clipped, dtype=np.float64)
+    enc = largest_scale_encoding(kind="ddgauss", dim=int(flat.size), clip_norm=clip_norm,
+                                 modulus_bits=32, population=threshold, noise_multiplier=noise_multiplier,
+                                 threshold=threshold, rotation_seed=rng.child("rotation").random_bytes(32))
+    decoded = enc.decode(enc.encode(flat, rng=rng.child("share")))
+    return [np.asarray(a, dtype=np.float64) for a in unflatten(decoded, clipped)]
+
+
 # ------------------------------------------------------------------------------------------ attacks
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reconstruction:
@@ -253,6 +289,13 @@ def _total_variation(x: torch.Tensor) -> torch.Tensor:
     ).abs().mean()
 
 
+def _lbfgs(variables: list[torch.Tensor], iterations: int) -> torch.optim.LBFGS:
+    """The L-BFGS of the DLG reference code (strong Wolfe line search, tight tolerances)."""
+    return torch.optim.LBFGS(variables, lr=1.0, max_iter=iterations, max_eval=int(iterations * 1.25),
+                             history_size=100, tolerance_grad=1e-14, tolerance_change=1e-16,
+                             line_search_fn="strong_wolfe")
+
+
 def dlg_attack(
     model: nn.Module,
     observed: Sequence[np.ndarray],
@@ -280,16 +323,7 @@ def dlg_attack(
         dummy_y.requires_grad_(True)
         variables.append(dummy_y)
     fixed_y = None if labels is None else torch.as_tensor(np.asarray(labels, dtype=np.int64))
-    opt = torch.optim.LBFGS(
-        variables,
-        lr=1.0,
-        max_iter=iterations,
-        max_eval=int(iterations * 1.25),
-        history_size=100,
-        tolerance_grad=1e-14,
-        tolerance_change=1e-16,
-        line_search_fn="strong_wolfe",
-    )
+    opt = _lbfgs(variables, iterations)
 
     def target() -> torch.Tensor:
         if dummy_y is not None:
@@ -443,13 +477,72 @@ def analytic_attack(
     return Reconstruction(images=out, labels=labels, loss=0.0)
 
 
-ATTACKS: dict[str, str] = {
-    "dlg": "lenet",
-    "idlg": "lenet",
-    "inverting-gradients": "lenet",
-    "analytic": "mlp",
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttackParams:
+    """What every attack is told about the update it attacks (and its own budget).
+
+    ``clipped``: the server knows updates are clipped, so the L2-matching attacks (DLG, iDLG) match up
+    to scale; the cosine (IG) and ratio (analytic) attacks are scale-invariant already.
+    """
+
+    batch_size: int
+    local_steps: int = 1
+    lr: float = 1.0
+    seed: int = 0
+    iterations: int | None = None
+    restarts: int = 2
+    clipped: bool = False
+
+
+AttackFn = Callable[[nn.Module, Sequence[np.ndarray], AttackParams], Reconstruction]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attack:
+    """A registered attack: the victim architecture it runs against and the function that runs it."""
+
+    victim: str
+    run: AttackFn
+
+
+def _dlg(model: nn.Module, observed: Sequence[np.ndarray], p: AttackParams) -> Reconstruction:
+    return dlg_attack(model, observed, batch_size=p.batch_size, local_steps=p.local_steps, lr=p.lr,
+                      iterations=p.iterations or 300, seed=p.seed, scale_free=p.clipped)
+
+
+def _idlg(model: nn.Module, observed: Sequence[np.ndarray], p: AttackParams) -> Reconstruction:
+    return idlg_attack(model, observed, batch_size=p.batch_size, local_steps=p.local_steps, lr=p.lr,
+                       iterations=p.iterations or 300, seed=p.seed, scale_free=p.clipped)
+
+
+def _inverting(model: nn.Module, observed: Sequence[np.ndarray], p: AttackParams) -> Reconstruction:
+    return inverting_gradients_attack(model, observed, batch_size=p.batch_size,
+                                      local_steps=p.local_steps, lr=p.lr,
+                                      iterations=p.iterations or 1000, restarts=p.restarts, seed=p.seed)
+
+
+def _analytic(model: nn.Module, observed: Sequence[np.ndarray], p: AttackParams) -> Reconstruction:
+    return analytic_attack(model, observed, batch_size=p.batch_size)
+
+
+ATTACKS: dict[str, Attack] = {
+    "dlg": Attack(victim="lenet", run=_dlg),
+    "idlg": Attack(victim="lenet", run=_idlg),
+    "inverting-gradients": Attack(victim="lenet", run=_inverting),
+    "analytic": Attack(victim="mlp", run=_analytic),
 }
-"""Attack name -> victim architecture it runs against."""
+"""Attack name -> :class:`Attack` (victim architecture, function); extend with :func:`register_attack`."""
+
+
+def register_attack(name: str, *, victim: str, run: AttackFn) -> None:
+    """Add an attack; the script and :func:`evaluate_leakage` pick it up by name."""
+    if not name:
+        raise ValueError("name must not be empty")
+    if name in ATTACKS:
+        raise ValueError(f"attack {name!r} is already registered")
+    if victim not in VICTIMS:
+        raise ValueError(f"victim must be one of {VICTIMS}, got {victim!r}")
+    ATTACKS[name] = Attack(victim=victim, run=run)
 
 
 def run_attack(
@@ -465,35 +558,13 @@ def run_attack(
     restarts: int = 2,
     clipped: bool = False,
 ) -> Reconstruction:
-    """Dispatch by name (see :data:`ATTACKS`). ``clipped``: the server knows updates are clipped, so
-    the L2-matching attacks (DLG, iDLG) match up to scale; the cosine (IG) and ratio (analytic) attacks
-    are scale-invariant already."""
-    if name in ("dlg", "idlg"):
-        matcher = dlg_attack if name == "dlg" else idlg_attack
-        return matcher(
-            model,
-            observed,
-            batch_size=batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            iterations=iterations or 300,
-            seed=seed,
-            scale_free=clipped,
-        )
-    if name == "inverting-gradients":
-        return inverting_gradients_attack(
-            model,
-            observed,
-            batch_size=batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            iterations=iterations or 1000,
-            restarts=restarts,
-            seed=seed,
-        )
-    if name == "analytic":
-        return analytic_attack(model, observed, batch_size=batch_size)
-    raise ValueError(f"attack must be one of {sorted(ATTACKS)}, got {name!r}")
+    """Run the registered attack ``name`` (see :data:`ATTACKS` and :class:`AttackParams`)."""
+    attack = ATTACKS.get(name)
+    if attack is None:
+        raise ValueError(f"attack must be one of {sorted(ATTACKS)}, got {name!r}")
+    params = AttackParams(batch_size=batch_size, local_steps=local_steps, lr=lr, seed=seed,
+                          iterations=iterations, restarts=restarts, clipped=clipped)
+    return attack.run(model, observed, params)
 
 
 # ------------------------------------------------------------------------------------------ experiment
@@ -503,7 +574,11 @@ class Defence:
 
     ``clip_norm`` None means no clipping; the noise std is ``noise_multiplier * clip_norm``; the
     server sees the sum of ``clients`` updates (secure aggregation when > 1); ``local_steps``/``lr``
-    describe the update (1 and 1.0: a FedSGD gradient).
+    describe the update (1 and 1.0: a FedSGD gradient). ``share_of = t > 0``: the update goes through
+    the shipped distributed-DP client encoder (:class:`fedprivacy.secagg.encoding.EncodingSpec`,
+    ``ddgauss``: rotation, scaling, rounding, discrete Gaussian of std ``noise_multiplier C / sqrt(t)``
+    in scaled units) and the attacker sees that one client's decoded share, as a server that unmasked
+    it would.
     """
 
     name: str
@@ -512,6 +587,7 @@ class Defence:
     clients: int = 1
     local_steps: int = 1
     lr: float = 1.0
+    share_of: int = 0
 
     def __post_init__(self) -> None:
         if self.clip_norm is not None and self.clip_norm <= 0:
@@ -522,6 +598,10 @@ class Defence:
             raise ValueError(
                 "noise_multiplier > 0 needs a clip_norm (noise std = noise_multiplier * C)"
             )
+        if self.share_of and (self.clip_norm is None or self.noise_multiplier <= 0 or self.share_of < 2):
+            raise ValueError(f"share_of must be 0 or >= 2 with clip_norm and noise_multiplier > 0, got "
+                             f"share_of={self.share_of}, clip_norm={self.clip_norm}, "
+                             f"noise_multiplier={self.noise_multiplier}")
         if self.clients < 1 or self.local_steps < 1 or self.lr <= 0:
             raise ValueError(
                 f"need clients >= 1, local_steps >= 1, lr > 0, got {self.clients}, "
@@ -539,7 +619,8 @@ def default_defences(
     fedavg_lr: float = 0.1,
 ) -> tuple[Defence, ...]:
     """The defence ladder of the script: none, a FedAvg update, clipping, clipping + noise, one
-    client's share ``sigma / sqrt(n)`` of distributed-DP noise, and a secure-aggregation sum."""
+    client's share ``sigma / sqrt(n)`` of distributed-DP noise (through the shipped encoder), and a
+    secure-aggregation sum."""
     out = [
         Defence(name="none"),
         Defence(name="none-fedavg", local_steps=fedavg_steps, lr=fedavg_lr),
@@ -553,7 +634,8 @@ def default_defences(
         Defence(
             name=f"distributed-dp-share(n={distributed_clients},sigma={s:g})",
             clip_norm=clip_norm,
-            noise_multiplier=s / math.sqrt(distributed_clients),
+            noise_multiplier=s,
+            share_of=distributed_clients,
         )
         for s in distributed_central
     ]
@@ -578,8 +660,13 @@ def _observe(
             local_steps=defence.local_steps,
             lr=defence.lr,
         )
-        noise_std = defence.noise_multiplier * (defence.clip_norm or 0.0)
-        upd = apply_defence(upd, clip_norm=defence.clip_norm, noise_std=noise_std, rng=rng.child(j))
+        if defence.share_of:
+            upd = encoded_share(upd, clip_norm=float(defence.clip_norm or 0.0),
+                                noise_multiplier=defence.noise_multiplier, threshold=defence.share_of,
+                                rng=rng.child(j))
+        else:
+            noise_std = defence.noise_multiplier * (defence.clip_norm or 0.0)
+            upd = apply_defence(upd, clip_norm=defence.clip_norm, noise_std=noise_std, rng=rng.child(j))
         total = upd if total is None else [a + b for a, b in zip(total, upd, strict=True)]
     assert total is not None  # at least one client (checked by Defence)
     return total
@@ -604,75 +691,60 @@ def evaluate_leakage(
     images of the pool, and the scores are over the whole matched batch. Returns the table rows
     (means over targets) and, per (attack, defence), the first target's (original, reconstruction).
     """
+    images = np.asarray(pool_images, dtype=np.float64).reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
+    labels = np.asarray(pool_labels, dtype=np.int64)
+    rows: list[dict[str, object]] = []
+    examples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    victims = {arch: build_victim(arch, seed=seed) for arch in sorted({ATTACKS[a].victim for a in attacks})}
+    for defence in defences:
+        for attack in attacks:
+            row, example = _score(attack, victims[ATTACKS[attack].victim], defence, images, labels,
+                                  targets=targets, rng=rng, seed=seed,
+                                  iterations=(iterations or {}).get(attack), restarts=restarts)
+            rows.append(row)
+            examples[(attack, defence.name)] = example
+            if progress is not None:
+                progress(row)
+    return rows, examples
+
+
+def _score(attack: str, model: nn.Module, defence: Defence, images: np.ndarray, labels: np.ndarray, *,
+           targets: Sequence[int], rng: RandomSource, seed: int, iterations: int | None,
+           restarts: int) -> tuple[dict[str, object], tuple[np.ndarray, np.ndarray]]:
+    """One attack against one defence over all targets: the table row and the first example."""
     import time
 
     from fedprivacy.attacks.metrics import label_accuracy, match_images, mse, psnr, ssim
 
-    images = np.asarray(pool_images, dtype=np.float64).reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
-    labels = np.asarray(pool_labels, dtype=np.int64)
-    iters = iterations or {}
-    rows: list[dict[str, object]] = []
-    examples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-    victims = {
-        arch: build_victim(arch, seed=seed) for arch in sorted({ATTACKS[a] for a in attacks})
+    scores: dict[str, list[float]] = {"psnr": [], "ssim": [], "mse": [], "label_accuracy": []}
+    started = time.perf_counter()
+    example: tuple[np.ndarray, np.ndarray] | None = None
+    for t_idx, t in enumerate(targets):
+        idx = np.array([(t + j) % len(images) for j in range(defence.clients)])
+        x, y = images[idx], labels[idx]
+        observed = _observe(model, x.reshape(len(idx), -1), y, defence, rng.child(defence.name, int(t)))
+        rec = run_attack(attack, model, observed, batch_size=len(idx), local_steps=defence.local_steps,
+                         lr=defence.lr, seed=seed + t_idx, iterations=iterations, restarts=restarts,
+                         clipped=defence.clip_norm is not None)
+        matched = rec.images[match_images(x, rec.images)]
+        scores["psnr"].append(float(np.mean([psnr(a, b) for a, b in zip(x, matched, strict=True)])))
+        scores["ssim"].append(ssim(x, matched))
+        scores["mse"].append(mse(x, matched))
+        scores["label_accuracy"].append(label_accuracy(y.tolist(), rec.labels.tolist()))
+        if example is None:
+            example = (x[0], matched[0])
+    row: dict[str, object] = {
+        "attack": attack, "defence": defence.name, "model": ATTACKS[attack].victim,
+        "update": "fedsgd" if defence.local_steps == 1 else f"fedavg-{defence.local_steps}-steps",
+        "clip_norm": defence.clip_norm,
+        # the noise multiplier of what the attacker sees from one client (a share: z / sqrt(t))
+        "noise_multiplier": defence.noise_multiplier / math.sqrt(defence.share_of or 1),
+        "clients_in_sum": defence.clients, "images": len(targets),
+        **{k: float(np.mean(v)) for k, v in scores.items()}, "seconds": time.perf_counter() - started,
     }
-    for defence in defences:
-        for attack in attacks:
-            model = victims[ATTACKS[attack]]
-            scores: dict[str, list[float]] = {
-                "psnr": [],
-                "ssim": [],
-                "mse": [],
-                "label_accuracy": [],
-            }
-            started = time.perf_counter()
-            for t_idx, t in enumerate(targets):
-                idx = np.array([(t + j) % len(images) for j in range(defence.clients)])
-                x, y = images[idx], labels[idx]
-                observed = _observe(
-                    model, x.reshape(len(idx), -1), y, defence, rng.child(defence.name, int(t))
-                )
-                rec = run_attack(
-                    attack,
-                    model,
-                    observed,
-                    batch_size=len(idx),
-                    local_steps=defence.local_steps,
-                    lr=defence.lr,
-                    seed=seed + t_idx,
-                    iterations=iters.get(attack),
-                    restarts=restarts,
-                    clipped=defence.clip_norm is not None,
-                )
-                perm = match_images(x, rec.images)
-                matched = rec.images[perm]
-                scores["psnr"].append(
-                    float(np.mean([psnr(a, b) for a, b in zip(x, matched, strict=True)]))
-                )
-                scores["ssim"].append(ssim(x, matched))
-                scores["mse"].append(mse(x, matched))
-                scores["label_accuracy"].append(label_accuracy(y.tolist(), rec.labels.tolist()))
-                if t_idx == 0:
-                    examples[(attack, defence.name)] = (x[0], matched[0])
-            rows.append(
-                {
-                    "attack": attack,
-                    "defence": defence.name,
-                    "model": ATTACKS[attack],
-                    "update": "fedsgd"
-                    if defence.local_steps == 1
-                    else f"fedavg-{defence.local_steps}-steps",
-                    "clip_norm": defence.clip_norm,
-                    "noise_multiplier": defence.noise_multiplier,
-                    "clients_in_sum": defence.clients,
-                    "images": len(targets),
-                    **{k: float(np.mean(v)) for k, v in scores.items()},
-                    "seconds": time.perf_counter() - started,
-                }
-            )
-            if progress is not None:
-                progress(rows[-1])
-    return rows, examples
+    if example is None:
+        raise ValueError("targets must not be empty")
+    return row, example
 
 
 def baseline_psnr(pool_images: np.ndarray, targets: Sequence[int]) -> float:

@@ -23,7 +23,6 @@ with an exchange that trains each client on the examples the experiment assigns 
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,131 +216,88 @@ def train_federated_model(
     noise_multiplier: float | None = None,
     output_dir: Path | None = None,
 ) -> tuple[list[np.ndarray], float | None, float]:
-    """Train one global model with fedprivacy's round loop on the members ``member_idx`` of (x, y).
+    """Train one global model with fedprivacy's own run on the members ``member_idx`` of (x, y).
 
-    The members are dealt round-robin (after a seeded shuffle) to ``config.clients`` clients. Returns
-    ``(weights, epsilon_spent, noise_multiplier)``; epsilon is None without DP. ``noise_multiplier``
-    skips the loop's calibration (pass :func:`calibrated_noise_multiplier` once for many models).
+    The members are dealt round-robin (after a seeded shuffle) to ``config.clients`` clients, each of
+    which runs the shipped client pipeline (:func:`fedprivacy.fl.client.client_update`: local SGD, Δ,
+    clipping) inside a :class:`fedprivacy.fl.run.FederatedRun`. Returns ``(weights, epsilon_spent,
+    noise_multiplier)``; epsilon is None without DP. ``noise_multiplier`` skips the run's calibration
+    (pass :func:`calibrated_noise_multiplier` once for many models). ``output_dir``: also write the
+    run's checkpoint and outputs there (default: nothing is written).
     """
-    from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
-    from fedprivacy.fl.checkpoint import load_checkpoint
-    from fedprivacy.fl.client import client_rng, privatize_update
-    from fedprivacy.fl.run import run_federated
-    from fedprivacy.fl.types import ClientUpdate, ModelHooks, RoundInstructions
-    from fedprivacy.ml.data import Split
-    from fedprivacy.ml.models import build_model, get_weights, set_weights
-    from fedprivacy.ml.train import evaluate, train_local
+    from fedprivacy.fl.callbacks import default_callbacks
+    from fedprivacy.fl.run import FederatedRun
 
     xs = np.asarray(x, dtype=np.float32)
     ys = np.asarray(y, dtype=np.int64)
     order = RandomSource.seeded(seed).child("deal").permutation(len(member_idx))
     dealt = np.asarray(member_idx)[order]
     parts = [dealt[c :: config.clients] for c in range(config.clients)]
-    num_classes = int(ys.max()) + 1
-    shape = xs.shape[1:]
+    cfg = _target_run_config(config, seed=seed, noise_multiplier=noise_multiplier, output_dir=output_dir)
+    hooks, exchange = _target_model(config, xs, ys, parts)
+    quiet = lambda _m: None  # noqa: E731
+    run = FederatedRun(cfg, population=config.clients, exchange=exchange, hooks=hooks, log=quiet,
+                       callbacks=default_callbacks(quiet) if output_dir is not None else [],
+                       run_dir=None if output_dir is None else Path(output_dir) / cfg.run_name)
+    result = run.run()
+    eps = result.results["privacy"].get("epsilon") if config.target_epsilon is not None else None
+    return [np.asarray(w) for w in result.weights], (None if eps is None else float(eps)), float(
+        result.plan.noise_multiplier)
+
+
+def _target_run_config(config: FederatedTargetConfig, *, seed: int, noise_multiplier: float | None,
+                       output_dir: Path | None) -> Any:
+    from fedprivacy.config import RunConfig
 
     dp = config.target_epsilon is not None
-    tmp = tempfile.TemporaryDirectory() if output_dir is None else None
-    out = Path(tmp.name) if tmp is not None else Path(output_dir)  # type: ignore[arg-type]
-    cfg = RunConfig.from_mapping(
-        {
-            "num-server-rounds": config.rounds,
-            "model": config.model,
-            "hidden-units": config.hidden_units,
-            "local-epochs": config.local_epochs,
-            "learning-rate": config.learning_rate,
-            "batch-size": config.batch_size,
-            "privacy": "central" if dp else "none",
-            "clip-norm": config.clip_norm if dp else 0.0,
-            "noise-multiplier": noise_multiplier if (dp and noise_multiplier) else 0.0,
-            "target-epsilon": config.target_epsilon if (dp and not noise_multiplier) else 0.0,
-            "target-delta": config.target_delta,
-            "sampling": "poisson",
-            "sample-rate": config.sample_rate,
-            "seed": seed,
-            "output-dir": str(out),
-            "run-name": f"mia-{seed}",
-        }
-    )
+    return RunConfig.from_mapping({
+        "num-server-rounds": config.rounds, "model": config.model, "hidden-units": config.hidden_units,
+        "local-epochs": config.local_epochs, "learning-rate": config.learning_rate,
+        "batch-size": config.batch_size, "privacy": "central" if dp else "none",
+        "clip-norm": config.clip_norm if dp else 0.0,
+        "noise-multiplier": noise_multiplier if (dp and noise_multiplier) else 0.0,
+        "target-epsilon": config.target_epsilon if (dp and not noise_multiplier) else 0.0,
+        "target-delta": config.target_delta, "sampling": "poisson", "sample-rate": config.sample_rate,
+        "seed": seed, "output-dir": str(output_dir or "runs"), "run-name": f"mia-{seed}",
+    })
 
-    def new_model() -> Any:
-        return build_model(
-            config.model, input_shape=shape, num_classes=num_classes, hidden=config.hidden_units
-        )
 
-    def init(init_seed: int) -> list[np.ndarray]:
-        return get_weights(
-            build_model(
-                config.model,
-                input_shape=shape,
-                num_classes=num_classes,
-                hidden=config.hidden_units,
-                seed=init_seed,
-            )
-        )
+def _target_model(config: FederatedTargetConfig, xs: np.ndarray, ys: np.ndarray,
+                  parts: Sequence[np.ndarray]) -> tuple[Any, Any]:
+    """The target's model hooks, and an in-process exchange running the shipped client pipeline."""
+    from fedprivacy.fl.client import client_update
+    from fedprivacy.fl.task import LocalResult
+    from fedprivacy.fl.types import ModelHooks
+    from fedprivacy.ml.data import Split
+    from fedprivacy.ml.models import build_model, get_weights, set_weights
+    from fedprivacy.ml.train import evaluate, train_local
 
-    def evaluate_fn(weights: Sequence[np.ndarray]) -> tuple[float, float]:
-        m = new_model()
-        set_weights(m, weights)
-        return evaluate(m, Split(x=xs, y=ys))
+    num_classes, shape = int(ys.max()) + 1, xs.shape[1:]
 
-    def exchange(
-        instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
-    ) -> tuple[list[ClientUpdate], dict[int, str]]:
-        updates = []
-        for pid in cohort:
-            idx = parts[pid]
-            if len(idx) == 0:
-                continue
-            m = new_model()
+    def model(weights: Sequence[np.ndarray] | None = None, seed: int | None = None) -> Any:
+        m = build_model(config.model, input_shape=shape, num_classes=num_classes,
+                        hidden=config.hidden_units, seed=seed)
+        if weights is not None:
             set_weights(m, weights)
-            rng = client_rng(seed=instr.seed, partition_id=pid, round=instr.round)
-            res = train_local(
-                m,
-                Split(x=xs[idx], y=ys[idx]),
-                epochs=instr.local_epochs,
-                lr=instr.learning_rate,
-                batch_size=instr.batch_size,
-                seed=int(rng.child("train").integers(0, 2**31 - 1)),
-            )
-            delta = [
-                np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-                for a, b in zip(get_weights(m), weights, strict=True)
-            ]
-            released = privatize_update(
-                delta,
-                privacy=instr.privacy,
-                clip_norm=instr.clip_norm,
-                local_noise_std=instr.local_noise_std,
-                rng=rng.child("noise"),
-            )
-            updates.append(
-                ClientUpdate(
-                    partition_id=pid,
-                    delta=tuple(released),
-                    num_examples=len(idx),
-                    train_loss=res.loss,
-                )
-            )
-        return updates, {}
+        return m
 
-    hooks = ModelHooks(init=init, evaluate=evaluate_fn, num_classes=num_classes)
-    try:
-        results = run_federated(
-            cfg, population=config.clients, exchange=exchange, hooks=hooks, log=lambda _m: None
-        )
-        ckpt = load_checkpoint(out / f"mia-{seed}" / "checkpoint")
-        if ckpt is None:
-            raise RuntimeError("the federated run left no checkpoint")
-        weights = [np.asarray(w) for w in ckpt.weights]
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    privacy = results.get("privacy", {})
-    eps = privacy.get("epsilon") if dp else None
-    sigma = float(privacy.get("noise_multiplier") or 0.0)
-    return weights, (None if eps is None else float(eps)), sigma
+    def trainer(idx: np.ndarray, instr: Any) -> Any:
+        def train(weights: Sequence[np.ndarray], seed: int) -> LocalResult:
+            m = model(weights)
+            res = train_local(m, Split(x=xs[idx], y=ys[idx]), epochs=instr.local_epochs,
+                              lr=instr.learning_rate, batch_size=instr.batch_size, seed=seed)
+            return LocalResult(weights=get_weights(m), num_examples=len(idx), loss=float(res.loss),
+                               dpsgd_steps=None, dpsgd_sample_rate=None)
+        return train
+
+    def exchange(instr: Any, cohort: Sequence[int], weights: Sequence[np.ndarray]) -> Any:
+        return [client_update(partition_id=pid, weights=weights, instructions=instr,
+                              train=trainer(parts[pid], instr)) for pid in cohort if len(parts[pid])], {}
+
+    hooks = ModelHooks(init=lambda s: get_weights(model(seed=s)),
+                       evaluate=lambda w: evaluate(model(w), Split(x=xs, y=ys)), num_classes=num_classes)
+    return hooks, exchange
 
 
 def calibrated_noise_multiplier(config: FederatedTargetConfig) -> float | None:
@@ -376,6 +332,37 @@ def _logits(
         return m(torch.as_tensor(np.asarray(x, dtype=np.float32))).double().numpy()
 
 
+def _pooled_scores(phi: np.ndarray, loss: np.ndarray, masks: np.ndarray
+                   ) -> dict[str, tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Attack each model with the others as shadows; per attack, the member and non-member scores."""
+    models, n = masks.shape
+    pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
+        "loss-threshold": ([], []),
+        "lira-online-fixed-var": ([], []),
+        "lira-offline-fixed-var": ([], []),
+    }
+    others_all = np.arange(models)
+    for k in range(models):
+        others = others_all[others_all != k]
+        usable = masks[others].any(axis=0) & (~masks[others]).any(axis=0)
+        score_sets = {
+            "loss-threshold": loss_threshold_scores(loss[k]),
+            "lira-online-fixed-var": np.full(n, np.nan),
+            "lira-offline-fixed-var": np.full(n, np.nan),
+        }
+        score_sets["lira-online-fixed-var"][usable] = lira_online_scores(
+            phi[k, usable], phi[others][:, usable], masks[others][:, usable]
+        )
+        score_sets["lira-offline-fixed-var"][usable] = lira_offline_scores(
+            phi[k, usable], phi[others][:, usable], masks[others][:, usable]
+        )
+        for name, sc in score_sets.items():
+            keep = usable if name != "loss-threshold" else np.ones(n, dtype=bool)
+            pooled[name][0].append(sc[keep & masks[k]])
+            pooled[name][1].append(sc[keep & ~masks[k]])
+    return pooled
+
+
 def membership_experiment(
     x: np.ndarray,
     y: np.ndarray,
@@ -402,14 +389,8 @@ def membership_experiment(
     phis, losses, eps_values, sigmas, train_acc, test_acc = [], [], [], [], [], []
     sigma_dp = calibrated_noise_multiplier(config)
     for k in range(models):
-        weights, eps, sigma = train_federated_model(
-            x,
-            y,
-            np.flatnonzero(masks[k]),
-            config=config,
-            seed=seed * 1000 + k,
-            noise_multiplier=sigma_dp,
-        )
+        weights, eps, sigma = train_federated_model(x, y, np.flatnonzero(masks[k]), config=config,
+                                                    seed=seed * 1000 + k, noise_multiplier=sigma_dp)
         z = _logits(config, weights, x)
         phis.append(logit_confidence(z, y))
         logp = special.log_softmax(z, axis=1)
@@ -425,32 +406,7 @@ def membership_experiment(
                 f"{config.label}: model {k + 1}/{models} train acc {train_acc[-1]:.3f} "
                 f"test acc {test_acc[-1]:.3f}" + ("" if eps is None else f" eps {eps:.3g}")
             )
-    phi = np.stack(phis)
-    loss = np.stack(losses)
-    pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
-        "loss-threshold": ([], []),
-        "lira-online-fixed-var": ([], []),
-        "lira-offline-fixed-var": ([], []),
-    }
-    others_all = np.arange(models)
-    for k in range(models):
-        others = others_all[others_all != k]
-        usable = masks[others].any(axis=0) & (~masks[others]).any(axis=0)
-        score_sets = {
-            "loss-threshold": loss_threshold_scores(loss[k]),
-            "lira-online-fixed-var": np.full(n, np.nan),
-            "lira-offline-fixed-var": np.full(n, np.nan),
-        }
-        score_sets["lira-online-fixed-var"][usable] = lira_online_scores(
-            phi[k, usable], phi[others][:, usable], masks[others][:, usable]
-        )
-        score_sets["lira-offline-fixed-var"][usable] = lira_offline_scores(
-            phi[k, usable], phi[others][:, usable], masks[others][:, usable]
-        )
-        for name, s in score_sets.items():
-            keep = usable if name != "loss-threshold" else np.ones(n, dtype=bool)
-            pooled[name][0].append(s[keep & masks[k]])
-            pooled[name][1].append(s[keep & ~masks[k]])
+    pooled = _pooled_scores(np.stack(phis), np.stack(losses), masks)
     epsilon = float(np.mean(eps_values)) if eps_values else None
     scores = [
         MembershipScores(

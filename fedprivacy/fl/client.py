@@ -14,16 +14,21 @@ secure source otherwise; the torch seed of local training is drawn from it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedprivacy.fl.types import ClientUpdate, RoundInstructions
+from fedprivacy.fl.task import LocalResult
+from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+
+
+LocalTrainer = Callable[[Sequence[np.ndarray], int], LocalResult]
+"""``train(global weights, seed) -> LocalResult``: the ML step of one client's round."""
 
 
 def client_rng(*, seed: int, partition_id: int, round: int) -> RandomSource:
@@ -64,36 +69,26 @@ def privatize_update(
     return arrays
 
 
-def train_client(
-    cfg: RunConfig,
+def client_update(
     *,
     partition_id: int,
-    num_partitions: int,
     weights: Sequence[np.ndarray],
     instructions: RoundInstructions,
+    train: LocalTrainer,
 ) -> ClientUpdate:
-    """Run one client's round: local training, Δ, clipping, optional local noise."""
-    from fedprivacy.fl import task
+    """The one client pipeline: train locally, Δ = w_local − w_global, privatise, disclose what the mode allows.
 
+    ``train(weights, seed)`` is the ML step (:class:`fedprivacy.fl.task.LocalResult`); its seed is drawn
+    from the client's :func:`client_rng`, and so is the local noise, so a seeded run repeats exactly.
+    Used by the ClientApp (through :func:`train_client`), the in-process :func:`local_exchange`, the
+    membership-inference targets and the benchmarks.
+    """
     rng = client_rng(seed=instructions.seed, partition_id=partition_id, round=instructions.round)
-    train_seed = int(rng.child("train").integers(0, 2**31 - 1))
-    result = task.local_training(
-        cfg,
-        partition_id=partition_id,
-        num_partitions=num_partitions,
-        weights=weights,
-        instructions=instructions,
-        seed=train_seed,
-    )
+    result = train(weights, int(rng.child("train").integers(0, 2**31 - 1)))
     delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
              for w, g in zip(result.weights, weights, strict=True)]
-    released = privatize_update(
-        delta,
-        privacy=instructions.privacy,
-        clip_norm=instructions.clip_norm,
-        local_noise_std=instructions.local_noise_std,
-        rng=rng.child("noise"),
-    )
+    released = privatize_update(delta, privacy=instructions.privacy, clip_norm=instructions.clip_norm,
+                                local_noise_std=instructions.local_noise_std, rng=rng.child("noise"))
     trusted = instructions.privacy in ("none", "central")
     metrics: dict[str, float] = {}
     if trusted and result.dpsgd_steps is not None:
@@ -106,3 +101,34 @@ def train_client(
         train_loss=result.loss if trusted else None,
         metrics=metrics,
     )
+
+
+def train_client(
+    cfg: RunConfig,
+    *,
+    partition_id: int,
+    num_partitions: int,
+    weights: Sequence[np.ndarray],
+    instructions: RoundInstructions,
+) -> ClientUpdate:
+    """One client's round on the configured model and data partition (:func:`client_update`)."""
+    from fedprivacy.fl import task
+
+    def train(w: Sequence[np.ndarray], seed: int) -> LocalResult:
+        return task.local_training(cfg, partition_id=partition_id, num_partitions=num_partitions,
+                                   weights=w, instructions=instructions, seed=seed)
+
+    return client_update(partition_id=partition_id, weights=weights, instructions=instructions, train=train)
+
+
+def local_exchange(cfg: RunConfig, *, population: int) -> Exchange:
+    """An :data:`~fedprivacy.fl.types.Exchange` that runs the sampled clients in this process (no
+    Flower): the same :func:`train_client` the ClientApp calls, for notebooks, tests and benchmarks."""
+
+    def exchange(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
+                 ) -> tuple[list[ClientUpdate], dict[int, str]]:
+        updates = [train_client(cfg, partition_id=pid, num_partitions=population, weights=weights,
+                                instructions=instr) for pid in cohort]
+        return updates, {}
+
+    return exchange

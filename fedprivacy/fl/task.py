@@ -112,14 +112,3 @@ def local_training(
     rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None
     return LocalResult(weights=get_weights(model), num_examples=n, loss=float(res.loss),
                        dpsgd_steps=steps, dpsgd_sample_rate=rate)
-
-
-def evaluate_local(
-    cfg: RunConfig, weights: Sequence[np.ndarray], *, partition_id: int, num_partitions: int, num_classes: int
-) -> tuple[float, float, int]:
-    """(loss, accuracy, n) of ``weights`` on this client's own partition."""
-    from fedprivacy.ml.partition import load_partition
-
-    split = load_partition(cfg, partition_id, num_partitions)
-    loss, acc = evaluate_weights(cfg, weights, split, num_classes=num_classes)
-    return loss, acc, len(split)

@@ -47,14 +47,7 @@ def simulate(  # pylint: disable=too-many-arguments
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     from server.engine._flwr_private import fuse_dicts
-    from server.engine.appspec import (
-        absolute_output_dir,
-        config_string,
-        load_app_spec,
-        parse_overrides,
-    )
-    from server.engine.flower import run_flwr
-    from server.engine.run import run_inprocess
+    from server.engine.appspec import absolute_output_dir, load_app_spec, parse_overrides
 
     spec = load_app_spec(app_dir)
     overrides = parse_overrides(run_config)
@@ -62,44 +55,55 @@ def simulate(  # pylint: disable=too-many-arguments
     overrides = absolute_output_dir(overrides, fused)
     summary: dict[str, Any] = {"engine": engine, "num_supernodes": num_supernodes}
     if engine == "inprocess":
-        res = run_inprocess(
-            run_config=overrides,
-            num_supernodes=num_supernodes,
-            workers=workers,
-            faults=faults,
-            app_dir=app_dir,
-        )
-        summary.update(
-            workers=res.workers,
-            seconds=res.seconds,
-            startup_seconds=res.startup_seconds,
-            messages=res.stats.messages,
-            replies=res.stats.replies,
-            errors=res.stats.errors,
-            dropped=res.stats.dropped,
-            results_path=None if res.results_path is None else str(res.results_path),
-        )
+        summary.update(_on_inprocess(overrides, num_supernodes=num_supernodes, workers=workers,
+                                     faults=faults, app_dir=app_dir))
     else:
         if faults is not None or workers != 1:
             raise ValueError("faults and workers apply to the inprocess engine only")
-        if not fused.get("run-name"):  # name the run, so its results.json is known (no mtime scan: D9)
-            overrides = {**overrides, "run-name": time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)}
-        final = fuse_dicts(spec.default_config, overrides)
-        out = run_flwr(run_config=config_string(overrides), num_supernodes=num_supernodes,
-                       app_dir=app_dir, timeout=timeout)
-        if out.returncode != 0:
-            raise RuntimeError(f"flwr run exited with code {out.returncode}")
-        path = Path(str(final["output-dir"])) / str(final["run-name"]) / "results.json"
-        summary.update(seconds=out.seconds, results_path=str(path) if path.is_file() else None)
+        summary.update(_on_flower(overrides, spec.default_config, num_supernodes=num_supernodes,
+                                  app_dir=app_dir, timeout=timeout))
     if summary.get("results_path"):
-        results = json.loads(Path(summary["results_path"]).read_text(encoding="utf-8"))
-        rows = results.get("rounds", [])
-        summary["rounds"] = len(rows)
-        if rows:
-            summary["final"] = {
-                k: rows[-1].get(k) for k in ("round", "test_accuracy", "epsilon", "delta")
-            }
+        summary.update(_final_round(Path(summary["results_path"])))
     return summary
+
+
+def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers: int,
+                  faults: FaultPlan | None, app_dir: str | Path) -> dict[str, Any]:
+    from server.engine.run import run_inprocess
+
+    res = run_inprocess(run_config=overrides, num_supernodes=num_supernodes, workers=workers,
+                        faults=faults, app_dir=app_dir)
+    return {"workers": res.workers, "seconds": res.seconds, "startup_seconds": res.startup_seconds,
+            "messages": res.stats.messages, "replies": res.stats.replies, "errors": res.stats.errors,
+            "dropped": res.stats.dropped,
+            "results_path": None if res.results_path is None else str(res.results_path)}
+
+
+def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num_supernodes: int,
+               app_dir: str | Path, timeout: float | None) -> dict[str, Any]:
+    """``flwr run`` with a named run, so its ``results.json`` is known (no mtime scan: review D9)."""
+    from server.engine._flwr_private import fuse_dicts
+    from server.engine.appspec import config_string
+    from server.engine.flower import run_flwr
+
+    overrides = dict(overrides)
+    if not fuse_dicts(dict(defaults), overrides).get("run-name"):
+        overrides["run-name"] = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    final = fuse_dicts(dict(defaults), overrides)
+    out = run_flwr(run_config=config_string(overrides), num_supernodes=num_supernodes, app_dir=app_dir,
+                   timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"flwr run exited with code {out.returncode}")
+    path = Path(str(final["output-dir"])) / str(final["run-name"]) / "results.json"
+    return {"seconds": out.seconds, "results_path": str(path) if path.is_file() else None}
+
+
+def _final_round(results_path: Path) -> dict[str, Any]:
+    rows = json.loads(results_path.read_text(encoding="utf-8")).get("rounds", [])
+    out: dict[str, Any] = {"rounds": len(rows)}
+    if rows:
+        out["final"] = {k: rows[-1].get(k) for k in ("round", "test_accuracy", "epsilon", "delta")}
+    return out
 
 
 class EngineName(StrEnum):
@@ -138,27 +142,11 @@ def simulate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the Flower apps on the in-process engine or on Flower's own simulation engine."""
-    if num_supernodes < 1:
-        usage_error(f"--num-supernodes must be >= 1, got {num_supernodes}")
-    if workers < 1:
-        usage_error(f"--workers must be >= 1, got {workers}")
-    if engine is EngineName.flower and (workers != 1 or faults):
-        usage_error("--workers and --faults apply only to --engine inprocess")
-    from server.engine.faults import FaultPlan
-
+    plan = _checked_options(engine, num_supernodes=num_supernodes, workers=workers, faults=faults,
+                            fault_seed=fault_seed)
     try:
-        plan = FaultPlan.parse(faults, seed=fault_seed) if faults.strip() else None
-    except (TypeError, ValueError) as exc:
-        usage_error(f"--faults: {exc}")
-    try:
-        summary = simulate(
-            engine=engine.value,
-            num_supernodes=num_supernodes,
-            run_config=run_config,
-            workers=workers,
-            app_dir=app_dir,
-            faults=plan,
-        )
+        summary = simulate(engine=engine.value, num_supernodes=num_supernodes, run_config=run_config,
+                           workers=workers, app_dir=app_dir, faults=plan)
     except (FileNotFoundError, ValueError) as exc:
         usage_error(f"--run-config: {exc}" if "config" in str(exc).lower() else str(exc))
     except RuntimeError as exc:
@@ -174,6 +162,23 @@ def simulate_command(
         f"final accuracy {final.get('test_accuracy')}, epsilon {final.get('epsilon')}; "
         f"results: {summary.get('results_path')}"
     )
+
+
+def _checked_options(engine: EngineName, *, num_supernodes: int, workers: int, faults: str,
+                     fault_seed: int) -> FaultPlan | None:
+    """The options ``simulate`` checks itself (exit 2, one line); the parsed fault plan."""
+    if num_supernodes < 1:
+        usage_error(f"--num-supernodes must be >= 1, got {num_supernodes}")
+    if workers < 1:
+        usage_error(f"--workers must be >= 1, got {workers}")
+    if engine is EngineName.flower and (workers != 1 or faults):
+        usage_error("--workers and --faults apply only to --engine inprocess")
+    from server.engine.faults import FaultPlan
+
+    try:
+        return FaultPlan.parse(faults, seed=fault_seed) if faults.strip() else None
+    except (TypeError, ValueError) as exc:
+        usage_error(f"--faults: {exc}")
 
 
 app = typer.Typer(

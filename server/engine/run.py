@@ -16,7 +16,7 @@ from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
-from server.codec import results_path_of
+from fedprivacy_flwr.codec import results_path_of
 from server.engine._flwr_private import (
     SUPERLINK_NODE_ID,
     LoadClientAppError,

@@ -111,3 +111,45 @@ def test_clipping_alone_does_not_stop_a_clipping_aware_idlg(digits) -> None:
     )
     rec = idlg_attack(model, upd, batch_size=1, iterations=100, seed=0, scale_free=True)
     assert psnr(x[8].reshape(8, 8), rec.images[0]) > 30.0
+
+
+def test_distributed_share_defence_goes_through_the_shipped_encoder(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # D4: the "distributed-DP share" row used to be a continuous Gaussian sigma/sqrt(n), not the encoder
+    from fedprivacy.attacks.gradient_leakage import encoded_share
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg.encoding import EncodingSpec
+
+    calls = []
+    real = EncodingSpec.encode
+
+    def counting(self, flat, *, rng):  # type: ignore[no-untyped-def]
+        calls.append(self.kind)
+        return real(self, flat, rng=rng)
+
+    monkeypatch.setattr(EncodingSpec, "encode", counting)
+    update = [np.full(2000, 0.01), np.full(48, -0.02)]  # norm < C: clipping leaves it unchanged
+    share = encoded_share(update, clip_norm=1.0, noise_multiplier=2.0, threshold=16,
+                          rng=RandomSource.seeded(5))
+    assert calls == ["ddgauss"]
+    residual = np.concatenate([s - u for s, u in zip(share, update, strict=True)])
+    # one client's share carries z C / sqrt(t) = 0.5 per coordinate (rotation keeps it isotropic)
+    assert np.std(residual) == pytest.approx(2.0 / 4.0, rel=0.1)
+    assert abs(float(np.mean(residual))) < 0.05
+
+
+def test_an_attack_registers_in_one_place_and_runs_by_name(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fedprivacy.attacks import gradient_leakage as gl
+
+    monkeypatch.setattr(gl, "ATTACKS", dict(gl.ATTACKS))
+
+    def blank(model, observed, params):  # type: ignore[no-untyped-def]
+        images = np.full((params.batch_size, gl.IMAGE_SIDE, gl.IMAGE_SIDE), 0.5)
+        return gl.Reconstruction(images=images, labels=np.zeros(params.batch_size, np.int64), loss=0.0)
+
+    gl.register_attack("blank", victim="mlp", run=blank)
+    rec = gl.run_attack("blank", gl.build_victim("mlp", seed=0), [np.zeros(1)], batch_size=2)
+    assert rec.images.shape == (2, 8, 8)
+    with pytest.raises(ValueError, match="already registered"):
+        gl.register_attack("blank", victim="mlp", run=blank)
+    with pytest.raises(ValueError, match="victim"):
+        gl.register_attack("other", victim="resnet", run=blank)

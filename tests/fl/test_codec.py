@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
-from server import codec
+from fedprivacy_flwr import codec
 from server.engine._flwr_private import TaskIdentityScope as _TaskIdentityScope
 
 
@@ -52,3 +52,26 @@ def test_reply_carries_only_what_the_mode_discloses() -> None:
 def test_query_reply_names_the_partition() -> None:
     msg = codec.query_message(9)
     assert codec.decode_query_reply(codec.query_reply(msg, partition_id=3, num_partitions=10)) == (3, 10)
+
+
+def test_one_metrics_encoder_for_plain_and_secagg_replies_drops_non_finite_losses() -> None:
+    # D7: the SecAgg masked reply used to send a non-finite train-loss that the plain reply filtered out;
+    # both now go through codec.metrics_record
+    import math
+
+    from flwr.app import RecordDict
+
+    for loss in (math.nan, math.inf):
+        upd = ClientUpdate(partition_id=4, delta=(), num_examples=7, train_loss=loss,
+                           metrics={"dpsgd_steps": 3.0})
+        record = codec.metrics_record(upd)
+        assert dict(record) == {"num-examples": 7, "dpsgd-steps": 3.0}
+        back = codec.update_metadata(RecordDict({"metrics": record}), 4)
+        assert (back.num_examples, back.train_loss, back.metrics) == (7, None, {"dpsgd_steps": 3.0})
+    quiet = ClientUpdate(partition_id=1, delta=())  # distributed/local modes disclose nothing
+    assert dict(codec.metrics_record(quiet)) == {}
+    import inspect
+
+    from clients import secagg_handlers
+
+    assert "codec.metrics_record(" in inspect.getsource(secagg_handlers.masked)

@@ -1,11 +1,12 @@
-"""Wire format of fedprivacy's Flower messages (shared by the ServerApp and the ClientApp).
+"""Wire format of fedprivacy's Flower messages: the one codec the ServerApp and the ClientApp share.
 
 train  (server -> client): ``arrays`` = global weights (ArrayRecord), ``config`` = RoundInstructions.
 train  (client -> server): ``update`` = Δ (ArrayRecord), ``metrics`` = MetricRecord with only what the
                            privacy mode lets the client disclose (``num-examples``, ``train-loss``,
                            ``dpsgd-steps``, ``dpsgd-sample-rate``; nothing in local mode).
 query  (server -> client): ``config`` = {"ask": "node"}; reply ``node`` = {partition-id, num-partitions}.
-evaluate (server -> client): ``arrays``; reply ``metrics`` = {loss, accuracy, num-examples}.
+results (ServerApp Context state): ``fedprivacy-results`` = {path} of the ``results.json`` it wrote.
+Secure-aggregation stages: :mod:`fedprivacy_flwr.secagg_records`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
+
+
+def error_text(reply: Message) -> str:
+    """One line for a Flower Error reply."""
+    err = reply.error
+    return f"client error (code {err.code}): {err.reason}"
 
 
 def arrays_to_record(arrays: Sequence[np.ndarray]) -> ArrayRecord:
@@ -91,23 +98,6 @@ def query_reply(msg: Message, *, partition_id: int, num_partitions: int) -> Mess
 def decode_query_reply(reply: Message) -> tuple[int, int]:
     node: Mapping[str, Any] = reply.content.config_records["node"]
     return int(node["partition-id"]), int(node["num-partitions"])
-
-
-def evaluate_message(node_id: int, weights: Sequence[np.ndarray], *, num_classes: int, round: int) -> Message:
-    content = RecordDict({"arrays": arrays_to_record(weights),
-                          "config": ConfigRecord({"num-classes": int(num_classes), "round": int(round)})})
-    return Message(content=content, dst_node_id=node_id, message_type=MessageType.EVALUATE,
-                   group_id=str(round))
-
-
-def decode_evaluate(msg: Message) -> tuple[list[np.ndarray], int]:
-    config: Mapping[str, Any] = msg.content.config_records["config"]
-    return record_to_arrays(msg.content.array_records["arrays"]), int(config["num-classes"])
-
-
-def evaluate_reply(msg: Message, *, loss: float, accuracy: float, num_examples: int) -> Message:
-    metrics = MetricRecord({"loss": float(loss), "accuracy": float(accuracy), "num-examples": int(num_examples)})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 RESULTS_RECORD = "fedprivacy-results"
