@@ -22,6 +22,7 @@ from fedprivacy.dp.mechanisms import (
     laplace_mechanism,
     laplace_scale,
     report_noisy_max,
+    report_noisy_max_scale,
 )
 from fedprivacy.dp.rng import RandomSource, default_source
 
@@ -43,6 +44,7 @@ __all__ = [
     "laplace_mechanism",
     "laplace_scale",
     "report_noisy_max",
+    "report_noisy_max_scale",
     "sample_discrete_gaussian",
     "sample_discrete_gaussian_exact",
     "sample_discrete_laplace_exact",

@@ -35,6 +35,7 @@ __all__ = [
     "laplace_mechanism",
     "laplace_scale",
     "report_noisy_max",
+    "report_noisy_max_scale",
 ]
 
 
@@ -247,6 +248,17 @@ def exponential_mechanism(
     return int(np.argmax(u * factor + g))
 
 
+def report_noisy_max_scale(*, sensitivity: float, epsilon: float, monotonic: bool = False) -> float:
+    """The noise scale :func:`report_noisy_max` adds to each utility: ``2Δu/ε`` (``Δu/ε`` monotonic).
+
+    With this scale, neighbouring utility vectors (``‖u − u'‖∞ ≤ Δu``) give every output index a
+    probability ratio of at most ``e^ε`` (Dwork & Roth 2014, Claim 3.9; McKenna & Sheldon 2020, Thm 1).
+    """
+    sens = _positive("sensitivity", sensitivity)
+    eps = _positive("epsilon", epsilon)
+    return (sens if monotonic else 2.0 * sens) / eps
+
+
 def report_noisy_max(
     utilities: Any,
     *,
@@ -268,9 +280,7 @@ def report_noisy_max(
     * ``"gumbel"``: identical in distribution to :func:`exponential_mechanism` (Gumbel-max trick).
     """
     u = _utilities(utilities)
-    sens = _positive("sensitivity", sensitivity)
-    eps = _positive("epsilon", epsilon)
-    b = (sens if monotonic else 2.0 * sens) / eps
+    b = report_noisy_max_scale(sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic)
     src = _source(rng)
     if noise == "gumbel":
         z = src.gumbel(u.size) * b

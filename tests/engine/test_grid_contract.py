@@ -18,6 +18,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 
 from server.engine import (
+    FaultPlan,
+    FaultRule,
     InProcessGrid,
     load_app_spec,
     parse_overrides,
@@ -30,7 +32,8 @@ from server.engine.run import load_apps, make_run
 RUN_ID = 4242
 
 
-def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, **overrides: object) -> InProcessGrid:
+def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, faults: FaultPlan | None = None,
+          **overrides: object) -> InProcessGrid:
     spec = load_app_spec(toyapp_dir)
     _, capp = load_apps(spec, None, None)
     cfg = resolve_run_config(dict(overrides), app_dir=toyapp_dir)
@@ -40,6 +43,7 @@ def _grid(toyapp_dir: Path, n: int = 4, workers: int = 1, **overrides: object) -
         run_config=cfg,
         num_supernodes=n,
         workers=workers,
+        faults=faults,
         node_id_seed=1,
     )
 
@@ -133,25 +137,27 @@ def test_client_exception_becomes_flower_error_reply(toyapp_dir: Path, identity:
 
 
 def test_timeout_returns_what_arrived_and_keeps_the_rest(toyapp_dir: Path, identity: None) -> None:
-    # partition 1 sleeps past the timeout; the ServerApp gets partition 0's reply only,
-    # partitions 2 and 3 run later and can still be pulled, like on a SuperLink.
-    grid = _grid(toyapp_dir, **{"sleep-partition": 1, "sleep-seconds": 2.5})
+    # partition 1's reply comes 2.5 s late (virtual time: nothing sleeps); the ServerApp gets the
+    # replies that arrived within the 1 s timeout; the late one can still be pulled, like on a SuperLink.
+    late = FaultPlan(rules=(FaultRule(action="delay", message_type="train", partition_ids=(1,), delay=2.5),))
+    grid = _grid(toyapp_dir, faults=late)
     msgs = sorted(_train_msgs(grid), key=lambda m: grid.node_partition(m.metadata.dst_node_id))
 
     replies = list(grid.send_and_receive(msgs, timeout=1.0))
-    later = list(grid.pull_messages([m.metadata.message_id for m in msgs[1:]]))
+    later = list(grid.pull_messages([msgs[1].metadata.message_id]))  # partition 1's
 
-    assert [grid.node_partition(r.metadata.src_node_id) for r in replies] == [0]
-    assert sorted(grid.node_partition(r.metadata.src_node_id) for r in later) == [1, 2, 3]
+    assert sorted(grid.node_partition(r.metadata.src_node_id) for r in replies) == [0, 2, 3]
+    assert [grid.node_partition(r.metadata.src_node_id) for r in later] == [1]
+    assert grid.stats.late == 1 and grid.stats.delayed == 1
 
 
-def test_node_state_persists_only_when_non_empty(toyapp_dir: Path, identity: None) -> None:
+def test_node_state_persists_from_one_message_of_a_node_to_the_next(toyapp_dir: Path,
+                                                                    identity: None) -> None:
+    # the toy client counts its calls in context.state: every node sees 1, 2, 3
     grid = _grid(toyapp_dir)
     for rnd in (1, 2, 3):
         replies = list(grid.send_and_receive(_train_msgs(grid, rnd), timeout=30))
         assert {int(r.content["metrics"]["calls"]) for r in replies} == {rnd}
-    # evaluate leaves state untouched; the per-node store holds only the 4 train states
-    assert len(grid._node_state) == 4  # noqa: SLF001
 
 
 def test_pool_gives_the_same_replies_as_inline(toyapp_dir: Path, identity: None) -> None:
