@@ -2,7 +2,7 @@
 
 Every measurement runs in its own child process (this script re-invoked with ``--child``), so
 start-up time and peak memory are those of a fresh command. Peak memory is the peak of the summed
-PSS (proportional set size, from ``/proc/<pid>/smaps_rollup``) over the child's whole process tree,
+PSS (proportional set size, psutil) over the child's whole process tree,
 sampled every 0.2 s, so forked workers and Ray's processes are counted once for shared pages.
 
 Workload (issue 7): plain FedAvg (privacy ``none``), digits, 1000 clients, a fixed cohort of 100 per
@@ -28,11 +28,9 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,57 +43,17 @@ MODELS = {"10k": ("mlp", 128), "100k": ("mlp-large", 288)}
 # --------------------------------------------------------------------------- memory
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(children.get(pid, []))
-    return out
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 class PeakMemory:
-    """Samples the summed PSS of this process tree in a daemon thread."""
+    """The summed PSS of this process tree, sampled every 0.2 s (:mod:`fedprivacy_bench.memory`)."""
 
     def __init__(self, interval: float = 0.2) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
+        from fedprivacy_bench.memory import PeakMemorySampler
 
-    def _run(self, interval: float) -> None:
-        me = os.getpid()
-        while not self._stop.is_set():
-            total = sum(_pss_kb(p) for p in _descendants(me))
-            self.peak_kb = max(self.peak_kb, total)
-            self._stop.wait(interval)
+        self._sampler = PeakMemorySampler(os.getpid(), interval=interval).__enter__()
 
     def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak_kb / 1024.0
+        self._sampler.__exit__(None, None, None)
+        return self._sampler.peak_mb
 
 
 # --------------------------------------------------------------------------- children
@@ -276,10 +234,9 @@ def _spawn(spec: dict[str, Any], *, timeout: float) -> dict[str, Any]:
 
 
 def _steady(xs: list[float] | None) -> float | None:
-    if not xs:
-        return None
-    tail = xs[1:] if len(xs) > 1 else xs
-    return statistics.median(tail)
+    from fedprivacy_bench.spec import steady_state_seconds
+
+    return steady_state_seconds(xs or [])
 
 
 def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

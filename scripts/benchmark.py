@@ -1,8 +1,8 @@
 """What does privacy cost? fedprivacy's privacy modes side by side with Flower's own tools.
 
-Runs a sweep of configurations, each in a fresh worker process (``benchmarks.worker``) whose whole
+Runs a sweep of configurations, each in a fresh worker process (``fedprivacy_bench.worker``) whose whole
 process tree is sampled for peak memory, then writes the rows as JSON (``--json PATH`` plus a copy
-under ``benchmarks/results/``), the plots ``docs/img/bench_*.png`` and the generated
+under ``fedprivacy_bench/results/``), the plots ``docs/img/bench_*.png`` and the generated
 ``docs/BENCHMARKS.md``.
 
     python scripts/benchmark.py --quick            # <= 5 minutes on 2 cores, into runs/benchmark-quick/
@@ -32,15 +32,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedprivacy_bench import report
+from fedprivacy_bench.memory import PeakMemorySampler
+from fedprivacy_bench.spec import BenchSpec, make_record
+
 REPO = Path(__file__).resolve().parents[1]
-# opacus 1.6 installs a top-level package named `benchmarks` too: the repository's must come first.
-sys.path.insert(0, str(REPO))
 
-from benchmarks import report  # noqa: E402
-from benchmarks.memory import PeakMemorySampler  # noqa: E402
-from benchmarks.spec import BenchSpec, make_record  # noqa: E402
-
-RESULTS_DIR = REPO / "benchmarks" / "results"
+RESULTS_DIR = REPO / "fedprivacy_bench" / "results"
 DOCS_MD = REPO / "docs" / "BENCHMARKS.md"
 IMG_DIR = REPO / "docs" / "img"
 QUICK_OUT = REPO / "runs" / "benchmark-quick"
@@ -141,7 +139,7 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
             calibrated[k] = max(calibrated.get(k, 0), s.rounds)
     sigmas = sorted((e, t, q, sig) for (e, sig, q), t in calibrated.items())
     return [
-        "Data and model come from `fedprivacy.ml` for every row (`benchmarks/task.py`): digits "
+        "Data and model come from `fedprivacy.ml` for every row (`fedprivacy_bench/task.py`): digits "
         "(sklearn, 20% held out) split IID; Synthetic(1, 1) (Li et al. 2020) with its natural "
         "per-client split; a one-hidden-layer MLP (`mlp`; width 128/1330 on digits and 140/1400 on "
         "Synthetic for ~10k/~100k parameters); 1 local epoch of SGD, lr 0.1, batch 32; seed 0.",
@@ -157,7 +155,7 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "`local` adds the full noise σC on every client; `distributed` is fedprivacy's SecAgg with "
         "distributed discrete Gaussian noise; `dpsgd` is sample-level DP-SGD (Opacus, noise "
         "multiplier 1.0, max grad norm 1.0) without user-level noise — its ε is per example.",
-        "Flower rows (`benchmarks/flower_baselines/`) run on `flwr.simulation.run_simulation` (Ray, "
+        "Flower rows (`fedprivacy_bench/flower_baselines/`) run on `flwr.simulation.run_simulation` (Ray, "
         "2 CPUs, 1 CPU per virtual client): plain `FedAvg` (Message API, fixed-size cohort, "
         "example-weighted); `DifferentialPrivacyClientSideFixedClipping` + `fixedclipping_mod` with "
         "Flower's `RdpAccountant`, which in 1.42 accepts only `no-amplification` sampling, so "
@@ -204,7 +202,7 @@ def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float,
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     if single_thread:
         env.update(SINGLE_THREAD_ENV)
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--spec", json.dumps(spec.to_dict()),
+    cmd = [sys.executable, "-m", "fedprivacy_bench.worker", "--spec", json.dumps(spec.to_dict()),
            "--out", str(out)]
     t0 = time.perf_counter()
     with log.open("w") as fh:
@@ -295,7 +293,7 @@ def output_paths(*, quick: bool, out: Path | None,
     """Where the report, the plots and the JSON copy go: ``(markdown, img dir, results dir)``.
 
     Only the full sweep without ``--out`` writes the committed docs/BENCHMARKS.md, docs/img/ and
-    benchmarks/results/; ``--quick`` writes to ``--out`` (default ``runs/benchmark-quick/``) and never
+    fedprivacy_bench/results/; ``--quick`` writes to ``--out`` (default ``runs/benchmark-quick/``) and never
     to the committed files. ``--no-docs`` writes nothing but ``--json``.
     """
     if out is None and not quick:

@@ -2,7 +2,7 @@
 
 A ``BenchSpec`` fixes everything that must be equal between the rows that are compared: data set,
 population, cohort, model width, local training and the DP parameters. The runners
-(``benchmarks.torch_loop``, ``benchmarks.flower_baselines``, ``benchmarks.fedprivacy_runner``) all
+(``fedprivacy_bench.torch_loop``, ``fedprivacy_bench.flower_baselines``, ``fedprivacy_bench.fedprivacy_runner``) all
 take a spec and return a ``RunRecord`` as a plain dict, so that the worker process can ship it as
 JSON.
 """

@@ -35,9 +35,9 @@ from flwr.supercore.privacy_accounting import (
 )
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from benchmarks import task
-from benchmarks.flower_baselines.recorder import RoundRecorder
-from benchmarks.spec import BenchSpec
+from fedprivacy_bench import task
+from fedprivacy_bench.flower_baselines.recorder import RoundRecorder
+from fedprivacy_bench.spec import BenchSpec
 
 SUPPORTED_MODES = ("none", "central")
 

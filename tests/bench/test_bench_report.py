@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from benchmarks import report
-from benchmarks.fedprivacy_runner import run_config_for
-from benchmarks.memory import process_tree, tree_memory_mb
-from benchmarks.spec import BenchSpec, make_record, steady_state_seconds
+from fedprivacy_bench import report
+from fedprivacy_bench.fedprivacy_runner import run_config_for
+from fedprivacy_bench.memory import process_tree, tree_memory_mb
+from fedprivacy_bench.spec import BenchSpec, make_record, steady_state_seconds
 
 
 def _spec(**kw: object) -> BenchSpec:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks import task
-from benchmarks.spec import BenchSpec, make_record
+from fedprivacy_bench import task
+from fedprivacy_bench.spec import BenchSpec, make_record
 
 
 def run_torch_loop(spec: BenchSpec) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import time
 import warnings
 from typing import Any
 
-from benchmarks.flower_baselines.recorder import RoundRecorder
-from benchmarks.spec import BenchSpec, make_record
+from fedprivacy_bench.flower_baselines.recorder import RoundRecorder
+from fedprivacy_bench.spec import BenchSpec, make_record
 
 FLOWER_MODES = ("none", "central", "secagg+central")
 
@@ -36,9 +36,9 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     if spec.mode == "secagg+central":
-        from benchmarks.flower_baselines import secaggplus as apps
+        from fedprivacy_bench.flower_baselines import secaggplus as apps
     else:
-        from benchmarks.flower_baselines import message_api as apps  # type: ignore[no-redef]
+        from fedprivacy_bench.flower_baselines import message_api as apps  # type: ignore[no-redef]
 
     recorder = RoundRecorder()
     server_app = apps.make_server_app(spec, recorder)

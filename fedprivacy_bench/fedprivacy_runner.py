@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import task
-from benchmarks.spec import BenchSpec, make_record
+from fedprivacy_bench import task
+from fedprivacy_bench.spec import BenchSpec, make_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
             path = res.results_path
             startup = res.startup_seconds
         elif spec.engine == "ray":
-            from benchmarks.flower_baselines.run import ray_backend_config
+            from fedprivacy_bench.flower_baselines.run import ray_backend_config
 
             engine.run_flower_simulation(run_config=run_config, num_supernodes=spec.num_clients,
                                          app_dir=REPO, backend_config=ray_backend_config())

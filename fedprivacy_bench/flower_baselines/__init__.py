@@ -12,5 +12,5 @@
 
 These apps are built from a ``BenchSpec`` by factories because ``run_simulation`` takes no run
 config; they use the same data, partitions, model and local SGD as every other row
-(``benchmarks.task``).
+(``fedprivacy_bench.task``).
 """

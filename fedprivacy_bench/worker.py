@@ -1,9 +1,9 @@
 """Run one benchmark spec in this (fresh) process and write its record as JSON.
 
-``python -m benchmarks.worker --spec '<json>' --out PATH``. ``scripts/benchmark.py`` starts one
+``python -m fedprivacy_bench.worker --spec '<json>' --out PATH``. ``scripts/benchmark.py`` starts one
 worker per configuration so that start-up costs, imports and peak memory belong to that
 configuration alone, and samples the memory of the worker's whole process tree (Ray starts
-several processes) while it runs (``benchmarks.memory``).
+several processes) while it runs (``fedprivacy_bench.memory``).
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.spec import BenchSpec, make_record
+from fedprivacy_bench.spec import BenchSpec, make_record
 
 
 def run_spec(spec: BenchSpec) -> dict[str, Any]:
     """Dispatch ``spec`` to its runner."""
     if spec.framework == "torch":
-        from benchmarks.torch_loop import run_torch_loop
+        from fedprivacy_bench.torch_loop import run_torch_loop
 
         return run_torch_loop(spec)
     if spec.framework == "flower":
-        from benchmarks.flower_baselines.run import run_flower_baseline
+        from fedprivacy_bench.flower_baselines.run import run_flower_baseline
 
         return run_flower_baseline(spec)
-    from benchmarks.fedprivacy_runner import run_fedprivacy
+    from fedprivacy_bench.fedprivacy_runner import run_fedprivacy
 
     return run_fedprivacy(spec)
 

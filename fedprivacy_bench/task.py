@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.spec import BenchSpec
 from fedprivacy.ml import (
     DataSpec,
     Split,
@@ -29,6 +28,7 @@ from fedprivacy.ml import (
     set_weights,
     train_local,
 )
+from fedprivacy_bench.spec import BenchSpec
 
 TEST_FRACTION = 0.2
 MODEL = "mlp"

@@ -38,10 +38,10 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 
-from benchmarks import task
-from benchmarks.flower_baselines.message_api import flower_accountant
-from benchmarks.flower_baselines.recorder import RoundRecorder
-from benchmarks.spec import BenchSpec
+from fedprivacy_bench import task
+from fedprivacy_bench.flower_baselines.message_api import flower_accountant
+from fedprivacy_bench.flower_baselines.recorder import RoundRecorder
+from fedprivacy_bench.spec import BenchSpec
 
 
 def secagg_shares(spec: BenchSpec) -> tuple[int, int]:
