@@ -35,16 +35,16 @@ from fedprivacy.accounting import (
 )
 from fedprivacy.accounting.events import Sampling
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "new_app"]
 
-app = typer.Typer(
-    name="fedprivacy",
-    help="fedprivacy: federated learning with differential privacy. Privacy accounting commands.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+
+def new_app(*, help: str) -> typer.Typer:  # noqa: A002 - Typer's own parameter name
+    """A ``fedprivacy`` Typer app with the accounting commands' settings (plain errors, no completion)."""
+    return typer.Typer(name="fedprivacy", help=help, add_completion=False, no_args_is_help=True,
+                       pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+app = new_app(help="fedprivacy: federated learning with differential privacy. Privacy accounting commands.")
 
 
 class SamplingName(StrEnum):

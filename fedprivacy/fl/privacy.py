@@ -1,16 +1,7 @@
 """The privacy plan of a run: what is released each round and how it is accounted.
 
-One place decides, from the validated config and the population size ``N``:
-
-* ``central`` (trusted server, DP-FedAvg; McMahan et al. 2018, Alg. 1): the server adds N(0, (σC)²) to
-  the sum of clipped updates. Unit: user (one client's whole data set). Event per round:
-  ``Gaussian(z=σ)`` under the sampling that ran: Poisson(q) with amplification under add-remove, or a
-  fixed cohort of m of N (without replacement, replace-one only).
-* ``local`` (untrusted server): each participating client adds N(0, (σC)²) to its own clipped update.
-  The server sees who took part, so there is *no* amplification by sampling, and the worst-case client
-  takes part every round. Any two clipped inputs are ≤ 2C apart, so the claim is about replace-one
-  adjacency of one client's input: ``Gaussian(z=σ)`` composed once per round, replace-one.
-* ``none``: nothing is accounted; ε is reported as ``null``.
+Each privacy mode (:mod:`fedprivacy.fl.modes`: ``none``, ``central``, ``local``, ``distributed``) states
+its own mechanism, unit, adjacency and event in its plan.
 
 The denominator of the mean is fixed (:func:`fedprivacy.fl.sampling.expected_cohort`).
 

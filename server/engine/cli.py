@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fedprivacy.cli import JsonOpt, usage_error
+from fedprivacy.cli import JsonOpt, new_app, usage_error
 from fedprivacy.cli import app as accounting_app
 from fedprivacy.cli import main as _run
 
@@ -181,14 +181,7 @@ def _checked_options(engine: EngineName, *, num_supernodes: int, workers: int, f
         usage_error(f"--faults: {exc}")
 
 
-app = typer.Typer(
-    name="fedprivacy",
-    help="fedprivacy: federated learning with differential privacy. Privacy accounting and simulation.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+app = new_app(help="fedprivacy: federated learning with differential privacy. Privacy accounting and simulation.")
 app.registered_commands.extend(accounting_app.registered_commands)
 app.command(name="simulate")(simulate_command)
 
