@@ -21,8 +21,9 @@ Attacks:
   ``dL/db_i != 0``. For one image we use the least-squares combination over all neurons
   ``x = sum_i g_i G_i / sum_i g_i^2`` (exact without noise, best linear estimate with isotropic noise).
 
-Defences are applied to the update in numpy by :func:`apply_defence` (clipping with
-``fedprivacy.dp.clipping.clip_arrays``, Gaussian noise from ``fedprivacy.dp.rng.RandomSource``).
+Defences are the shipped client steps: :func:`apply_defence` is
+:func:`fedprivacy.fl.client.privatize_update` (clipping, Gaussian noise from a ``RandomSource``), and a
+distributed-DP share goes through the ``ddgauss`` encoder (:func:`encoded_share`).
 """
 
 from __future__ import annotations
@@ -181,21 +182,19 @@ def apply_defence(
 ) -> list[np.ndarray]:
     """Clip the whole update to L2 norm ``clip_norm`` (if given) and add N(0, noise_std^2) per coordinate.
 
-    Uses the library's ``clip_arrays`` (global norm) and ``RandomSource.normal``; never numpy's global RNG.
+    This is the shipped client step, :func:`fedprivacy.fl.client.privatize_update` (global-norm
+    clipping, then local-mode Gaussian noise from ``rng``); never numpy's global RNG.
     """
-    arrays = [np.asarray(a, dtype=np.float64) for a in update]
-    if clip_norm is not None:
-        from fedprivacy.dp.clipping import clip_arrays
+    from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.client import privatize_update
 
-        clipped, _ = clip_arrays(arrays, clip_norm=clip_norm)
-        arrays = [np.asarray(a, dtype=np.float64) for a in clipped]
     if noise_std < 0:
         raise ValueError(f"noise_std must be >= 0, got {noise_std}")
-    if noise_std > 0:
-        if rng is None:
-            raise ValueError("rng is required when noise_std > 0")
-        arrays = [a + np.asarray(rng.normal(std=noise_std, size=a.shape)) for a in arrays]
-    return arrays
+    if noise_std > 0 and rng is None:
+        raise ValueError("rng is required when noise_std > 0")
+    return privatize_update(update, privacy="local" if noise_std > 0 else "none",
+                            clip_norm=clip_norm or 0.0, local_noise_std=noise_std,
+                            rng=rng if rng is not None else RandomSource.secure())
 
 
 def encoded_share(
