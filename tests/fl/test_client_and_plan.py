@@ -111,19 +111,6 @@ def test_plans_that_cannot_be_honoured_are_refused(cfg: RunConfig, population: i
         plan_privacy(cfg, population=population, dim=dim)
 
 
-def test_distributed_plan_works_in_a_fresh_interpreter() -> None:
-    # D1: the distributed plan used to exist only after fedprivacy.fl.secure had been imported. The
-    # registry is complete in a fresh interpreter that imports nothing else first.
-    import subprocess
-    import sys
-
-    code = "import fedprivacy.fl.modes as m; print(' '.join(m.MODES))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["none", "central", "local", "distributed"]
-    cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", target_delta=1e-3)
-    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"
-
-
 def test_distributed_plan_never_builds_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
     # D3: the plan is sized from the dim the run passes in, not from the configured model
     from fedprivacy.ml import models
@@ -133,7 +120,7 @@ def test_distributed_plan_never_builds_a_model(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(models, "build_model", refuse)
     cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", target_delta=1e-3)
-    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"
+    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"  # (D1: tests/test_layers.py)
 
 
 def test_the_distributed_worst_case_depends_on_the_dimension() -> None:
