@@ -31,6 +31,7 @@ PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
 ACCOUNTANTS = ("pld", "rdp", "prv")
+PRIVACY_AUDIENCES = ("server", "observers")
 
 
 def _key(field_name: str) -> str:
@@ -72,6 +73,7 @@ class RunConfig:
     cohort_size: int = 0
     neighbouring: str = "add-remove"
     accountant: str = "pld"
+    privacy_audience: str = "server"
     # sample-level DP-SGD on each client
     dpsgd: bool = False
     dpsgd_noise_multiplier: float = 1.0
@@ -180,6 +182,7 @@ class RunConfig:
             raise ValueError(f"cohort-size must be >= 0, got {self.cohort_size}")
         _choice("neighbouring", self.neighbouring, NEIGHBOURINGS)
         _choice("accountant", self.accountant, ACCOUNTANTS)
+        _choice("privacy-audience", self.privacy_audience, PRIVACY_AUDIENCES)
         _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)
         _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
         if self.secagg_threshold < 0:
@@ -229,14 +232,15 @@ class RunConfig:
     def _check_secagg(self) -> None:
         """secagg combinations (owner: secagg integration, ``fedprivacy/fl/secure.py``)."""
         if self.privacy == "distributed":
-            if self.accountant != "rdp":
+            if self.accountant not in ("pld", "rdp"):
                 raise ValueError(
-                    f"accountant must be 'rdp' when privacy='distributed' (the distributed discrete "
-                    f"Gaussian is accounted in zCDP/RDP), got {self.accountant!r}")
-            if self.noise_multiplier <= 0:
+                    f"accountant must be 'pld' or 'rdp' when privacy='distributed' (each round is "
+                    f"accounted as its dominating Gaussian, fedprivacy.accounting.distributed), got "
+                    f"{self.accountant!r}")
+            if self.noise_multiplier == 0 and self.target_epsilon == 0:
                 raise ValueError(
-                    f"noise-multiplier must be > 0 when privacy='distributed' (no calibration for this "
-                    f"mode), got {self.noise_multiplier}")
+                    "noise-multiplier must be > 0 when privacy='distributed', or 0 with "
+                    "target-epsilon > 0 to calibrate it for privacy-audience, got 0")
         if not self.secagg:
             return
         if self.privacy == "central":

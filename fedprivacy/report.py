@@ -127,40 +127,50 @@ def _run_section(results: dict[str, Any]) -> list[str]:
 
 
 def _distributed_section(p: dict[str, Any]) -> list[str]:
-    """The noise the survivors really added, round by round, and ε against central DP (same σ)."""
+    """The noise the survivors really left, round by round, and ε for both audiences."""
     d = p["distributed"]
     surv = d.get("survivors_per_round") or []
     stds = d.get("noise_std_of_sum_per_round") or []
     lines = [
-        "## Distributed DP: the noise the survivors added",
+        "## Distributed DP: the noise the survivors left, and who ε is against",
         "",
-        f"Each client added discrete Gaussian noise of std {_fmt(d.get('per_client_noise_std'))} per "
-        f"coordinate (σ/√t with σ = z·C = {_fmt(p.get('noise_std'))}, t = {d.get('threshold')}), so any "
-        "t or more survivors carry at least σ. Per completed round (ε accounted from these survivors, "
-        "KLS 2021 Thm. 1, not from the plan):",
+        f"Noise: {d.get('noise', '')} (σ = z·C = {_fmt(p.get('noise_std'))}, t = {d.get('threshold')}). "
+        "Per completed round (accounted from these survivors, not from the plan):",
         "",
-        "| round | survivors in the sum | noise std of the sum | ρ (zCDP) |",
-        "|---|---|---|---|",
+        "| round | survivors in the sum | noise std of the sum |",
+        "|---|---|---|",
     ]
-    rhos = d.get("rho_per_round") or []
     numbers = d.get("completed_rounds") or list(range(1, len(surv) + 1))
-    for i, n, std, rho in zip(numbers, surv, stds, rhos, strict=False):
-        lines.append(f"| {i} | {n} | {_fmt(std)} | {_fmt(rho)} |")
+    for i, n, std in zip(numbers, surv, stds, strict=False):
+        lines.append(f"| {i} | {n} | {_fmt(std)} |")
     aborted = d.get("aborted_rounds") or []
+    lines += ["", f"Aborted rounds (nothing released, no ε spent, model unchanged): {aborted or 'none'}.", ""]
+    aud = d.get("audiences")
+    delta = _fmt(p.get("delta"), "g")
+    if aud:
+        srv, obs = aud["server"], aud["observers"]
+        lines += [
+            f"| audience | ε at δ = {delta} | amplification | threat model |",
+            "|---|---|---|---|",
+            f"| the server | {_fmt(srv['epsilon'], '.6g')} | none | {srv['threat_model']} |",
+            f"| observers of the released models | {_fmt(obs['epsilon'], '.6g')} | {obs['sampling']} | "
+            f"{obs['threat_model']} |",
+            "",
+            f"Accountant: {srv['accountant']}; RDP cross-check for the server: "
+            f"{_fmt(srv['rdp_cross_check'], '.6g')}; accounting slack H' = {_fmt(aud['slack'], '.3g')} "
+            f"(included). Noise sampler: {aud['noise_sampler']}. Colluding clients assumed: "
+            f"{srv['colluders']}.",
+            "",
+        ]
     lines += [
-        "",
-        f"Aborted rounds (nothing released, no ε spent, model unchanged): {aborted or 'none'}.",
-        "",
-        "| | ε at δ = " + _fmt(p.get("delta"), "g") + " |",
+        f"| reference | ε at δ = {delta} |",
         "|---|---|",
-        f"| this run (distributed discrete Gaussian, survivors' noise) | {_fmt(d.get('epsilon'), '.6g')} |",
-        f"| central DP, Gaussian with σ = z·C on the sum | {_fmt(d.get('central_dp_epsilon_same_sigma'), '.6g')} |",
-        f"| central DP, Gaussian with the survivors' std | "
-        f"{_fmt(d.get('central_dp_epsilon_survivors_sigma'), '.6g')} |",
+        f"| central DP, Gaussian with σ = z·C on the sum, no sampling | "
+        f"{_fmt(d.get('central_dp_epsilon_same_sigma'), '.6g')} |",
+        f"| central DP, same σ and the sampling that ran | "
+        f"{_fmt(d.get('central_dp_epsilon_same_sigma_and_sampling'), '.6g')} |",
         "",
-        f"Reference: {d.get('central_dp_reference', '')}. The distributed ε is slightly above the "
-        "central one at equal noise (rounding enlarges the sensitivity); it is lower than central at "
-        "σ = z·C when more than t clients survive.",
+        f"Reference: {d.get('central_dp_reference', '')}.",
         "",
     ]
     return lines

@@ -120,7 +120,9 @@ def make_accountant(cfg: RunConfig, plan: PrivacyPlan) -> Accountant | None:
     from fedprivacy.accounting.accountant import Accountant, Budget
     from fedprivacy.accounting.events import Neighbouring
 
-    budget = Budget(epsilon=cfg.target_epsilon, delta=cfg.target_delta) if cfg.target_epsilon > 0 else None
+    # the plan's target: a mode may lower it by its accounting slack (distributed)
+    budget = (Budget(epsilon=plan.target_epsilon, delta=plan.target_delta)
+              if cfg.target_epsilon > 0 and plan.target_epsilon > 0 else None)
     accountant = Accountant(backend=cfg.accountant, neighbouring=Neighbouring.parse(plan.neighbouring),
                             budget=budget, unit="user")
     if not accountant.supports(plan.event):

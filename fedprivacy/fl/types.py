@@ -143,6 +143,8 @@ class SecureRoundInfo:
         rho: zCDP ρ of the released sum (privacy ``distributed``).
         max_abs_error: bound on the fixed-point decoding error per coordinate (privacy ``none``).
         noise_std_sum: std of the noise in the released sum (0 without DP).
+        roster: clients in the round's roster (the XNoise design's ``n``; None if aborted early).
+        dim: the padded dimension the clients encoded (the accounting's ``m``).
     """
 
     threshold: int
@@ -153,11 +155,13 @@ class SecureRoundInfo:
     rho: float | None = None
     max_abs_error: float | None = None
     noise_std_sum: float | None = None
+    roster: int | None = None
+    dim: int | None = None
 
     _KEYS = {"threshold": "secagg_threshold", "exchanges": "secagg_exchanges",
              "degree": "secagg_degree", "pipelined": "secagg_pipelined",
              "survivors": "secagg_survivors", "rho": "rho", "max_abs_error": "secagg_max_abs_error",
-             "noise_std_sum": "noise_std_sum"}
+             "noise_std_sum": "noise_std_sum", "roster": "secagg_roster", "dim": "secagg_dim"}
 
     def to_json(self) -> dict[str, Any]:
         """The row keys (a figure that does not apply is left out, as is ``pipelined=False``)."""

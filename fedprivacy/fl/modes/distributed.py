@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any
 from fedprivacy.accounting.events import Neighbouring
 from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
-from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description
-from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
+from fedprivacy.fl.secure.params import expected_cohort_size, make_encoding, secagg_parameters
 from fedprivacy.fl.types import RoundFn, RoundRecord
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import Sampling
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.secagg.ddp import DistributedDPConfig
 
 __all__ = ["DistributedMode", "distributed_summary"]
 
@@ -40,82 +42,167 @@ def _adjacency(cfg: RunConfig) -> str:
             "noise share present (KLS 2021)")
 
 
+def _audience_sampling(cfg: RunConfig, *, population: int, exact: bool) -> Sampling:
+    """The sampling the ledger's event carries: the run's (observers, exact noise only) or none."""
+    from fedprivacy.accounting.events import NoSampling
+
+    if cfg.privacy_audience == "observers" and exact:
+        return sampling_object(cfg, population)
+    return NoSampling()
+
+
+def _run_slack(ddp: DistributedDPConfig, *, roster: int, rounds: int) -> float:
+    """``H'`` for ``rounds`` worst-case rounds (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.slack_bound`)."""
+    h, g = ddp.slack_bound(roster=roster)
+    return rounds * h - math.log1p(-min(rounds * g, 0.5))
+
+
+def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, roster: int) -> float:
+    """The smallest z meeting ``target-epsilon`` for ``privacy-audience``
+    (:func:`fedprivacy.accounting.distributed.calibrate_distributed`, slack included)."""
+    from fedprivacy.accounting.distributed import calibrate_distributed
+
+    def encoding_for(z: float) -> tuple[float, float]:
+        enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim,
+                            threshold=threshold)
+        return enc.clip_norm * enc.scale, enc.ddp().norm_bound
+
+    exact = make_encoding(cfg.replace(noise_multiplier=1.0), population=population, dim=dim,
+                          threshold=threshold).ddp().xnoise
+    max_slack = 1e-6
+    for _ in range(8):
+        z = calibrate_distributed(
+            target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
+            steps=cfg.num_server_rounds, audience=cfg.privacy_audience if exact else "server",
+            sampling=sampling_object(cfg, population), neighbouring=cfg.neighbouring,
+            encoding_for=encoding_for, max_slack=max_slack)
+        enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim,
+                            threshold=threshold)
+        slack = _run_slack(enc.ddp(), roster=roster, rounds=cfg.num_server_rounds)
+        if slack <= max_slack:
+            return z
+        max_slack = 2.0 * slack
+    raise ValueError("calibration did not converge (accounting slack keeps growing)")
+
+
 class DistributedMode:
-    """Distributed DP under SecAgg+ (needs ``secagg = true`` and the ``rdp`` accountant)."""
+    """Distributed DP under SecAgg+ (needs ``secagg = true``; ``pld`` or ``rdp`` accountant)."""
 
     name = "distributed"
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None) -> PrivacyPlan:
-        """The plan; ``event`` is the worst case (``t`` survivors) for a ``dim``-parameter model."""
-        from fedprivacy.accounting.distributed import round_event
+        """The plan; ``event`` is the worst case (``t`` survivors) for a ``dim``-parameter model.
 
+        The event is the round's dominating Gaussian (:mod:`fedprivacy.accounting.distributed`) for
+        ``privacy-audience``; the budget the accountant checks is lowered by the run's worst-case
+        accounting slack (``target_epsilon - 2H'`` at ``delta (1 - 1e-6) e^-H'``), so that a round the
+        budget admits keeps the final figure, slack included, within the target.
+        """
         if cfg.privacy != "distributed":
             raise ValueError(f"the distributed plan needs privacy='distributed', got {cfg.privacy!r}")
         if dim is None or dim < 1:
             raise ValueError(f"dim (the model's number of parameters) must be >= 1 for "
                              f"privacy='distributed', got {dim}")
         t, _ = secagg_parameters(cfg, population=population)
-        enc = make_encoding(cfg, population=population, dim=dim, threshold=t)
-        worst = enc.ddp().privacy(num_survivors=t, neighbouring=cfg.neighbouring)
+        roster = max(t, expected_cohort_size(cfg, population=population))
+        z, calibrated = cfg.noise_multiplier, False
+        if z == 0:
+            z = _calibrate(cfg, population=population, dim=dim, threshold=t, roster=roster)
+            calibrated = True
+        run_cfg = cfg.replace(noise_multiplier=z)
+        ddp = make_encoding(run_cfg, population=population, dim=dim, threshold=t).ddp()
+        worst = ddp.release(roster=roster, survivors=t)
+        sampling = _audience_sampling(cfg, population=population, exact=worst.exact)
+        slack = _run_slack(ddp, roster=roster, rounds=cfg.num_server_rounds)
         desc = sampling_description(cfg, population=population, replacement_note=False)
+        amplified = "" if sampling.rate < 1.0 else "; no amplification claimed"
+        how = ("exact XNoise components (the released sum carries (zCs)^2 for every survivor count)"
+               if ddp.xnoise else f"each client adds N_Z(0, (zCs)^2/t), t={t} (legacy share)")
         return PrivacyPlan(
             mode="distributed", population=population, denominator=denominator_of(cfg, population=population),
-            clip_norm=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier, calibrated=False,
+            clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
             central_noise_std=0.0, local_noise_std=0.0, unit="user (all data of one client)",
             neighbouring=cfg.neighbouring, adjacency=_adjacency(cfg),
-            sampling_description=desc + f"; no amplification claimed; secagg threshold t={t}",
-            event=round_event(worst), target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
-            mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): each "
-                       f"client adds N_Z(0, (zCs)^2/t), t={t}; the server only sees the noised sum"),
+            sampling_description=(desc + f"{amplified}; ledger audience: {cfg.privacy_audience}; "
+                                  f"secagg threshold t={t}"),
+            event=worst.event(sampling),
+            target_delta=cfg.target_delta * (1.0 - 1e-6) * math.exp(-slack),
+            target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
+            mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
+                       f"{how}; the server only sees the noised sum; accounted as its dominating "
+                       f"Gaussian (fedprivacy.accounting.distributed)"),
         )
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
-        return secure_round(cfg, plan, transport, aggregator=aggregator, log=log)
+        return secure_round(cfg.replace(noise_multiplier=plan.noise_multiplier), plan, transport,
+                            aggregator=aggregator, log=log)
 
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
         block = privacy_block(cfg, plan, accountant, rng)
         if accountant is not None:
-            block.update(distributed_summary(cfg, records, epsilon=block["epsilon"]))
+            block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
+                                             records, epsilon=block["epsilon"], plan=plan))
+            audiences = block["distributed"]["audiences"]
+            if audiences is not None:  # the figure with every slack term (the ledger's is below it)
+                block["epsilon"] = audiences[cfg.privacy_audience]["epsilon"]
+                block["epsilon_audience"] = cfg.privacy_audience
         return block
 
 
 def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
-                        epsilon: float | None) -> dict[str, Any]:
-    """The noise the survivors really added, and ε of central DP with the same σ on the same rounds.
+                        epsilon: float | None, plan: PrivacyPlan | None = None) -> dict[str, Any]:
+    """The noise the survivors really left, both audiences' ε, and central DP with the same σ.
 
-    The central reference is a continuous Gaussian on the sum, no sampling, RDP accountant: with
-    ``σ = z C`` (the target), and with the std the survivors really added, ``z C sqrt(n/t)``.
+    Each completed round is re-accounted from its survivor count (and roster) with
+    :func:`fedprivacy.accounting.distributed.audience_epsilons`; the central references are the PLD
+    of the continuous Gaussian ``σ = z C`` on the same completed rounds, without sampling and with
+    the sampling that ran.
     """
-    from fedprivacy.accounting.accountant import Accountant, epsilon_for
-    from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
+    from fedprivacy.accounting.accountant import epsilon_for
+    from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
 
     done = [(r, r.secagg) for r in records if r.secagg is not None and r.secagg.survivors
             and r.aborted is None]
-    central = central_actual = None
-    if done:
-        central = epsilon_for(noise_multiplier=cfg.noise_multiplier, sample_rate=1.0, steps=len(done),
-                              delta=cfg.target_delta, backend="rdp", neighbouring=cfg.neighbouring)
-        acc = Accountant(backend="rdp", neighbouring=Neighbouring.parse(cfg.neighbouring))
-        for _, s in done:  # the Gaussian with the std the survivors' noise really had
-            z = cfg.noise_multiplier * math.sqrt(int(s.survivors or 0) / int(s.threshold))
-            acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z)))
-        central_actual = acc.epsilon(delta=cfg.target_delta)
     threshold = done[0][1].threshold if done else None
+    audiences = central = central_sampled = None
+    exact = False
+    if done and plan is not None:
+        t, _ = secagg_parameters(cfg, population=plan.population)
+        dims = [s.dim for _, s in done if s.dim]
+        dim = dims[0] if dims else None
+        if dim:
+            ddp = make_encoding(cfg, population=plan.population, dim=dim, threshold=t).ddp()
+            exact = ddp.xnoise
+            rels = [ddp.release(roster=int(s.roster or s.survivors or t),
+                                survivors=int(s.survivors or t)) for _, s in done]
+            sampling = sampling_object(cfg, plan.population)
+            eps = audience_epsilons(rels, delta=cfg.target_delta, sampling=sampling,
+                                    neighbouring=cfg.neighbouring, backend=cfg.accountant)
+            audiences = audience_claim(eps, sampling_description=sampling.describe(),
+                                       colluders=int(getattr(cfg, "secagg_colluders", 0)),
+                                       exact_noise=exact)
+            central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier, sampling=sampling,
+                                          steps=len(done), delta=cfg.target_delta, backend="pld",
+                                          neighbouring=cfg.neighbouring)
+        central = epsilon_for(noise_multiplier=cfg.noise_multiplier, sample_rate=1.0, steps=len(done),
+                              delta=cfg.target_delta, backend="pld", neighbouring=cfg.neighbouring)
     return {"distributed": {
         "threshold": threshold,
+        "noise": ("exact XNoise: the released sum carries σ = z·C for every survivor count" if exact
+                  else "legacy share: each client adds (z·C)^2/t, the sum carries n/t times the target"),
         "per_client_noise_std": (cfg.clip_norm * cfg.noise_multiplier / math.sqrt(threshold)
-                                 if threshold else None),
+                                 if threshold and not exact else None),
         "completed_rounds": [r.round for r, _ in done],
         "survivors_per_round": [int(s.survivors or 0) for _, s in done],
         "noise_std_of_sum_per_round": [s.noise_std_sum for _, s in done],
-        "rho_per_round": [s.rho for _, s in done],
         "aborted_rounds": [r.round for r in records if r.aborted],
-        "epsilon": epsilon,
+        "ledger_epsilon": epsilon,
+        "audiences": audiences,
         "central_dp_epsilon_same_sigma": central,
-        "central_dp_epsilon_survivors_sigma": central_actual,
-        "central_dp_reference": ("continuous Gaussian on the sum, no sampling, same completed rounds "
-                                 "and δ, RDP accountant: with σ = z·C (the target), and with the "
-                                 "std the survivors really added, z·C·sqrt(n/t) per round"),
+        "central_dp_epsilon_same_sigma_and_sampling": central_sampled,
+        "central_dp_reference": ("continuous Gaussian of σ = z·C on the sum, same completed rounds and "
+                                 "δ, PLD accountant: without sampling (the server's reference) and "
+                                 "with the sampling that ran (the observers' reference)"),
     }}

@@ -32,6 +32,7 @@ nothing, spends nothing and leaves the global model unchanged (``RoundOutcome.ab
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -200,6 +201,7 @@ class SecureRound:
         rnd = instr.round
         adv = self._advertise(server.setup, cohort, progress)
         roster = server.receive_keys(list(adv.values()))
+        progress.roster = len(roster.node_ids)
         shared = self._stage("share", {pid: roster for pid in roster.node_ids}, progress, round=rnd)
         mreqs = server.receive_shares(list(shared.values()))
         masked = self._stage("masked", mreqs, progress, round=rnd, instructions=instr, weights=weights,
@@ -213,16 +215,25 @@ class SecureRound:
 
     def _event(self, enc: EncodingSpec, survivors: int, info: SecureRoundInfo
                ) -> tuple[PrivacyEvent | None, float, SecureRoundInfo]:
-        """The event the survivors' noise gives (distributed), the sum's noise std, the row figures."""
-        from fedprivacy.accounting.distributed import round_event
+        """The event the survivors' noise gives (distributed), the sum's noise std, the row figures.
 
+        Distributed: the round's dominating Gaussian from the noise actually left in the sum
+        (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release`), under the sampling of the
+        ledger's audience (``privacy-audience``: the run's sampling for observers with exact noise,
+        none otherwise).
+        """
         if self.cfg.privacy != "distributed":
             info = dataclasses.replace(info, max_abs_error=enc.max_abs_error(num_clients=survivors),
                                        noise_std_sum=0.0)
             return None, 0.0, info
-        dr = enc.ddp().privacy(num_survivors=survivors, neighbouring=self.cfg.neighbouring)
-        noise_std = dr.total_sigma / enc.scale
-        return round_event(dr), noise_std, dataclasses.replace(info, rho=dr.rho, noise_std_sum=noise_std)
+        from fedprivacy.accounting.events import NoSampling
+        from fedprivacy.fl.privacy import sampling_object
+
+        rel = enc.ddp().release(roster=info.roster or survivors, survivors=survivors)
+        observers = self.cfg.privacy_audience == "observers" and rel.exact
+        event = rel.event(sampling_object(self.cfg, self.population) if observers else NoSampling())
+        noise_std = math.sqrt(rel.released_variance) / enc.scale
+        return event, noise_std, dataclasses.replace(info, noise_std_sum=noise_std, dim=enc.padded_dim)
 
     def __call__(self, instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
                  rng: RandomSource) -> RoundOutcome:
@@ -275,8 +286,9 @@ class _Progress:
     exchanges: int = 0
     degree: int | None = None
     pipelined: bool = False
+    roster: int | None = None
     failures: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def info(self) -> SecureRoundInfo:
         return SecureRoundInfo(threshold=self.threshold, exchanges=self.exchanges, degree=self.degree,
-                               pipelined=self.pipelined)
+                               pipelined=self.pipelined, roster=self.roster)
