@@ -23,7 +23,7 @@ def _pyproject_defaults() -> dict:
 # The Flower app runs secure aggregation with distributed DP by default (issue 4). The library's
 # RunConfig() keeps central DP as its default, so transport-free loops (run_federated) work without a
 # secure channel. Every other default is the same on both sides.
-APP_DEFAULTS = {"privacy": "distributed", "accountant": "rdp", "secagg": True}
+APP_DEFAULTS = {"privacy": "distributed", "secagg": True}
 
 
 def test_pyproject_defaults_are_exactly_the_config_defaults() -> None:
