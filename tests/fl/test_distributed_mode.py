@@ -1,0 +1,59 @@
+"""The distributed privacy mode's plan: dominating-Gaussian events, the audience key, calibration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedprivacy.accounting.distributed import audience_epsilons
+from fedprivacy.accounting.events import GaussianEvent, NoSampling, PoissonSampling
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.modes import get_mode
+from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+
+DIM = 64 * 32 + 32 + 32 * 10 + 10  # the digits MLP
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base = dict(privacy="distributed", secagg=True, accountant="pld", noise_multiplier=1.0,
+                target_delta=1e-4, num_server_rounds=10)
+    base.update(kw)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def test_the_plan_event_is_the_dominating_gaussian_of_t_survivors() -> None:
+    cfg = _cfg()
+    plan = get_mode("distributed").plan(cfg, population=10, dim=DIM)
+    t, _ = secagg_parameters(cfg, population=10)
+    ddp = make_encoding(cfg, population=10, dim=DIM, threshold=t).ddp()
+    assert isinstance(plan.event.mechanism, GaussianEvent) and isinstance(plan.event.sampling, NoSampling)
+    assert plan.event.mechanism.noise_multiplier == pytest.approx(
+        ddp.release(roster=10, survivors=t).noise_multiplier, rel=1e-12)
+    # the budget the accountant checks is lowered by the run's worst-case slack
+    assert plan.target_delta < cfg.target_delta and plan.target_epsilon == 0.0
+
+
+def test_observers_get_no_amplification_from_the_legacy_share() -> None:
+    plan = get_mode("distributed").plan(_cfg(privacy_audience="observers", sample_rate=0.5),
+                                        population=20, dim=DIM)
+    assert isinstance(plan.event.sampling, NoSampling)  # its noise level depends on the survivors
+    assert "no amplification claimed" in plan.sampling_description
+
+
+@pytest.mark.parametrize("audience", ["server", "observers"])
+def test_calibration_meets_the_target_for_the_chosen_audience(audience: str) -> None:
+    cfg = _cfg(noise_multiplier=0.0, target_epsilon=6.0, privacy_audience=audience)
+    plan = get_mode("distributed").plan(cfg, population=10, dim=DIM)
+    assert plan.calibrated and plan.noise_multiplier > 0
+    t, _ = secagg_parameters(cfg, population=10)
+    ddp = make_encoding(cfg.replace(noise_multiplier=plan.noise_multiplier), population=10, dim=DIM,
+                        threshold=t).ddp()
+    worst = [ddp.release(roster=10, survivors=t)] * cfg.num_server_rounds
+    eps = audience_epsilons(worst, delta=cfg.target_delta, sampling=PoissonSampling(rate=1.0))
+    assert eps.server <= 6.0
+    lower = make_encoding(cfg.replace(noise_multiplier=plan.noise_multiplier / 1.01), population=10,
+                          dim=DIM, threshold=t).ddp()
+    less = [lower.release(roster=10, survivors=t)] * cfg.num_server_rounds
+    assert audience_epsilons(less, delta=cfg.target_delta).server > 6.0  # not much more noise
+    assert math.isfinite(plan.target_epsilon) and plan.target_epsilon <= 6.0
