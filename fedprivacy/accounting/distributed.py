@@ -723,7 +723,7 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
     if not slack <= 1e-3:
         raise ValueError(f"the accounting slack H={slack:g} is too large (noise components of "
                          "variance below ~1 integer unit, or a huge model); raise the scale or noise")
-    d_eff = delta * (1.0 - _TV_SHARE) * math.exp(-slack)
+    d_eff = delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
 
     def gauss(sampling: Sampling) -> float:
         eps = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
@@ -820,10 +820,12 @@ OBSERVERS_THREAT_MODEL = (
 
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
-                   exact_noise: bool) -> dict[str, Any]:
+                   exact_noise: bool, sampled: bool = True) -> dict[str, Any]:
     """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
     if eps.amplified:
         why = f"amplified by {sampling_description}"
+    elif not sampled:
+        why = "not amplified: every client takes part in every round"
     elif not exact_noise:
         why = ("not amplified: the survivors' noise depends on how many survived (legacy share), "
                "so its level could reveal whether a client was in the sum")

@@ -57,6 +57,11 @@ def _run_slack(ddp: DistributedDPConfig, *, roster: int, rounds: int) -> float:
     return rounds * h - math.log1p(-min(rounds * g, 0.5))
 
 
+def _tv_reserve(ddp: DistributedDPConfig, *, roster: int) -> float:
+    """``1 - 1e-6`` when the sampler has a truncation term to reserve delta for, else 1."""
+    return 1.0 - 1e-6 if ddp.slack_bound(roster=roster)[1] > 0 else 1.0
+
+
 def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, roster: int) -> float:
     """The smallest z meeting ``target-epsilon`` for ``privacy-audience``
     (:func:`fedprivacy.accounting.distributed.calibrate_distributed`, slack included)."""
@@ -126,7 +131,7 @@ class DistributedMode:
             sampling_description=(desc + f"{amplified}; ledger audience: {cfg.privacy_audience}; "
                                   f"secagg threshold t={t}"),
             event=worst.event(sampling),
-            target_delta=cfg.target_delta * (1.0 - 1e-6) * math.exp(-slack),
+            target_delta=cfg.target_delta * _tv_reserve(ddp, roster=roster) * math.exp(-slack),
             target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
             mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
                        f"{how}; the server only sees the noised sum; accounted as its dominating "
@@ -182,7 +187,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
                                     neighbouring=cfg.neighbouring, backend=cfg.accountant)
             audiences = audience_claim(eps, sampling_description=sampling.describe(),
                                        colluders=int(getattr(cfg, "secagg_colluders", 0)),
-                                       exact_noise=exact)
+                                       exact_noise=exact, sampled=sampling.rate < 1.0)
             central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier, sampling=sampling,
                                           steps=len(done), delta=cfg.target_delta, backend="pld",
                                           neighbouring=cfg.neighbouring)
