@@ -31,6 +31,7 @@ from fedprivacy.secagg.graph import min_safe_threshold
 if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.secagg.ddp import DistributedDPConfig
+    from fedprivacy.secagg.xnoise import ComponentSeeds
 
 __all__ = ["ENCODINGS", "EncodingSpec", "largest_scale_encoding", "round_degree", "round_parameters"]
 
@@ -81,6 +82,8 @@ class EncodingSpec:
     noise_multiplier: float = 0.0
     min_survivors: int = 1
     rotation_seed: bytes = b""
+    xnoise: bool = False  # exact XNoise components (fedprivacy.secagg.xnoise) instead of the t-share
+    colluders: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ENCODINGS:
@@ -112,7 +115,8 @@ class EncodingSpec:
         return DistributedDPConfig(dim=self.dim, clip_norm=self.clip_norm,
                                    noise_multiplier=self.noise_multiplier,
                                    min_survivors=self.min_survivors, scale=self.scale,
-                                   modulus_bits=self.modulus_bits, max_clients=self.max_clients)
+                                   modulus_bits=self.modulus_bits, max_clients=self.max_clients,
+                                   xnoise=self.xnoise, colluders=self.colluders)
 
     @property
     def padded_dim(self) -> int:
@@ -126,11 +130,14 @@ class EncodingSpec:
         """Bound on the decoding error per coordinate of a fixed-point sum (``n/s``); ddgauss: noise."""
         return num_clients / self.scale
 
-    def encode(self, flat: np.ndarray, *, rng: RandomSource) -> np.ndarray:
+    def encode(self, flat: np.ndarray, *, rng: RandomSource,
+               components: ComponentSeeds | None = None) -> np.ndarray:
+        """``components``: the client's XNoise seeds for the round (required when ``xnoise``)."""
         if self.kind == "ddgauss":
             from fedprivacy.secagg.ddp import encode_update
 
-            return encode_update(flat, config=self.ddp(), rotation_seed=self.rotation_seed, rng=rng)
+            return encode_update(flat, config=self.ddp(), rotation_seed=self.rotation_seed, rng=rng,
+                                 components=components)
         from fedprivacy.secagg.quantize import encode_fixed_point
 
         return encode_fixed_point(flat, clip_norm=self.clip_norm, scale=self.scale,
@@ -149,7 +156,8 @@ class EncodingSpec:
         return {"kind": self.kind, "dim": self.dim, "clip_norm": float(self.clip_norm),
                 "scale": float(self.scale), "modulus_bits": self.modulus_bits,
                 "max_clients": self.max_clients, "noise_multiplier": float(self.noise_multiplier),
-                "min_survivors": self.min_survivors, "rotation_seed": bytes(self.rotation_seed)}
+                "min_survivors": self.min_survivors, "rotation_seed": bytes(self.rotation_seed),
+                "xnoise": bool(self.xnoise), "colluders": int(self.colluders)}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EncodingSpec:
@@ -174,7 +182,8 @@ def _largest_scale(*, clip_norm: float, fits: Callable[[float], bool]) -> float:
 
 def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bits: int, population: int,
                            noise_multiplier: float = 0.0, threshold: int = 1,
-                           rotation_seed: bytes = b"\x00" * 32) -> EncodingSpec:
+                           rotation_seed: bytes = b"\x00" * 32, xnoise: bool = False,
+                           colluders: int = 0) -> EncodingSpec:
     """The encoding with the largest power-of-two scale whose sum over ``population`` cannot wrap.
 
     For ``ddgauss`` the headroom check counts the rotated signal and the noise tail at probability
@@ -186,7 +195,8 @@ def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bit
                                 max_clients=4 * population if dd else population,
                                 noise_multiplier=noise_multiplier if dd else 0.0,
                                 min_survivors=threshold if dd else 1,
-                                rotation_seed=rotation_seed if dd else b"")
+                                rotation_seed=rotation_seed if dd else b"",
+                                xnoise=xnoise and dd, colluders=colluders if dd else 0)
 
     def fits(s: float) -> bool:
         try:

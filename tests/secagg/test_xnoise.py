@@ -121,3 +121,20 @@ def test_encoder_refuses_components_of_another_design() -> None:
                       components=comps)
     with pytest.raises(ValueError, match="components are required"):
         encode_update(np.zeros(64), config=cfg, rotation_seed=SEED, rng=RandomSource.seeded(2))
+
+
+def test_the_public_encoding_carries_xnoise_and_colluders_through_its_record() -> None:
+    from fedprivacy.secagg.encoding import EncodingSpec, largest_scale_encoding
+
+    enc = largest_scale_encoding(kind="ddgauss", dim=500, clip_norm=1.0, modulus_bits=16,
+                                 population=10, noise_multiplier=1.0, threshold=6,
+                                 rotation_seed=SEED, xnoise=True)
+    legacy = largest_scale_encoding(kind="ddgauss", dim=500, clip_norm=1.0, modulus_bits=16,
+                                    population=10, noise_multiplier=1.0, threshold=6,
+                                    rotation_seed=SEED)
+    assert enc.ddp().xnoise and not legacy.ddp().xnoise
+    assert enc.scale >= legacy.scale  # the headroom counts only the released noise
+    assert EncodingSpec.from_record(enc.to_record()) == enc
+    comps = ComponentSeeds.fresh(enc.ddp().design(roster=10), round=1, node_id=0,
+                                 rng=RandomSource.seeded(0))
+    assert enc.encode(np.zeros(500), rng=RandomSource.seeded(1), components=comps).dtype == np.uint32
