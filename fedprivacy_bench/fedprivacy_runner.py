@@ -26,9 +26,11 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "num-server-rounds": spec.rounds,
         "dataset": spec.dataset,
-        "partitioner": task.partitioner_for(spec.dataset),
+        "partitioner": spec.partitioner,
+        "dirichlet-alpha": spec.dirichlet_alpha,
+        "min-partition-size": spec.min_partition_size,
         "test-fraction": task.TEST_FRACTION,
-        "model": task.MODEL,
+        "model": spec.model,
         "hidden-units": spec.hidden,
         "local-epochs": spec.local_epochs,
         "learning-rate": spec.lr,

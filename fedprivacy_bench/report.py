@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedprivacy_bench.curves import curve_points, curves_markdown, is_curve_row, plot_curves
+
 Row = dict[str, Any]
 
 # The columns issue 6 asks for, then the ones that make the table readable.
@@ -27,7 +29,7 @@ TABLE_COLUMNS = (
 
 def _group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return (row["dataset"], row.get("num_clients"), row.get("clients_per_round"), row.get("hidden"),
-            row.get("label", ""))
+            row.get("label", ""), row.get("seed"))
 
 
 def _usable(row: Mapping[str, Any]) -> bool:
@@ -287,7 +289,10 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
 
     outdir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    usable = [r for r in rows if _usable(r)]
+    curve = plot_curves(curve_points(rows), outdir)
+    if curve is not None:
+        written.append(curve)
+    usable = [r for r in rows if _usable(r) and not is_curve_row(r)]  # curves: their own plot
     datasets = sorted({r["dataset"] for r in usable})
     if not datasets:
         return written
@@ -384,6 +389,11 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
     ]
     for g in payload["goals"]:
         lines.append(f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |")
+    points = curve_points(rows)
+    if points:
+        lines += ["", "## Fashion-MNIST: accuracy against ε (issue 13)", "",
+                  "Each point pools the seeds that ran (mean, min–max); ε is what the framework's own "
+                  "accountant reports for the σ, q and T that ran.", "", curves_markdown(points)]
     lines += ["", "## Results", "", markdown_table(rows), ""]
     lines += [
         "Columns: `s/round` is the median of the steady-state rounds (all rounds after the first); "

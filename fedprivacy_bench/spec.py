@@ -19,7 +19,6 @@ FRAMEWORKS = ("fedprivacy", "flower", "torch")
 # fedprivacy modes (DESIGN.md) plus "dpsgd" (sample-level DP-SGD on each client, no user-level noise)
 # and Flower's own combinations.
 MODES = ("none", "central", "local", "distributed", "dpsgd", "secagg+central")
-DATASETS = ("digits", "synthetic")
 ENGINES = ("inprocess", "ray", "loop")
 
 
@@ -35,7 +34,10 @@ class BenchSpec:
         num_clients: population size N.
         clients_per_round: expected cohort qN (Poisson in fedprivacy, fixed in Flower's FedAvg).
         rounds: server rounds to run.
-        hidden: width of the MLP's hidden layer (sets the parameter count).
+        hidden: width of the model (``hidden-units``: the MLP's hidden layer, the convnet's channels).
+        model: a registered fedprivacy model (``"mlp"``, ``"convnet"``, ...).
+        partitioner: ``"iid"`` or ``"dirichlet"`` (``dirichlet_alpha``; every client gets at least
+            ``min_partition_size`` examples).
         lr, local_epochs, batch_size: local SGD.
         clip_norm: L2 clip C of each client's update (user-level DP).
         noise_multiplier: sigma; the noise std on the sum is sigma * C.
@@ -54,6 +56,10 @@ class BenchSpec:
     clients_per_round: int
     rounds: int
     hidden: int
+    model: str = "mlp"
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    min_partition_size: int = 1
     lr: float = 0.1
     local_epochs: int = 1
     batch_size: int = 32
@@ -67,8 +73,9 @@ class BenchSpec:
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        from fedprivacy.ml.data import dataset_entry  # the registry; no torch
+
+        dataset_entry(self.dataset)  # ValueError naming the registered data sets
         if self.framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {FRAMEWORKS}, got {self.framework!r}")
         if self.mode not in MODES:
@@ -118,6 +125,12 @@ class BenchSpec:
     def key(self) -> str:
         """A short identifier for logs and file names."""
         tag = f"{self.dataset}-{self.framework}-{self.engine}-{self.mode}-h{self.hidden}"
+        if self.model != "mlp":
+            tag += f"-{self.model}"
+        if self.partitioner != "iid":
+            tag += f"-{self.partitioner}{self.dirichlet_alpha:g}-n{self.num_clients}"
+        if self.seed:
+            tag += f"-s{self.seed}"
         if self.target_epsilon is not None:
             tag += f"-eps{self.target_epsilon:g}"
         return f"{tag}-r{self.rounds}"
@@ -150,6 +163,10 @@ def make_record(spec: BenchSpec, **values: Any) -> dict[str, Any]:
         "label": spec.label,
         "num_clients": spec.num_clients,
         "clients_per_round": spec.clients_per_round,
+        "sample_rate": spec.sample_rate,
+        "model": spec.model,
+        "partitioner": spec.partitioner,
+        "seed": spec.seed,
         "hidden": spec.hidden,
         "params": None,
         "noise_multiplier": spec.noise_multiplier if spec.is_private else 0.0,

@@ -3,9 +3,10 @@
 Every row of a comparison trains the same model on the same clients: the Flower baselines and the
 torch loop take their partitions, test set, model and local SGD from ``fedprivacy.ml``, exactly as
 fedprivacy's ClientApp does (``load_partition`` / ``load_test_set`` with the same ``DataSpec``,
-``build_model("mlp", ...)``, ``train_local``, ``evaluate``). Digits is split IID; Synthetic(1, 1)
-(Li et al. 2020, "Federated Optimization in Heterogeneous Networks", Sec. 5.1) uses its natural
-per-client split (client k's generated data is partition k).
+``build_model(spec.model, ...)``, ``train_local``, ``evaluate``). Digits and Fashion-MNIST are split
+by ``spec.partitioner`` (IID or Dirichlet(alpha)); Synthetic(1, 1) (Li et al. 2020, "Federated
+Optimization in Heterogeneous Networks", Sec. 5.1) uses its natural per-client split (client k's
+generated data is partition k). ``num_classes`` and the input shape come from the data.
 """
 
 from __future__ import annotations
@@ -31,23 +32,16 @@ from fedprivacy.ml import (
 from fedprivacy_bench.spec import BenchSpec
 
 TEST_FRACTION = 0.2
-MODEL = "mlp"
 
-__all__ = ["TEST_FRACTION", "MODEL", "data_spec_for", "partitioner_for", "client_split",
+__all__ = ["TEST_FRACTION", "data_spec_for", "client_split",
            "test_split", "model_for", "model_shape", "train_client", "evaluate", "get_weights",
            "set_weights", "params_for"]
 
 
-def partitioner_for(dataset: str) -> str:
-    """The run-config partitioner: "iid" (fedprivacy.ml always splits Synthetic by its natural
-    per-client generation, whatever this says; the config accepts only iid/dirichlet/pathological)."""
-    del dataset
-    return "iid"
-
-
 def data_spec_for(spec: BenchSpec) -> DataSpec:
     return DataSpec(dataset=spec.dataset, seed=spec.seed, test_fraction=TEST_FRACTION,
-                    partitioner=partitioner_for(spec.dataset))
+                    partitioner=spec.partitioner, dirichlet_alpha=spec.dirichlet_alpha,
+                    min_partition_size=spec.min_partition_size)
 
 
 def client_split(spec: BenchSpec, partition_id: int) -> Split:
@@ -66,21 +60,19 @@ class ModelShape:
 
 
 @functools.lru_cache(maxsize=8)
-def _shape(dataset: str, seed: int, num_clients: int) -> ModelShape:
-    spec = DataSpec(dataset=dataset, seed=seed, test_fraction=TEST_FRACTION,
-                    partitioner=partitioner_for(dataset))
-    test = load_test_set(spec, num_clients)
-    return ModelShape(tuple(int(s) for s in test.x.shape[1:]), 10)
+def _shape(data: DataSpec, num_clients: int) -> ModelShape:
+    test = load_test_set(data, num_clients)
+    return ModelShape(test.feature_shape, test.num_classes)
 
 
 def model_shape(spec: BenchSpec) -> ModelShape:
-    return _shape(spec.dataset, spec.seed, spec.num_clients)
+    return _shape(data_spec_for(spec), spec.num_clients)
 
 
 def model_for(spec: BenchSpec) -> torch.nn.Module:
     """The benchmark model with its seeded initial weights."""
     shape = model_shape(spec)
-    return build_model(MODEL, input_shape=shape.input_shape, num_classes=shape.num_classes,
+    return build_model(spec.model, input_shape=shape.input_shape, num_classes=shape.num_classes,
                        hidden=spec.hidden, seed=spec.seed)
 
 
