@@ -66,17 +66,25 @@ __all__ = [
 ]
 
 NUM_CLASSES = 10
-IMAGE_SIDE = 8
+IMAGE_SIDE = 8  # the default victims' input: 8x8 digits; side=28 for Fashion-MNIST
+
+
+def _side(model: nn.Module) -> int:
+    """Side of the square grayscale images the victim takes."""
+    return int(getattr(model, "side", IMAGE_SIDE))
 
 
 class VictimLeNet(nn.Module):
-    """The sigmoid LeNet of Zhu et al. 2019 (DLG, Fig. 3) shrunk to 1x8x8 inputs (8,278 parameters).
+    """The sigmoid LeNet of Zhu et al. 2019 (DLG, Fig. 3) on 1 x side x side inputs (side 8: 8,026
+    parameters; side 28, Fashion-MNIST: 13,426).
 
     Smooth (sigmoid) activations make gradient matching well posed; ReLU networks are harder for DLG.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, side: int = IMAGE_SIDE) -> None:
         super().__init__()
+        self.side = int(side)
+        out = math.ceil(math.ceil(self.side / 2) / 2)  # two 5x5 stride-2 convolutions, padding 2
         self.body = nn.Sequential(
             nn.Conv2d(1, 12, kernel_size=5, padding=2, stride=2),
             nn.Sigmoid(),
@@ -85,19 +93,20 @@ class VictimLeNet(nn.Module):
             nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=1),
             nn.Sigmoid(),
         )
-        self.fc = nn.Linear(12 * 2 * 2, NUM_CLASSES)
+        self.fc = nn.Linear(12 * out * out, NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(-1, 1, IMAGE_SIDE, IMAGE_SIDE)
+        x = x.reshape(-1, 1, self.side, self.side)
         return self.fc(self.body(x).flatten(1))
 
 
 class VictimMLP(nn.Module):
     """A two-layer ReLU MLP whose first layer is dense with a bias (target of the analytic attack)."""
 
-    def __init__(self, hidden: int = 256) -> None:
+    def __init__(self, hidden: int = 256, side: int = IMAGE_SIDE) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(IMAGE_SIDE * IMAGE_SIDE, hidden)
+        self.side = int(side)
+        self.fc1 = nn.Linear(self.side * self.side, hidden)
         self.fc2 = nn.Linear(hidden, NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,19 +116,19 @@ class VictimMLP(nn.Module):
 VICTIMS = ("lenet", "mlp")
 
 
-def build_victim(name: str, *, seed: int) -> nn.Module:
-    """A float64 victim model. "lenet": weights uniform in [-0.5, 0.5] as in the DLG reference code;
-    "mlp": PyTorch's default initialisation."""
+def build_victim(name: str, *, seed: int, side: int = IMAGE_SIDE) -> nn.Module:
+    """A float64 victim model for side x side images. "lenet": weights uniform in [-0.5, 0.5] as in
+    the DLG reference code; "mlp": PyTorch's default initialisation."""
     gen = torch.Generator().manual_seed(seed)
     model: nn.Module
     if name == "lenet":
-        model = VictimLeNet()
+        model = VictimLeNet(side)
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.rand(p.shape, generator=gen) - 0.5)
     elif name == "mlp":
         torch.manual_seed(seed)
-        model = VictimMLP()
+        model = VictimMLP(side=side)
     else:
         raise ValueError(f"victim must be one of {VICTIMS}, got {name!r}")
     return model.double()
@@ -281,8 +290,8 @@ def _cosine_match(sim: list[torch.Tensor], obs: list[torch.Tensor]) -> torch.Ten
     return 1.0 - dot / (ns * no + 1e-30)  # type: ignore[return-value]
 
 
-def _total_variation(x: torch.Tensor) -> torch.Tensor:
-    img = x.reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
+def _total_variation(x: torch.Tensor, side: int) -> torch.Tensor:
+    img = x.reshape(-1, side, side)
     return (img[:, 1:, :] - img[:, :-1, :]).abs().mean() + (
         img[:, :, 1:] - img[:, :, :-1]
     ).abs().mean()
@@ -313,7 +322,7 @@ def dlg_attack(
     match = _scale_free_l2_match if scale_free else _l2_match
     gen = torch.Generator().manual_seed(seed)
     obs = _to_tensors(observed)
-    dummy_x = torch.rand((batch_size, IMAGE_SIDE * IMAGE_SIDE), generator=gen, dtype=torch.float64)
+    dummy_x = torch.rand((batch_size, _side(model) ** 2), generator=gen, dtype=torch.float64)
     dummy_x.requires_grad_(True)
     variables = [dummy_x]
     dummy_y: torch.Tensor | None = None
@@ -352,7 +361,7 @@ def dlg_attack(
         if dummy_y is None
         else torch.argmax(dummy_y.detach(), dim=1).numpy()
     )
-    images = np.clip(dummy_x.detach().numpy().reshape(batch_size, IMAGE_SIDE, IMAGE_SIDE), 0.0, 1.0)
+    images = np.clip(dummy_x.detach().numpy().reshape(batch_size, _side(model), _side(model)), 0.0, 1.0)
     return Reconstruction(
         images=images, labels=guessed, loss=final if math.isfinite(final) else math.inf
     )
@@ -408,7 +417,7 @@ def inverting_gradients_attack(
     gen = torch.Generator().manual_seed(seed)
     best: tuple[float, np.ndarray] | None = None
     for _ in range(restarts):
-        x = torch.rand((batch_size, IMAGE_SIDE * IMAGE_SIDE), generator=gen, dtype=torch.float64)
+        x = torch.rand((batch_size, _side(model) ** 2), generator=gen, dtype=torch.float64)
         x.requires_grad_(True)
         opt = torch.optim.Adam([x], lr=step_size)
         milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
@@ -416,7 +425,7 @@ def inverting_gradients_attack(
         for _ in range(iterations):
             opt.zero_grad()
             sim = _simulate_update(model, x, y, local_steps=local_steps, lr=lr, create_graph=True)
-            loss = _cosine_match(sim, obs) + tv_weight * _total_variation(x)
+            loss = _cosine_match(sim, obs) + tv_weight * _total_variation(x, _side(model))
             loss.backward()
             with torch.no_grad():
                 x.grad.sign_()  # type: ignore[union-attr]
@@ -425,11 +434,11 @@ def inverting_gradients_attack(
             with torch.no_grad():
                 x.clamp_(0.0, 1.0)
         sim = _simulate_update(model, x, y, local_steps=local_steps, lr=lr, create_graph=True)
-        final = float((_cosine_match(sim, obs) + tv_weight * _total_variation(x)).detach())
+        final = float((_cosine_match(sim, obs) + tv_weight * _total_variation(x, _side(model))).detach())
         if best is None or final < best[0]:
             best = (final, x.detach().numpy().copy())
     assert best is not None  # restarts >= 1 was checked above
-    images = best[1].reshape(batch_size, IMAGE_SIDE, IMAGE_SIDE)
+    images = best[1].reshape(batch_size, _side(model), _side(model))
     return Reconstruction(images=images, labels=labels, loss=best[0])
 
 
@@ -454,7 +463,7 @@ def analytic_attack(
     if denom == 0.0:
         images = np.full((batch_size, gw.shape[1]), 0.5)
         return Reconstruction(
-            images=images.reshape(batch_size, IMAGE_SIDE, IMAGE_SIDE), labels=labels, loss=math.inf
+            images=images.reshape(batch_size, _side(model), _side(model)), labels=labels, loss=math.inf
         )
     if batch_size == 1:
         x = (gb @ gw) / denom
@@ -472,7 +481,7 @@ def analytic_attack(
         while len(chosen) < batch_size:
             chosen.append(np.full(gw.shape[1], 0.5))
         images = np.stack(chosen)
-    out = np.clip(images, 0.0, 1.0).reshape(batch_size, IMAGE_SIDE, IMAGE_SIDE)
+    out = np.clip(images, 0.0, 1.0).reshape(batch_size, _side(model), _side(model))
     return Reconstruction(images=out, labels=labels, loss=0.0)
 
 
@@ -671,6 +680,15 @@ def _observe(
     return total
 
 
+def _square_images(pool_images: np.ndarray) -> np.ndarray:
+    """The pool as float64 ``(N, side, side)`` (grayscale: 8x8 digits, 28x28 Fashion-MNIST)."""
+    flat = np.asarray(pool_images, dtype=np.float64).reshape(len(pool_images), -1)
+    side = math.isqrt(flat.shape[1])
+    if side * side != flat.shape[1]:
+        raise ValueError(f"pool_images must be square grayscale images, got {flat.shape[1]} pixels each")
+    return flat.reshape(-1, side, side)
+
+
 def evaluate_leakage(
     pool_images: np.ndarray,
     pool_labels: np.ndarray,
@@ -690,11 +708,13 @@ def evaluate_leakage(
     images of the pool, and the scores are over the whole matched batch. Returns the table rows
     (means over targets) and, per (attack, defence), the first target's (original, reconstruction).
     """
-    images = np.asarray(pool_images, dtype=np.float64).reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
+    images = _square_images(pool_images)
     labels = np.asarray(pool_labels, dtype=np.int64)
     rows: list[dict[str, object]] = []
     examples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-    victims = {arch: build_victim(arch, seed=seed) for arch in sorted({ATTACKS[a].victim for a in attacks})}
+    side = images.shape[-1]
+    victims = {arch: build_victim(arch, seed=seed, side=side)
+               for arch in sorted({ATTACKS[a].victim for a in attacks})}
     for defence in defences:
         for attack in attacks:
             row, example = _score(attack, victims[ATTACKS[attack].victim], defence, images, labels,
@@ -750,6 +770,6 @@ def baseline_psnr(pool_images: np.ndarray, targets: Sequence[int]) -> float:
     """PSNR of guessing the data set's mean image for each target: the no-information baseline."""
     from fedprivacy.attacks.metrics import psnr
 
-    images = np.asarray(pool_images, dtype=np.float64).reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
+    images = _square_images(pool_images)
     mean = images.mean(axis=0)
     return float(np.mean([psnr(images[t], mean) for t in targets]))
