@@ -74,6 +74,18 @@ class RunConfig:
     neighbouring: str = "add-remove"
     accountant: str = "pld"
     privacy_audience: str = "server"
+    # server optimizer on the released mean update (post-processing: no privacy cost)
+    server_optimizer: str = "fedavg"
+    server_learning_rate: float = 0.0
+    server_momentum: float = 0.9
+    server_beta_1: float = 0.9
+    server_beta_2: float = 0.99
+    server_tau: float = 0.001
+    # adaptive clipping to a private quantile of the update norms (Andrew et al. 2021)
+    adaptive_clip: bool = False
+    adaptive_clip_quantile: float = 0.5
+    adaptive_clip_learning_rate: float = 0.2
+    adaptive_clip_count_std: float = 0.0
     # sample-level DP-SGD on each client
     dpsgd: bool = False
     dpsgd_noise_multiplier: float = 1.0
@@ -183,6 +195,7 @@ class RunConfig:
         _choice("neighbouring", self.neighbouring, NEIGHBOURINGS)
         _choice("accountant", self.accountant, ACCOUNTANTS)
         _choice("privacy-audience", self.privacy_audience, PRIVACY_AUDIENCES)
+        self._check_methods()
         _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)
         _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
         if self.secagg_threshold < 0:
@@ -200,6 +213,33 @@ class RunConfig:
         if any(c in self.run_name for c in "/\\") or self.run_name in (".", ".."):
             raise ValueError(f"run-name must be a plain folder name, got {self.run_name!r}")
         _positive("client-timeout", self.client_timeout)
+
+    def _check_methods(self) -> None:
+        """Server optimizer and adaptive clipping keys (issue 17)."""
+        from fedprivacy.fl.server_opt import SERVER_OPTIMIZERS
+
+        _choice("server-optimizer", self.server_optimizer, tuple(SERVER_OPTIMIZERS))
+        _non_negative("server-learning-rate", self.server_learning_rate)
+        for key, value in (("server-momentum", self.server_momentum),
+                           ("server-beta-1", self.server_beta_1),
+                           ("server-beta-2", self.server_beta_2)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{key} must be in [0, 1), got {value}")
+        _positive("server-tau", self.server_tau)
+        if not 0.0 < self.adaptive_clip_quantile < 1.0:
+            raise ValueError(f"adaptive-clip-quantile must be in (0, 1), got {self.adaptive_clip_quantile}")
+        _positive("adaptive-clip-learning-rate", self.adaptive_clip_learning_rate)
+        _non_negative("adaptive-clip-count-std", self.adaptive_clip_count_std)
+        if self.adaptive_clip and self.privacy not in ("central", "none"):
+            raise ValueError(
+                f"adaptive-clip=true is implemented for privacy='central' and 'none', got "
+                f"{self.privacy!r} (distributed mode needs the count bit inside secure aggregation)")
+        if self.adaptive_clip and self.secagg:
+            raise ValueError("adaptive-clip=true cannot run with secagg=true yet (the server must see "
+                             "the count bit, which would travel inside secure aggregation)")
+        if self.adaptive_clip and self.clip_norm <= 0:
+            raise ValueError(f"clip-norm (the initial clip norm) must be > 0 when adaptive-clip=true, "
+                             f"got {self.clip_norm}")
 
     def _check_combinations(self) -> None:
         if self.is_dp and self.clip_norm <= 0:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.accounting.events import PrivacyEvent, Sampling
     from fedprivacy.config import RunConfig
+    from fedprivacy.fl.adaptive_clip import AdaptiveClipSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +48,7 @@ class PrivacyPlan:
     target_epsilon: float
     mechanism: str = ""
     adjacency: str = ""  # how the claim states the adjacency, when it says more than ``neighbouring``
+    adaptive_clip: AdaptiveClipSpec | None = None  # clip norm follows a private quantile (issue 17)
 
     @property
     def adjacency_label(self) -> str:

@@ -40,7 +40,7 @@ from fedprivacy.fl.callbacks import RunCallback, default_callbacks
 from fedprivacy.fl.modes import PrivacyMode, Transport, get_mode, plan_privacy
 from fedprivacy.fl.privacy import PrivacyPlan, make_accountant
 from fedprivacy.fl.sampling import fixed_cohort_sample, poisson_sample
-from fedprivacy.fl.server_opt import FedAvg, ServerOptimizer
+from fedprivacy.fl.server_opt import ServerOptimizer, make_server_optimizer
 from fedprivacy.fl.types import (
     ClientUpdate,
     DpsgdRoundInfo,
@@ -174,7 +174,8 @@ class FederatedRun:
         hooks: model init and central evaluation (default: the configured model and data).
         mode: the privacy mode object (default: the registered mode named ``cfg.privacy``).
         aggregator: the aggregation rule of plain rounds (default: the mode's).
-        server_optimizer: the global update (default: :class:`fedprivacy.fl.server_opt.FedAvg`).
+        server_optimizer: the global update (default: the one ``cfg.server_optimizer`` names,
+            :func:`fedprivacy.fl.server_opt.make_server_optimizer`).
         callbacks: default :func:`fedprivacy.fl.callbacks.default_callbacks` (console, checkpoint,
             outputs); ``[]`` for a run that writes nothing.
         run_dir: the run folder (checkpoints, outputs, resumption); None: no folder.
@@ -195,7 +196,7 @@ class FederatedRun:
         self.mode = mode or get_mode(cfg.privacy)
         self.hooks = hooks
         self.aggregator = aggregator
-        self.server_optimizer = server_optimizer or FedAvg()
+        self.server_optimizer = server_optimizer or make_server_optimizer(cfg)
         self.callbacks = list(callbacks) if callbacks is not None else default_callbacks(log)
         self.root = root_source(cfg)
         self.dpsgd = _DpsgdLedger(cfg) if cfg.dpsgd else None
@@ -269,6 +270,9 @@ class FederatedRun:
         if self.dpsgd is not None:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
+        load_round = getattr(self._round_fn, "load_state_dict", None)
+        if load_round is not None:  # a round function with state (adaptive clipping's estimate)
+            load_round(ckpt.extra.get("round", {}))
         self.log(f"resuming {self.run_dir} after round {ckpt.round}")
 
     def checkpoint_extra(self) -> dict[str, Any]:
@@ -279,6 +283,9 @@ class FederatedRun:
         state = self.server_optimizer.state_dict()
         if state:
             extra["server_optimizer"] = state
+        round_state = getattr(self._round_fn, "state_dict", None)
+        if round_state is not None:
+            extra["round"] = round_state()
         return extra
 
     # ------------------------------------------------------------------ rounds
@@ -298,6 +305,9 @@ class FederatedRun:
         outcome = self._round_fn(self._instructions(rnd), cohort, self.weights, rng.child("aggregate"))
         if not self.charge_before_release(rnd, outcome):
             return None
+        after_release = getattr(self._round_fn, "after_release", None)
+        if after_release is not None:  # round state that follows released values only
+            after_release(outcome)
         self.weights = self.server_optimizer.step(self.weights, outcome.aggregate.mean_update)
         record = self._record(rnd, cohort, outcome, t0)
         self.records.append(record)
@@ -373,7 +383,7 @@ class FederatedRun:
             epsilon=acc.epsilon(delta=self.cfg.target_delta) if acc is not None else None,
             delta=self.cfg.target_delta if acc is not None else None, seconds=time.perf_counter() - t0,
             dpsgd=DpsgdRoundInfo(epsilon=self.dpsgd.epsilon()) if self.dpsgd is not None else None,
-            secagg=outcome.secagg, aborted=outcome.aborted)
+            secagg=outcome.secagg, aborted=outcome.aborted, clip=outcome.clip)
 
     # ------------------------------------------------------------------ end
     def finish(self) -> RunResult:

@@ -6,16 +6,26 @@ It only post-processes a released value, so it never changes ε (Dwork & Roth 20
 :class:`FedAvg` is the default, ``w + Δ̄`` (McMahan et al. 2017); adaptive optimizers such as FedAdam or
 FedYogi (Reddi et al. 2021, Alg. 2) treat ``-Δ̄`` as a pseudo-gradient and keep state, which the run
 checkpoints through :meth:`ServerOptimizer.state_dict` / :meth:`ServerOptimizer.load_state_dict`.
+
+The ``server-optimizer`` run-config key picks one from :data:`SERVER_OPTIMIZERS` (factories of the run
+config, so hyper-parameters are config keys too); FedAvgM, FedAdam and FedYogi live in
+:mod:`fedprivacy.fl.server_optimizers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-__all__ = ["SERVER_OPTIMIZERS", "FedAvg", "ServerOptimizer", "register_server_optimizer"]
+from fedprivacy.fl.server_optimizers import FedAdam, FedAvgM, FedYogi
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+
+__all__ = ["SERVER_OPTIMIZERS", "FedAvg", "ServerOptimizer", "make_server_optimizer",
+           "register_server_optimizer"]
 
 
 class ServerOptimizer(Protocol):
@@ -53,13 +63,52 @@ class FedAvg:
             raise ValueError(f"FedAvg is stateless; a saved state must be empty, got keys {sorted(state)}")
 
 
-SERVER_OPTIMIZERS: dict[str, Callable[[], ServerOptimizer]] = {"fedavg": FedAvg}
+def _rate(cfg: RunConfig, default: float) -> float:
+    """``server-learning-rate``, or the optimizer's (Flower's) default when it is 0."""
+    return cfg.server_learning_rate if cfg.server_learning_rate > 0 else default
 
 
-def register_server_optimizer(name: str, factory: Callable[[], ServerOptimizer]) -> None:
-    """Make ``name`` select ``factory()`` (``FederatedRun(server_optimizer=...)`` takes any object)."""
+def _fedavg(cfg: RunConfig) -> ServerOptimizer:
+    if _rate(cfg, 1.0) == 1.0:
+        return FedAvg()
+    return FedAvgM(learning_rate=cfg.server_learning_rate, momentum=0.0)  # FedAvg with a server rate
+
+
+def _fedavgm(cfg: RunConfig) -> ServerOptimizer:
+    return FedAvgM(learning_rate=_rate(cfg, 1.0), momentum=cfg.server_momentum)
+
+
+def _fedadam(cfg: RunConfig) -> ServerOptimizer:
+    return FedAdam(learning_rate=_rate(cfg, 0.1), beta_1=cfg.server_beta_1, beta_2=cfg.server_beta_2,
+                   tau=cfg.server_tau)
+
+
+def _fedyogi(cfg: RunConfig) -> ServerOptimizer:
+    return FedYogi(learning_rate=_rate(cfg, 0.01), beta_1=cfg.server_beta_1, beta_2=cfg.server_beta_2,
+                   tau=cfg.server_tau)
+
+
+#: ``server-optimizer`` name -> factory of the run config (Flower's defaults when a key is left at 0).
+SERVER_OPTIMIZERS: dict[str, Callable[[RunConfig], ServerOptimizer]] = {
+    "fedavg": _fedavg, "fedavgm": _fedavgm, "fedadam": _fedadam, "fedyogi": _fedyogi,
+}
+
+
+def register_server_optimizer(name: str, factory: Callable[[RunConfig], ServerOptimizer]) -> None:
+    """Make ``server-optimizer = name`` select ``factory(cfg)`` (``FederatedRun(server_optimizer=...)``
+    takes any object, registered or not)."""
     if not name:
         raise ValueError("name must not be empty")
     if name in SERVER_OPTIMIZERS:
         raise ValueError(f"server optimizer {name!r} is already registered")
     SERVER_OPTIMIZERS[name] = factory
+
+
+def make_server_optimizer(cfg: RunConfig) -> ServerOptimizer:
+    """The optimizer ``cfg.server_optimizer`` names, built with the config's hyper-parameters."""
+    try:
+        factory = SERVER_OPTIMIZERS[cfg.server_optimizer]
+    except KeyError:
+        raise ValueError(f"server-optimizer must be one of {', '.join(SERVER_OPTIMIZERS)}, "
+                         f"got {cfg.server_optimizer!r}") from None
+    return factory(cfg)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AggregateResult",
     "ClientUpdate",
+    "ClipRoundInfo",
     "DpsgdRoundInfo",
     "Exchange",
     "ModelHooks",
@@ -186,6 +187,23 @@ class DpsgdRoundInfo:
     epsilon: float | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClipRoundInfo:
+    """Adaptive clipping: the round's clip norm and the released (noised) fraction of unclipped updates."""
+
+    clip_norm: float
+    unclipped_fraction: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clip_norm": self.clip_norm, "clip_unclipped_fraction": self.unclipped_fraction}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> ClipRoundInfo | None:
+        if "clip_norm" not in row:
+            return None
+        return cls(clip_norm=row["clip_norm"], unclipped_fraction=row["clip_unclipped_fraction"])
+
+
 _RECORD_KEYS = ("round", "clients_sampled", "clients_aggregated", "train_loss", "test_loss",
                 "test_accuracy", "epsilon", "delta", "seconds")
 
@@ -211,6 +229,7 @@ class RoundRecord:
     dpsgd: DpsgdRoundInfo | None = None
     secagg: SecureRoundInfo | None = None
     aborted: str | None = None
+    clip: ClipRoundInfo | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The published row: the fixed keys, then ``dpsgd_epsilon``, the secagg figures, ``aborted``."""
@@ -221,18 +240,22 @@ class RoundRecord:
             row.update(self.secagg.to_json())
         if self.aborted is not None:
             row["aborted"] = self.aborted
+        if self.clip is not None:
+            row.update(self.clip.to_json())
         return row
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> RoundRecord:
         """Inverse of :meth:`to_json` (a checkpoint's rows); ValueError on an unknown key."""
-        known = set(_RECORD_KEYS) | {"dpsgd_epsilon", "aborted"} | set(SecureRoundInfo._KEYS.values())
+        known = (set(_RECORD_KEYS) | {"dpsgd_epsilon", "aborted", "clip_norm", "clip_unclipped_fraction"}
+                 | set(SecureRoundInfo._KEYS.values()))
         unknown = sorted(set(row) - known)
         if unknown:
             raise ValueError(f"round record has unknown keys {unknown}")
         return cls(**{k: row[k] for k in _RECORD_KEYS},
                    dpsgd=DpsgdRoundInfo(epsilon=row["dpsgd_epsilon"]) if "dpsgd_epsilon" in row else None,
-                   secagg=SecureRoundInfo.from_json(row), aborted=row.get("aborted"))
+                   secagg=SecureRoundInfo.from_json(row), aborted=row.get("aborted"),
+                   clip=ClipRoundInfo.from_json(row))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +271,7 @@ class RoundOutcome:
         aborted: why the round released nothing (secure aggregation below threshold), else None:
             nothing is spent and the model stays unchanged (``aggregate.mean_update`` is all zeros).
         secagg: the figures of a secure-aggregation round, for the results row.
+        clip: adaptive clipping's clip norm and released fraction for the round, for the results row.
     """
 
     aggregate: AggregateResult
@@ -256,6 +280,7 @@ class RoundOutcome:
     event: PrivacyEvent | None = None
     aborted: str | None = None
     secagg: SecureRoundInfo | None = None
+    clip: ClipRoundInfo | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

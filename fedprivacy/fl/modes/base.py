@@ -117,6 +117,10 @@ def privacy_block(cfg: RunConfig, plan: PrivacyPlan, accountant: Accountant | No
                    else None),
         "rng_mode": rng_mode, "rng": rng.describe(),
     }
+    if plan.adaptive_clip is not None:
+        block["clip_norm"] = f"adaptive, initial {plan.clip_norm:g} (per round in rounds[].clip_norm)"
+        block["noise_std"] = None  # z_Δ · C_r changes with the clip norm
+        block["adaptive_clip"] = plan.adaptive_clip.to_json()
     try:
         block["accountant_claim"] = accountant.claim(delta=cfg.target_delta)
     except Exception as exc:  # the claim is a convenience; never lose the results over it

@@ -19,9 +19,11 @@ calibrate_noise_multiplier` (never overshoots).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fedprivacy.fl.adaptive_clip import AdaptiveClipRound, adaptive_clip_spec
 from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
 from fedprivacy.fl.modes.base import (
     Transport,
@@ -53,18 +55,23 @@ class NoneMode:
     name = "none"
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
-        return PrivacyPlan(mode="none", population=population,
-                           denominator=denominator_of(cfg, population=population),
+        denominator = denominator_of(cfg, population=population)
+        return PrivacyPlan(mode="none", population=population, denominator=denominator,
                            clip_norm=cfg.clip_norm, noise_multiplier=0.0, calibrated=False,
                            central_noise_std=0.0, local_noise_std=0.0, unit="none",
                            neighbouring=cfg.neighbouring,
                            sampling_description=sampling_description(cfg, population=population),
-                           event=None, target_delta=cfg.target_delta, target_epsilon=0.0)
+                           event=None, target_delta=cfg.target_delta, target_epsilon=0.0,
+                           adaptive_clip=(adaptive_clip_spec(cfg, noise_multiplier=0.0,
+                                                             denominator=denominator)
+                                          if cfg.adaptive_clip else None))
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
         if cfg.secagg:
             return secure_round(cfg, plan, transport, aggregator=aggregator, log=log)
+        if plan.adaptive_clip is not None:
+            return _adaptive_round(cfg, plan, transport, aggregator)
         agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm, noise_std=0.0)
         return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
 
@@ -102,7 +109,7 @@ class _GaussianMode:
         if self.name == "local":
             desc += "; local DP: no amplification (the server sees who takes part)"
         std = sigma * cfg.clip_norm
-        return PrivacyPlan(
+        plan = PrivacyPlan(
             mode=self.name, population=population, denominator=denominator_of(cfg, population=population),
             clip_norm=cfg.clip_norm, noise_multiplier=sigma, calibrated=calibrated,
             central_noise_std=std if self.name == "central" else 0.0,
@@ -111,6 +118,14 @@ class _GaussianMode:
             neighbouring=Neighbouring.parse(neighbouring_of(cfg)).value, sampling_description=desc,
             event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
             mechanism=self.mechanism)
+        if cfg.adaptive_clip and self.name == "central":
+            # Andrew et al. 2021, Thm. 1: the update's multiplier is raised so that it and the noised
+            # clipped count together are one Gaussian of multiplier sigma (the event above).
+            spec = adaptive_clip_spec(cfg, noise_multiplier=sigma, denominator=plan.denominator)
+            plan = dataclasses.replace(
+                plan, adaptive_clip=spec, central_noise_std=spec.update_noise_multiplier * cfg.clip_norm,
+                mechanism=self.mechanism + " with an adaptive clip norm (Andrew et al. 2021)")
+        return plan
 
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
@@ -125,6 +140,8 @@ class CentralMode(_GaussianMode):
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        if plan.adaptive_clip is not None:
+            return _adaptive_round(cfg, plan, transport, aggregator)
         agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm,
                                             noise_std=plan.noise_multiplier * cfg.clip_norm)
         return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
@@ -140,3 +157,13 @@ class LocalMode(_GaussianMode):
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
         agg = aggregator or PlainAggregator(clip_norm=0.0, noise_std=0.0)
         return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
+
+
+def _adaptive_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport,
+                    aggregator: Aggregator | None) -> RoundFn:
+    """The plain round with an adaptive clip norm (:mod:`fedprivacy.fl.adaptive_clip`)."""
+    if aggregator is not None:
+        raise ValueError("adaptive-clip=true chooses its own aggregation (clip to the round's estimate); "
+                         "a custom aggregator cannot be combined with it")
+    assert plan.adaptive_clip is not None
+    return AdaptiveClipRound(exchange_of(transport, cfg), plan.adaptive_clip, denominator=plan.denominator)
