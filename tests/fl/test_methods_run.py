@@ -161,6 +161,8 @@ def test_adaptive_clip_follows_the_released_fraction_and_is_reported(tmp_path: P
         update_noise_multiplier(noise_multiplier=1.0, count_noise_std=1.0))
     saved = json.loads((tmp_path / "ada" / "results.json").read_text())
     assert [r["clip_norm"] for r in saved["rounds"]] == clips
+    report = (tmp_path / "ada" / "privacy_report.md").read_text()
+    assert "## Adaptive clipping" in report and f"| 8 | {clips[-1]:.4g} |" in report
 
 
 def test_adaptive_clip_costs_the_same_epsilon_as_the_fixed_clip(tmp_path: Path) -> None:
