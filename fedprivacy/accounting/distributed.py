@@ -142,6 +142,7 @@ from fedprivacy.accounting.events import (
     PrivacyEvent,
     Sampling,
 )
+from fedprivacy.accounting.events import _check_int as _int_arg
 
 __all__ = [
     "AUDIENCES",
@@ -323,14 +324,6 @@ def zcdp_epsilon(*, rho: float, delta: float) -> float:
 MAX_SEEDED_COMPONENTS = 64
 
 DESIGNS = ("binary", "levels")
-
-
-def _int_arg(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,15 +17,9 @@ import math
 
 import numpy as np
 
+from fedprivacy.secagg.quantize import _bits  # the ring's width rule, [8, 32]
+
 __all__ = ["pack_residues", "packed_size", "unpack_residues"]
-
-
-def _bits(modulus_bits: int) -> int:
-    if isinstance(modulus_bits, bool) or not isinstance(modulus_bits, int):
-        raise TypeError(f"modulus_bits must be an int, got {type(modulus_bits).__name__}")
-    if not 8 <= modulus_bits <= 32:
-        raise ValueError(f"modulus_bits must be in [8, 32], got {modulus_bits}")
-    return modulus_bits
 
 
 def packed_size(count: int, *, modulus_bits: int) -> int:
