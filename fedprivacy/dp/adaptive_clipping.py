@@ -26,6 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fedprivacy.dp.mechanisms import _positive
+from fedprivacy.dp.mechanisms import _real as _real_number
+
 if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
 
@@ -42,18 +45,9 @@ BIT_SENSITIVITY = 0.5
 
 
 def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = float(value)
+    v = _real_number(name, value)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value}")
-    return v
-
-
-def _positive(name: str, value: Any) -> float:
-    v = _real(name, value)
-    if v <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
     return v
 
 

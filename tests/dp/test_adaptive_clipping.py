@@ -105,7 +105,7 @@ def test_state_round_trip_and_refusals() -> None:
 
     with pytest.raises(ValueError, match="keys"):
         b.load_state_dict({"clip_norm": 1.0})
-    with pytest.raises(ValueError, match="clip_norm must be > 0"):
+    with pytest.raises(ValueError, match="clip_norm must be a finite number > 0"):
         b.load_state_dict({"clip_norm": -1.0, "rounds": 1, "last_fraction": None})
     with pytest.raises(ValueError, match="last_fraction"):
         b.load_state_dict({"clip_norm": 1.0, "rounds": 1, "last_fraction": 2.0})
