@@ -59,7 +59,7 @@ def share(msg: Message, context: Context) -> Message:
 
 def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int) -> Message:
     request = from_records(msg.content, stage="masked")
-    encoding = EncodingSpec.from_record(dict(msg.content.config_records["encoding"]))
+    encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding", ConfigRecord)))
     instr, weights = codec.decode_train(msg)
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg, encoding=encoding,
                                     instructions=instr, weights=weights, partition_id=partition_id,
@@ -70,10 +70,10 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
 def unmask(msg: Message, context: Context, *, partition_id: int) -> Message:
     """Round r's unmask (``secagg``) and/or round r+1's advertise (``secagg-next``), in that order."""
     content: dict[str, Any] = {}
-    if "secagg" in msg.content.config_records:
+    if codec.optional_record(msg.content, "secagg", ConfigRecord) is not None:
         request = from_records(msg.content, stage="unmask")
         content.update(to_records("unmask", client_unmask(_store(context), _key(context), request)))
-    if "secagg-next" in msg.content.config_records:
+    if codec.optional_record(msg.content, "secagg-next", ConfigRecord) is not None:
         setup = from_records(msg.content, stage="advertise", name="secagg-next")
         keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id)
         content.update(to_records("advertise", keys, record="secagg-next"))

@@ -13,6 +13,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 
 from fedprivacy.secagg import wire
+from fedprivacy_flwr.codec import arrays_to_record, optional_record, record_to_arrays
 
 __all__ = ["MESSAGE_TYPES", "from_records", "to_records"]
 
@@ -31,13 +32,13 @@ def to_records(stage: str, msg: object, *, record: str = "secagg") -> dict[str, 
     array = fields.pop(_ARRAY_FIELD, None)
     out: dict[str, Any] = {record: ConfigRecord({"stage": stage, "kind": kind, **fields})}
     if array is not None:
-        out["secagg-masked"] = ArrayRecord.from_numpy_ndarrays([np.ascontiguousarray(array)])
+        out["secagg-masked"] = arrays_to_record([array])
     return out
 
 
 def from_records(content: RecordDict, *, stage: str, name: str = "secagg") -> Any:
     """Rebuild a protocol message from a Message's content; ValueError/TypeError if malformed."""
-    record = content.config_records.get(name)
+    record = optional_record(content, name, ConfigRecord)  # (not the typed views: slow, codec.py)
     if record is None:
         raise ValueError(f"no {name!r} record in the message")
     fields: dict[str, Any] = dict(record)
@@ -48,7 +49,8 @@ def from_records(content: RecordDict, *, stage: str, name: str = "secagg") -> An
     if not isinstance(kind, str):
         raise ValueError("secagg record has no kind")
     fields = {k: list(v) if isinstance(v, list | tuple) else v for k, v in fields.items()}
-    if "secagg-masked" in content.array_records:
-        (array,) = content.array_records["secagg-masked"].to_numpy_ndarrays()
+    masked = optional_record(content, "secagg-masked", ArrayRecord)
+    if masked is not None:
+        (array,) = record_to_arrays(masked)
         fields[_ARRAY_FIELD] = np.asarray(array)
     return wire.decode(kind, fields)

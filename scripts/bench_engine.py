@@ -90,16 +90,29 @@ class _Round1Timer(logging.Handler):
             self.at = time.time()
 
 
+def _app_dir(spec: dict[str, Any]) -> Path:
+    return Path(spec.get("app_dir") or REPO)
+
+
+def _engine_api() -> tuple[Any, Any]:
+    """(run_inprocess, resolve_run_config) of the tree this child runs (issue 14 moved them)."""
+    try:
+        from server.engine import resolve_run_config, run_inprocess
+    except ImportError:  # a baseline tree from before issue 14
+        from server.inprocess import resolve_run_config, run_inprocess  # type: ignore[no-redef]
+    return run_inprocess, resolve_run_config
+
+
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     mem = PeakMemory()
     import torch
 
     torch.set_num_threads(1)
     out_dir = tempfile.mkdtemp(prefix="bench_engine_")
-    cfg = _run_config(spec, out_dir)
     kind = spec["kind"]
-    keys = ("model", "cohort", "population", "workers", "privacy", "dataset")
-    result: dict[str, Any] = {"kind": kind, **{k: spec[k] for k in keys if k in spec}}
+    cfg = _run_config(spec, out_dir) if kind != "default" else {}
+    keys = ("model", "cohort", "population", "workers", "privacy", "dataset", "tree")
+    result: dict[str, Any] = {"kind": kind, "privacy": "none", **{k: spec[k] for k in keys if k in spec}}
     if kind == "loop":
         from threadpoolctl import threadpool_limits
 
@@ -108,14 +121,13 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         timer = _Round1Timer()
         logging.getLogger("flwr").addHandler(timer)
-        if kind == "engine":
-            from server.engine import run_inprocess
-
+        if kind in ("engine", "default"):
+            run_inprocess = _engine_api()[0]
             res = run_inprocess(
-                run_config=cfg,
+                run_config=cfg if kind == "engine" else {"output-dir": out_dir},
                 num_supernodes=spec["population"],
-                workers=spec["workers"],
-                app_dir=REPO,
+                workers=spec.get("workers", 1),
+                app_dir=_app_dir(spec),
             )
             path = res.results_path
             train = [s for (t, _n, s) in res.stats.exchanges if t == "train"]
@@ -137,7 +149,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             from server.engine import run_flower_simulation
 
-            run_flower_simulation(run_config=cfg, num_supernodes=spec["population"], app_dir=REPO)
+            run_flower_simulation(run_config=cfg, num_supernodes=spec["population"],
+                                  app_dir=_app_dir(spec))
             found = sorted(Path(out_dir).rglob("results.json"))
             path = found[-1] if found else None
         if path is None:
@@ -158,10 +171,13 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
     from fedprivacy.config import RunConfig
     from fedprivacy.fl import task
     from fedprivacy.fl.client import train_client
-    from fedprivacy.fl.types import RoundInstructions
-    from server.engine import resolve_run_config
 
-    cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=REPO))
+    try:
+        from fedprivacy.fl.types import RoundInstructions
+    except ImportError:  # a baseline tree from before issue 14
+        from fedprivacy.fl.client import RoundInstructions  # type: ignore[attr-defined,no-redef]
+    resolve_run_config = _engine_api()[1]
+    cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=_app_dir(spec)))
     n = spec["population"]
     test = task.test_set(cfg, num_partitions=n)
     num_classes = task.num_classes_for(cfg, num_partitions=n)
@@ -208,7 +224,9 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
 
 def _spawn(spec: dict[str, Any], *, timeout: float) -> dict[str, Any]:
     spec = {**spec, "t0": time.time()}
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    app = _app_dir(spec)
+    # the tree's own packages first; this checkout's fedprivacy_bench (memory sampler) behind them
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": f"{app}{os.pathsep}{REPO}"}
     try:
         proc = subprocess.run(
             [sys.executable, __file__, "--child", json.dumps(spec)],
@@ -216,7 +234,7 @@ def _spawn(spec: dict[str, Any], *, timeout: float) -> dict[str, Any]:
             text=True,
             timeout=timeout,
             env=env,
-            cwd=REPO,
+            cwd=app,
             check=False,
         )
     except subprocess.TimeoutExpired:
@@ -240,7 +258,7 @@ def _steady(xs: list[float] | None) -> float | None:
 
 
 def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    loops = {(r["model"], r["population"]): r for r in rows if r.get("kind") == "loop"}
+    loops = {(r.get("tree"), r["model"], r["population"]): r for r in rows if r.get("kind") == "loop"}
     for r in rows:
         r["steady_round_seconds"] = _steady(r.get("round_seconds"))
         if r.get("kind") == "engine":
@@ -253,7 +271,7 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if pl_round and pl_train and eng_train and r["steady_round_seconds"]:
             r["ratio_vs_paired_loop"] = r["steady_round_seconds"] / pl_round
             r["train_ratio_vs_paired_loop"] = eng_train / pl_train
-        base = loops.get((r.get("model"), r.get("population")))
+        base = loops.get((r.get("tree"), r.get("model"), r.get("population")))
         if base and r.get("steady_round_seconds") and base.get("steady_round_seconds"):
             r["ratio_vs_loop"] = r["steady_round_seconds"] / base["steady_round_seconds"]
             if r.get("steady_train_exchange_seconds") and base.get("steady_train_seconds"):
@@ -261,6 +279,39 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     r["steady_train_exchange_seconds"] / base["steady_train_seconds"]
                 )
     return rows
+
+
+def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
+    """Issue 16's ratios, per tree, from the rows of this run (None where a row is missing)."""
+    out: dict[str, Any] = {}
+    for tree in sorted({r.get("tree", "current") for r in rows}):
+        mine = [r for r in rows if r.get("tree", "current") == tree and "error" not in r]
+
+        def one(mine: list[dict[str, Any]] = mine, **want: Any) -> dict[str, Any] | None:
+            hit = [r for r in mine if all(r.get(k) == v for k, v in want.items())]
+            return hit[0] if hit else None
+
+        g: dict[str, Any] = {}
+        for model in sorted({r["model"] for r in mine if r.get("kind") == "engine"}):
+            w1 = one(kind="engine", model=model, workers=1, population=population, privacy="none")
+            w2 = one(kind="engine", model=model, workers=2, population=population)
+            fl = one(kind="flower", model=model)
+            g[model] = {
+                "engine_over_loop_paired (goal <= 1.3)": w1 and w1.get("ratio_vs_paired_loop"),
+                "engine_over_loop_separate": w1 and w1.get("ratio_vs_loop"),
+                "flower_over_engine (goal >= 8)": (fl and w1 and fl.get("steady_round_seconds")
+                                                   and w1.get("steady_round_seconds")
+                                                   and fl["steady_round_seconds"] / w1["steady_round_seconds"]),
+                "workers2_speedup_wall": (w1 and w2 and w2.get("steady_round_seconds")
+                                          and w1["steady_round_seconds"] / w2["steady_round_seconds"]),
+                "workers_client_cpu_seconds (w1, w2)": (w1 and w1.get("client_cpu_seconds"),
+                                                        w2 and w2.get("client_cpu_seconds")),
+                "peak_memory_mb (goal <= 600 at 100k)": w1 and w1.get("peak_memory_mb"),
+            }
+        d = one(kind="default")
+        g["default_run_command_to_round1_seconds (goal <= 5)"] = d and d.get("command_to_round1_seconds")
+        out[tree] = g
+    return out
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -279,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-privacy", action="store_true")
     parser.add_argument("--flower-timeout", type=float, default=240.0)
     parser.add_argument("--quick", action="store_true", help="10k model, 3 rounds, no Flower/scale")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="also run every loop/engine/default row with this checkout's library "
+                             "(e.g. main before issue 16), interleaved, in the same run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -292,20 +346,29 @@ def main(argv: list[str] | None = None) -> int:
         args.skip_flower = args.skip_scale = args.skip_privacy = True
     base = {"rounds": args.rounds, "population": args.population, "cohort": args.cohort}
     rows: list[dict[str, Any]] = []
+    load_start = os.getloadavg()
 
-    def run(spec: dict[str, Any], timeout: float = 900.0) -> None:
-        label = " ".join(f"{k}={v}" for k, v in spec.items() if k not in ("rounds",))
-        print(f"... {label}", flush=True)
-        rows.append(_spawn(spec, timeout=timeout))
-        if "error" in rows[-1]:
-            print(f"    error: {rows[-1]['error'][-300:]}", flush=True)
+    trees: list[tuple[str, str | None]] = [("current", None)]
+    if args.baseline_tree is not None:
+        trees.append(("baseline", str(args.baseline_tree.resolve())))
 
+    def run(spec: dict[str, Any], timeout: float = 900.0, *, both: bool = True) -> None:
+        for tree, app in trees if both else trees[:1]:
+            one = {**spec, "tree": tree, **({"app_dir": app} if app else {})}
+            label = " ".join(f"{k}={v}" for k, v in one.items() if k not in ("rounds", "app_dir"))
+            print(f"... {label}", flush=True)
+            rows.append(_spawn(one, timeout=timeout))
+            if "error" in rows[-1]:
+                print(f"    error: {rows[-1]['error'][-300:]}", flush=True)
+
+    # the default in-process run (10 clients, the app's defaults): command to the end of round 1
+    run({"rounds": 0, "population": 10, "cohort": 10, "kind": "default", "model": "default"})
     for model in args.models.split(","):
         run({**base, "kind": "loop", "model": model})
         run({**base, "kind": "engine", "model": model, "workers": 1, "paired_loop": True})
         run({**base, "kind": "engine", "model": model, "workers": 2, "paired_loop": True})
         if not args.skip_flower:
-            run({**base, "kind": "flower", "model": model}, timeout=args.flower_timeout)
+            run({**base, "kind": "flower", "model": model}, timeout=args.flower_timeout, both=False)
     if not args.skip_privacy:
         for privacy, extra in (
             ("central", {"noise-multiplier": 1.0}),
@@ -331,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                     "workers": 1,
                     "privacy": privacy,
                     "extra": extra,
-                }
+                },
+                both=False,
             )
     if not args.skip_scale:
         run(
@@ -345,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dataset": "synthetic",
             },
             timeout=1200.0,
+            both=False,
         )
 
     rows = _summarise(rows)
@@ -381,10 +446,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(r.get('peak_memory_mb'), '.0f'):>8}"
         )
     report = {
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start,
+                    "loadavg_at_end": os.getloadavg()},
         "workload": {**base, "models": {k: list(v) for k, v in MODELS.items()}},
+        "goals": _goals(rows, population=args.population),
         "rows": rows,
     }
+    print(json.dumps(report["goals"], indent=1))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
