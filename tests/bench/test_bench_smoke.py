@@ -20,7 +20,7 @@ def test_quick_sweep_subset_writes_rows(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
 
     code = module.main(["--quick", "--rounds", "2", "--no-docs", "--json", str(out),
-                        "--only", "torch-loop,fedprivacy-inprocess-none"])
+                        "--only", "torch-loop,digits-fedprivacy-inprocess-none"])
 
     assert code == 0
     payload = json.loads(out.read_text())
