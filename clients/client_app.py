@@ -1,14 +1,22 @@
-"""fedprivacy's Flower ClientApp (Message API): decode -> one library call -> encode."""
+"""fedprivacy's Flower ClientApp (Message API): decode -> one library call -> encode.
+
+The client's own privacy floor (:class:`fedprivacy.fl.client_policy.ClientPolicy`) comes from its
+``node_config`` ``client-*`` keys, then the ``FEDPRIVACY_CLIENT_POLICY`` environment variable of this
+process, then safe defaults in code: never from the server's messages or the run config (which whoever
+submits the run chooses). A request outside it is refused (an error reply: the server counts a dropout).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
+from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy
 from fedprivacy_flwr import codec
 
 app = ClientApp()
@@ -17,6 +25,15 @@ app = ClientApp()
 @functools.lru_cache(maxsize=4)
 def _config(items: tuple) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
+
+
+@functools.lru_cache(maxsize=16)
+def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
+    return ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
+
+
+def _policy(context: Context) -> ClientPolicy:
+    return _policy_of(tuple(sorted(context.node_config.items())), os.environ.get(ENV_VAR))
 
 
 def _node(context: Context) -> tuple[RunConfig, int, int]:
@@ -37,9 +54,11 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Local training, Δ clipped (and noised in local mode); see :mod:`fedprivacy.fl.client`."""
     cfg, pid, total = _node(context)
+    policy = _policy(context)
     instr, weights = codec.decode_train(msg)
+    instr = policy.apply(instr)  # its own mode floor, seed rule and (local mode) its own noise
     update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
-    return codec.train_reply(msg, update)
+    return codec.train_reply(msg, policy.filter_update(update))
 
 
 # ---- secure aggregation stages (clients/secagg_handlers.py); message types query/train.secagg_*
@@ -48,7 +67,7 @@ def secagg_advertise(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     _, pid, _ = _node(context)
-    return secagg_handlers.advertise(msg, context, partition_id=pid)
+    return secagg_handlers.advertise(msg, context, partition_id=pid, policy=_policy(context))
 
 
 @app.query("secagg_share")
@@ -63,7 +82,15 @@ def secagg_masked(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     cfg, pid, total = _node(context)
-    return secagg_handlers.masked(msg, context, cfg=cfg, partition_id=pid, num_partitions=total)
+    return secagg_handlers.masked(msg, context, cfg=cfg, partition_id=pid, num_partitions=total,
+                                  policy=_policy(context))
+
+
+@app.query("secagg_consistency")
+def secagg_consistency(msg: Message, context: Context) -> Message:
+    from clients import secagg_handlers
+
+    return secagg_handlers.consistency(msg, context)
 
 
 @app.query("secagg_unmask")
@@ -71,5 +98,5 @@ def secagg_unmask(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     _, pid, _ = _node(context)
-    return secagg_handlers.unmask(msg, context, partition_id=pid)
+    return secagg_handlers.unmask(msg, context, partition_id=pid, policy=_policy(context))
 # ---- end of secure aggregation stages

@@ -21,14 +21,17 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedprivacy.config import RunConfig
+from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure import (
     EncodingSpec,
     ExportedSessionStore,
     client_advertise,
+    client_consistency,
     client_masked_round,
     client_share,
     client_unmask,
 )
+from fedprivacy.secagg.protocol import RoundLog
 from fedprivacy_flwr import codec
 from fedprivacy_flwr.secagg_records import from_records, to_records
 
@@ -41,15 +44,28 @@ def _key(context: Context) -> tuple[int, int]:
     return int(context.run_id), int(context.node_id)
 
 
+_LOG = "secagg-rounds"  # the node's record of the rounds it took part in (context.state, per run)
+
+
+def _advertise(context: Context, setup: object, *, partition_id: int, policy: ClientPolicy) -> object:
+    """Stage 1 with the node's round record: refused for a round it already took part in."""
+    record = context.state.config_records.get(_LOG)
+    log = RoundLog.from_state(dict(record)) if record is not None else RoundLog()
+    keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id,  # type: ignore[arg-type]
+                            policy=policy, log=log)
+    context.state[_LOG] = ConfigRecord(log.to_state())
+    return keys
+
+
 def _reply(msg: Message, stage: str, out: object, **extra: object) -> Message:
     content = to_records(stage, out)
     content.update(extra)
     return Message(RecordDict(content), reply_to=msg)
 
 
-def advertise(msg: Message, context: Context, *, partition_id: int) -> Message:
+def advertise(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:
     setup = from_records(msg.content, stage="advertise")
-    return _reply(msg, "advertise", client_advertise(_store(context), _key(context), setup, partition_id=partition_id))
+    return _reply(msg, "advertise", _advertise(context, setup, partition_id=partition_id, policy=policy))
 
 
 def share(msg: Message, context: Context) -> Message:
@@ -57,17 +73,23 @@ def share(msg: Message, context: Context) -> Message:
     return _reply(msg, "share", client_share(_store(context), _key(context), request))
 
 
-def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int) -> Message:
+def consistency(msg: Message, context: Context) -> Message:
+    request = from_records(msg.content, stage="consistency")
+    return _reply(msg, "consistency", client_consistency(_store(context), _key(context), request))
+
+
+def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int,
+           policy: ClientPolicy) -> Message:
     request = from_records(msg.content, stage="masked")
     encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding", ConfigRecord)))
     instr, weights = codec.decode_train(msg)
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg, encoding=encoding,
                                     instructions=instr, weights=weights, partition_id=partition_id,
-                                    num_partitions=num_partitions)
+                                    num_partitions=num_partitions, policy=policy)
     return _reply(msg, "masked", out, metrics=codec.metrics_record(meta))
 
 
-def unmask(msg: Message, context: Context, *, partition_id: int) -> Message:
+def unmask(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:
     """Round r's unmask (``secagg``) and/or round r+1's advertise (``secagg-next``), in that order."""
     content: dict[str, Any] = {}
     if codec.optional_record(msg.content, "secagg", ConfigRecord) is not None:
@@ -75,11 +97,11 @@ def unmask(msg: Message, context: Context, *, partition_id: int) -> Message:
         content.update(to_records("unmask", client_unmask(_store(context), _key(context), request)))
     if codec.optional_record(msg.content, "secagg-next", ConfigRecord) is not None:
         setup = from_records(msg.content, stage="advertise", name="secagg-next")
-        keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id)
+        keys = _advertise(context, setup, partition_id=partition_id, policy=policy)
         content.update(to_records("advertise", keys, record="secagg-next"))
     if not content:
         raise ValueError("secagg unmask message carries neither 'secagg' nor 'secagg-next'")
     return Message(RecordDict(content), reply_to=msg)
 
 
-__all__ = ["advertise", "masked", "share", "unmask"]
+__all__ = ["advertise", "consistency", "masked", "share", "unmask"]

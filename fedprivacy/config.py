@@ -95,6 +95,8 @@ class RunConfig:
     secagg_threshold: int = 0
     secagg_neighbours: int = 0
     secagg_bits: int = 32
+    secagg_colluders: int = 0
+    secagg_schedule: str = "active"
     # run
     seed: int = -1
     output_dir: str = "runs"
@@ -206,6 +208,10 @@ class RunConfig:
             )
         if not 16 <= self.secagg_bits <= 32:
             raise ValueError(f"secagg-bits must be in [16, 32], got {self.secagg_bits}")
+        if self.secagg_colluders < 0:
+            raise ValueError(f"secagg-colluders must be >= 0, got {self.secagg_colluders}")
+        if self.secagg_schedule not in ("active", "semi-honest"):
+            raise ValueError(f"secagg-schedule must be 'active' or 'semi-honest', got {self.secagg_schedule!r}")
         if self.seed < -1:
             raise ValueError(f"seed must be -1 (secure randomness) or >= 0 (seeded), got {self.seed}")
         if not self.output_dir:

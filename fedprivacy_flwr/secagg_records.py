@@ -21,6 +21,7 @@ MESSAGE_TYPES = {
     "advertise": f"{MessageType.QUERY}.secagg_advertise",
     "share": f"{MessageType.QUERY}.secagg_share",
     "masked": f"{MessageType.TRAIN}.secagg_masked",
+    "consistency": f"{MessageType.QUERY}.secagg_consistency",
     "unmask": f"{MessageType.QUERY}.secagg_unmask",
 }
 _ARRAY_FIELD = "masked"

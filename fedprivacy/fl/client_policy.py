@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
+    from fedprivacy.fl.types import ClientUpdate, RoundInstructions
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal", "simulation_node_config"]
 
 #: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
@@ -88,7 +89,7 @@ class ClientPolicy:
         modes: privacy modes it takes part in; by default only those where the server never sees its
             update un-noised (``local``, ``distributed``).
         min_noise_multiplier: the smallest ``z`` it accepts (``local``: of its own noise; ``distributed``:
-            of the dominating Gaussian of the worst released sum).
+            the target ``z`` of the encoding; what a round really costs is capped by ρ below).
         max_rho_per_round: the largest zCDP ρ of one round it will spend.
         neighbouring: the relation its ρ is computed under.
         colluders: clients it assumes collude with the server; setups and encodings assuming fewer are
@@ -226,7 +227,9 @@ class ClientPolicy:
         self.check_mode("local")
         if not clip_norm > 0:
             raise PolicyRefusal(f"local mode needs a clip norm > 0, got {clip_norm}")
-        z = max(requested_std / clip_norm, self.min_noise_multiplier)
+        # its own floor: at least min_noise_multiplier, and enough that one round stays within
+        # max_rho_per_round (rho = 2/z^2): the client adds the noise itself rather than refuse
+        z = max(requested_std / clip_norm, self.min_noise_multiplier, math.sqrt(2.0 / self.max_rho_per_round))
         if z <= 0:
             raise PolicyRefusal("local mode with no noise (client-min-noise-multiplier is 0 and the "
                                 "server asks for none)")
@@ -260,13 +263,13 @@ class ClientPolicy:
         if config.min_survivors > setup.required_survivors:
             raise PolicyRefusal(f"encoding assumes {config.min_survivors} noisy survivors but the round "
                                 f"releases sums of {setup.required_survivors}")
-        try:
+        if config.noise_multiplier < self.min_noise_multiplier:
+            raise PolicyRefusal(f"server asks for noise multiplier {config.noise_multiplier:g} < "
+                                f"{self.min_noise_multiplier:g} (node config client-min-noise-multiplier)")
+        try:  # what the round really costs: the dominating Gaussian of the worst released sum
             z = config.release(roster=roster, survivors=config.min_survivors).noise_multiplier
         except ValueError as exc:  # e.g. a scale too small to analyse: no bound, no participation
             raise PolicyRefusal(f"distributed encoding cannot be accounted: {exc}") from None
-        if z < self.min_noise_multiplier:
-            raise PolicyRefusal(f"the worst released sum carries noise multiplier {z:.4g} < "
-                                f"{self.min_noise_multiplier:g} (node config client-min-noise-multiplier)")
         rho = self._rho(z)
         self._check_rho(rho, f"distributed encoding (worst sum: {config.min_survivors} survivors, "
                              f"{config.colluders} colluders)")
@@ -275,3 +278,37 @@ class ClientPolicy:
     def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Only the metrics this client may send."""
         return {k: v for k, v in metrics.items() if k in self.disclose}
+
+    # ------------------------------------------------------------------ applied to a round
+    def apply(self, instructions: RoundInstructions) -> RoundInstructions:
+        """The instructions this client follows: its mode floor, its own seed rule, and in ``local``
+        mode its own noise (never below ``min_noise_multiplier``). Raises :class:`PolicyRefusal`."""
+        import dataclasses
+
+        self.check_mode(instructions.privacy)
+        changes: dict[str, Any] = {"seed": self.seed(instructions.seed)}
+        if instructions.privacy == "local":
+            z = self.local_noise_multiplier(clip_norm=instructions.clip_norm,
+                                            requested_std=instructions.local_noise_std)
+            changes["local_noise_std"] = max(instructions.local_noise_std, z * instructions.clip_norm)
+        return dataclasses.replace(instructions, **changes)
+
+    def filter_update(self, update: ClientUpdate) -> ClientUpdate:
+        """The update with only the metadata this client discloses (``disclose``)."""
+        import dataclasses
+
+        metrics = {k: v for k, v in update.metrics.items() if k.replace("_", "-") in self.disclose}
+        return dataclasses.replace(
+            update, metrics=metrics,
+            num_examples=update.num_examples if "num-examples" in self.disclose else None,
+            train_loss=update.train_loss if "train-loss" in self.disclose else None)
+
+
+def simulation_node_config(run_config: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    """The ``client-*`` node config a local-simulation launcher gives its clients: derived from the
+    run the user asked for (:meth:`ClientPolicy.for_simulation`), since the user runs both sides."""
+    from fedprivacy.config import RunConfig
+
+    cfg = RunConfig.from_mapping(run_config)
+    return ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
+                                       schedule=cfg.secagg_schedule).to_node_config()

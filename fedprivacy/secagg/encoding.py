@@ -39,7 +39,8 @@ ENCODINGS = ("fixed-point", "ddgauss")
 _MAX_SCALED_CLIP = 2.0**20  # C*s beyond this adds no precision worth having
 
 
-def round_parameters(*, cohort: int, neighbours: int = 0, threshold: int = 0) -> tuple[int, int]:
+def round_parameters(*, cohort: int, neighbours: int = 0, threshold: int = 0,
+                     colluders: int = 0) -> tuple[int, int]:
     """``(threshold t, degree k)`` for an expected cohort of ``cohort`` clients.
 
     Automatic degree (``neighbours = 0``): the complete graph for ``n <= 30`` (Bonawitz et al. 2017),
@@ -55,18 +56,21 @@ def round_parameters(*, cohort: int, neighbours: int = 0, threshold: int = 0) ->
         k = min(neighbours, n - 1)
     else:
         k = n - 1 if n <= 30 else min(n - 1, 2 * math.ceil(math.log2(n)) + 1)
-    t = threshold or min_safe_threshold(k)
+    if k <= colluders:
+        raise ValueError(f"secagg-neighbours must be > secagg-colluders={colluders}, got {k}")
+    t = threshold or min_safe_threshold(k, colluders=colluders)
     if t > n:
         raise ValueError(f"secagg-threshold must be <= the expected cohort {n}, got {t}")
-    if 2 * t <= k + 1:
-        raise ValueError(f"secagg-threshold must be > (secagg-neighbours+1)/2 = {(k + 1) / 2} "
-                         f"(Bonawitz et al. 2017, Sec. 4), got {t}")
+    if 2 * t <= k + 1 + colluders:
+        raise ValueError(f"secagg-threshold must be > (secagg-neighbours+1+secagg-colluders)/2 = "
+                         f"{(k + 1 + colluders) / 2} (Bonawitz et al. 2017, Sec. 4), got {t}")
     return t, k
 
 
-def round_degree(*, cohort: int, degree: int, threshold: int) -> int:
-    """The degree used for a cohort of ``cohort`` clients: ``min(n-1, k, 2t-2)`` keeps ``t`` safe."""
-    return max(2, min(cohort - 1, degree, 2 * threshold - 2))
+def round_degree(*, cohort: int, degree: int, threshold: int, colluders: int = 0) -> int:
+    """The degree used for a cohort of ``cohort`` clients: ``min(n-1, k, 2t-2-c)`` keeps ``t`` safe
+    (``t > (k+1+c)/2``)."""
+    return max(2, min(cohort - 1, degree, 2 * threshold - 2 - colluders))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -585,6 +585,11 @@ class ClientSession:
         return self._peers
 
     @property
+    def roster_size(self) -> int:
+        """Clients in this client's roster (stage 2 on)."""
+        return len(self._roster_ids)
+
+    @property
     def revealed(self) -> dict[int, str]:
         """Peer -> kind of share revealed ("seed" or "key"); a copy."""
         return dict(self._revealed)

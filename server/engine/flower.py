@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -34,6 +35,7 @@ from typing import Any
 import psutil
 from flwr.app import Context
 
+from fedprivacy.fl.client_policy import ENV_VAR
 from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
 from server.engine.appspec import load_app_spec, parse_overrides
 from server.engine.run import make_run, server_context
@@ -171,6 +173,17 @@ def flwr_command(*, app_dir: Path, num_supernodes: int, run_config: str, federat
     return cmd
 
 
+def _client_policy(app: Path, run_config: str) -> dict[str, Any]:
+    """The simulated clients' floor: the run the user asked for (pyproject defaults + overrides)."""
+    from fedprivacy.fl.client_policy import simulation_node_config
+
+    try:
+        fused = fuse_dicts(load_app_spec(app).default_config, parse_overrides(run_config))
+        return dict(simulation_node_config(fused))
+    except (ValueError, OSError):
+        return {}
+
+
 def run_flwr(  # pylint: disable=too-many-arguments
     *,
     num_supernodes: int,
@@ -203,8 +216,12 @@ def run_flwr(  # pylint: disable=too-many-arguments
         print("$ " + shlex.join(cmd), flush=True)
     start = time.monotonic()
     pipe = subprocess.PIPE if capture else None
+    env = flwr_env(home)
+    policy = _client_policy(app, run_config)
+    if policy:  # the simulation fixes node_config: the clients read their floor from the environment
+        env[ENV_VAR] = json.dumps(policy)
     try:
-        proc = subprocess.run(cmd, env=flwr_env(home), cwd=app, timeout=timeout, check=False, text=True,
+        proc = subprocess.run(cmd, env=env, cwd=app, timeout=timeout, check=False, text=True,
                               stdout=pipe, stderr=subprocess.STDOUT if capture else None)
     finally:
         stopped = stop_started_by(home)

@@ -127,6 +127,14 @@ class InProcessGrid(Grid):
             raise TypeError(f"faults must be a FaultPlan, got {type(faults).__name__}")
         self._run = run
         self._run_config = dict(run_config)
+        # a local simulation: the user runs the clients too, so their floor is the run they asked
+        # for (fedprivacy.fl.client_policy.simulation_node_config); a bad config fails in the apps
+        try:
+            from fedprivacy.fl.client_policy import simulation_node_config
+
+            self._client_policy = simulation_node_config(self._run_config)
+        except ValueError:
+            self._client_policy = {}
         self._faults = faults
         self.stats = EngineStats()
         self._lock = threading.Lock()
@@ -271,6 +279,7 @@ class InProcessGrid(Grid):
             node_config={
                 PARTITION_ID_KEY: self._partition_of[node_id],
                 NUM_PARTITIONS_KEY: self._num_partitions,
+                **self._client_policy,
             },
             # A shallow copy (records shared): a ClientApp that fails after replacing records
             # leaves the stored state intact, as in Flower. A deep copy would also undo in-place

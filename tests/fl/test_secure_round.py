@@ -23,6 +23,7 @@ from fedprivacy.accounting.accountant import Accountant
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.fl.checkpoint import load_checkpoint
+from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.modes import plan_privacy
 from fedprivacy.fl.secure import (
     EncodingSpec,
@@ -30,6 +31,7 @@ from fedprivacy.fl.secure import (
     SecureRound,
     check_encoding,
     client_advertise,
+    client_consistency,
     client_masked,
     client_share,
     client_unmask,
@@ -55,6 +57,9 @@ class DirectTransport:
     def __init__(self, cfg: RunConfig, updates: Mapping[int, list[np.ndarray]],
                  drop: Mapping[str, set[int]] | None = None) -> None:
         self.cfg, self.updates, self.drop = cfg, updates, dict(drop or {})
+        # the user runs both sides here: the clients' floor is what the run asks for
+        self.policy = ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
+                                                  schedule=cfg.secagg_schedule)
         self.states: dict[int, dict[str, Any]] = {}  # each node's own state, as the ClientApp keeps it
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
@@ -69,15 +74,17 @@ class DirectTransport:
             key = (1, pid)
             store = ExportedSessionStore(self.states.setdefault(pid, {}))  # sessions serialised
             if name == "advertise":
-                out[pid] = client_advertise(store, key, req, partition_id=pid)
+                out[pid] = client_advertise(store, key, req, partition_id=pid, policy=self.policy)
             elif name == "share":
                 out[pid] = client_share(store, key, req)
             elif name == "masked":
                 assert encoding is not None
                 upd = ClientUpdate(partition_id=pid, delta=tuple(self.updates[pid]))
                 msg = client_masked(store, key, req, upd, cfg=self.cfg, encoding=encoding,
-                                    rng=RandomSource.seeded(pid))
+                                    rng=RandomSource.seeded(pid), policy=self.policy)
                 out[pid] = (msg, ClientUpdate(partition_id=pid, delta=()))
+            elif name == "consistency":
+                out[pid] = client_consistency(store, key, req)
             else:
                 out[pid] = client_unmask(store, key, req)
         return out, failures
@@ -102,16 +109,17 @@ def _clipped_sum(updates: Mapping[int, list[np.ndarray]], pids: Sequence[int], c
     return np.asarray(total)
 
 
-def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stage() -> None:
-    # Arrange: 10 clients (complete graph, t = 6); one client vanishes before each of the four stages
-    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5, num_server_rounds=1)
+@pytest.mark.parametrize("schedule", ["active", "semi-honest"])
+def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stage(schedule: str) -> None:
+    # Arrange: 10 clients (complete graph, t = 6); one client vanishes before each stage
+    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5, num_server_rounds=1, secagg_schedule=schedule)
     like = [np.zeros((7, 5), np.float32), np.zeros(5, np.float32)]
     updates = _updates(10, like)
-    drop = {"advertise": {1}, "share": {2}, "masked": {3}, "unmask": {4}}
+    drop = {"advertise": {1}, "share": {2}, "masked": {3}, "consistency": {4}, "unmask": {4}}
     rnd = SecureRound(cfg, DirectTransport(cfg, updates, drop), population=10, log=lambda _: None)
     # Act
     outcome = rnd(_instr(), list(range(10)), like, RandomSource.seeded(0))
-    # Assert: client 4 uploaded its masked input, so it is in the sum; 1, 2, 3 are not
+    # Assert: client 4 uploaded its masked input (then vanished), so it is in the sum; 1, 2, 3 are not
     survivors = [0, 4, 5, 6, 7, 8, 9]
     assert outcome.aborted is None and outcome.aggregate.aggregated == tuple(survivors)
     assert set(outcome.failures) == {1, 2, 3} and outcome.event is None
@@ -120,7 +128,8 @@ def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stag
     enc = make_encoding(cfg, population=10, dim=ref.size, threshold=rnd.threshold)
     bound = len(survivors) / enc.scale + 1e-6 * 10  # quantisation + float32 storage of the mean
     assert np.max(np.abs(got - ref)) <= bound
-    assert outcome.secagg.survivors == 7 and outcome.secagg.exchanges == 4
+    assert outcome.secagg.survivors == 7
+    assert outcome.secagg.exchanges == (5 if schedule == "active" else 4)  # + the consistency stage
     # the unmask stage deletes the secrets from the state of every node that completed it
     states = rnd.transport.states  # type: ignore[attr-defined]
     assert all("secagg-session" not in states[pid] for pid in (0, 5, 6, 7, 8, 9))
@@ -247,7 +256,7 @@ def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unm
     assert secure["_by_type"]["train.secagg_masked"] == 6 and "train" not in secure["_by_type"]
     row = secure["rounds"][0]
     assert row["clients_aggregated"] == plain["rounds"][0]["clients_aggregated"] == 5
-    assert row["secagg_survivors"] == 5 and row["secagg_exchanges"] == 4
+    assert row["secagg_survivors"] == 5 and row["secagg_exchanges"] == 5  # active: + consistency
     bound = row["secagg_max_abs_error"] / 6 + 1e-6  # n/s on the sum, /denominator; float32 weights
     for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
         assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= bound
@@ -313,7 +322,7 @@ def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:
     assert np.max(np.abs(got - _clipped_sum(updates, [1, 2, 3, 4, 5], 0.5))) <= 5 / 2**21 + 1e-6
 
 
-def test_engine_pipelined_rounds_take_three_exchanges_and_survive_a_merged_exchange_dropout(
+def test_engine_pipelined_rounds_take_four_exchanges_and_survive_a_merged_exchange_dropout(
         tmp_path: Path) -> None:
     # Arrange: partition 4 misses round 1's merged unmask+advertise exchange: it is in round 1's sum
     # (it uploaded its masked input) but has no keys for round 2, like a client dropped in plain round 2
@@ -326,7 +335,7 @@ def test_engine_pipelined_rounds_take_three_exchanges_and_survive_a_merged_excha
     plain = _run(tmp_path, "plain2", plain_faults, privacy="none", secagg=False, **{"num-server-rounds": 2})
     # Assert
     r1, r2 = secure["rounds"]
-    assert (r1["secagg_exchanges"], r2["secagg_exchanges"]) == (4, 3) and r2["secagg_pipelined"]
+    assert (r1["secagg_exchanges"], r2["secagg_exchanges"]) == (5, 4) and r2["secagg_pipelined"]
     assert secure["_by_type"]["query.secagg_advertise"] == 6  # only round 1 has its own advertise exchange
     assert (r1["secagg_survivors"], r2["secagg_survivors"]) == (6, 5)
     assert [r["clients_aggregated"] for r in plain["rounds"]] == [6, 5]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedprivacy.fl.client import client_rng, train_client
+from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure.params import encoding_kind
 from fedprivacy.fl.secure.session import export_session, import_session
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
@@ -21,8 +22,11 @@ from fedprivacy.secagg.encoding import EncodingSpec
 from fedprivacy.secagg.protocol import (
     AdvertiseKeys,
     ClientSession,
+    ConsistencyRequest,
+    ConsistencyResponse,
     MaskedInput,
     MaskedInputRequest,
+    RoundLog,
     SetupRequest,
     SharedKeys,
     ShareKeysRequest,
@@ -39,6 +43,7 @@ __all__ = [
     "SessionStore",
     "check_encoding",
     "client_advertise",
+    "client_consistency",
     "client_masked",
     "client_masked_round",
     "client_share",
@@ -96,10 +101,16 @@ class ExportedSessionStore(SessionStore):
 
 
 def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequest, *,
-                     partition_id: int) -> AdvertiseKeys:
-    """Stage 1: a fresh session (fresh keys and self-mask seed) for this round."""
-    session = ClientSession(node_id=partition_id, setup=setup)
-    reply = session.advertise_keys()
+                     partition_id: int, policy: ClientPolicy | None = None,
+                     log: RoundLog | None = None) -> AdvertiseKeys:
+    """Stage 1: a fresh session (fresh keys and self-mask seed) for this round, if the setup meets
+    the client's own floor (``policy``, default :class:`ClientPolicy`'s safe defaults) and ``log`` (the
+    node's record of rounds taken part in) has not seen this round."""
+    policy = policy if policy is not None else ClientPolicy()
+    policy.check_secagg(setup)
+    session = ClientSession(node_id=partition_id, setup=setup, colluders=policy.colluders,
+                            require_active=policy.schedule == "active")
+    reply = session.advertise_keys(log=log)
     store.put(key, session)
     return reply
 
@@ -133,12 +144,18 @@ def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) 
 
 def client_masked(store: SessionStore, key: tuple[int, int], request: MaskedInputRequest,
                   update: ClientUpdate, *, cfg: RunConfig, encoding: EncodingSpec,
-                  rng: RandomSource) -> MaskedInput:
-    """Stage 3: encode the (clipped) update and mask it."""
+                  rng: RandomSource, policy: ClientPolicy | None = None) -> MaskedInput:
+    """Stage 3: encode the (clipped) update and mask it, if the encoding meets the client's floor
+    (the ρ of the worst released sum is computed from the complete encoding the server sent)."""
     from fedprivacy.dp.clipping import flatten
 
+    policy = policy if policy is not None else ClientPolicy()
     session = store.get(key, round=request.round)
     check_encoding(cfg, encoding, session.setup)
+    if encoding.kind == "ddgauss":
+        policy.check_distributed(encoding.ddp(), setup=session.setup, roster=session.roster_size)
+    else:
+        policy.check_mode("none")
     flat = flatten([np.asarray(a, dtype=np.float64) for a in update.delta], dtype=np.float64)
     vector = encoding.encode(flat, rng=rng)
     reply = session.masked_input(request, vector)
@@ -146,8 +163,17 @@ def client_masked(store: SessionStore, key: tuple[int, int], request: MaskedInpu
     return reply
 
 
+def client_consistency(store: SessionStore, key: tuple[int, int],
+                       request: ConsistencyRequest) -> ConsistencyResponse:
+    """Stage 4 (active schedule): check the server's view and sign it (once per round)."""
+    session = store.get(key, round=request.round)
+    reply = session.sign_view(request)
+    store.put(key, session)
+    return reply
+
+
 def client_unmask(store: SessionStore, key: tuple[int, int], request: UnmaskRequest) -> UnmaskResponse:
-    """Stage 4: reveal one kind of share per peer, then forget the session."""
+    """Stage 5: reveal one kind of share per peer, then forget the session."""
     reply = store.get(key, round=request.round).unmask(request)
     store.finish(key)
     return reply
@@ -156,20 +182,25 @@ def client_unmask(store: SessionStore, key: tuple[int, int], request: UnmaskRequ
 def client_masked_round(store: SessionStore, key: tuple[int, int], request: MaskedInputRequest, *,
                         cfg: RunConfig, encoding: EncodingSpec, instructions: RoundInstructions,
                         weights: Sequence[np.ndarray], partition_id: int, num_partitions: int,
-                        train: Callable[..., ClientUpdate] | None = None) -> tuple[MaskedInput, ClientUpdate]:
+                        train: Callable[..., ClientUpdate] | None = None,
+                        policy: ClientPolicy | None = None) -> tuple[MaskedInput, ClientUpdate]:
     """Stage 3 as the ClientApp runs it: the client pipeline (train, Δ, clip), then encode and mask.
 
-    Returns the masked input and the update's metadata (``delta=()``: only what the privacy mode lets
-    the client disclose; the wire codec encodes it like a plain train reply).
+    The client's own floor (``policy``) decides the seed rule, the mode and the encoding it accepts,
+    and what metadata it discloses. Returns the masked input and the update's metadata (``delta=()``;
+    the wire codec encodes it like a plain train reply).
     """
+    policy = policy if policy is not None else ClientPolicy()
     if instructions.round != request.round:
         raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
                          f"{request.round}")
+    instructions = policy.apply(instructions)
     update = (train or train_client)(cfg, partition_id=partition_id, num_partitions=num_partitions,
                                      weights=weights, instructions=instructions)
     rng = client_rng(seed=instructions.seed, partition_id=partition_id,
                      round=instructions.round).child("secagg")
-    masked = client_masked(store, key, request, update, cfg=cfg, encoding=encoding, rng=rng)
-    meta = ClientUpdate(partition_id=update.partition_id, delta=(), num_examples=update.num_examples,
-                        train_loss=update.train_loss, metrics=dict(update.metrics))
+    masked = client_masked(store, key, request, update, cfg=cfg, encoding=encoding, rng=rng, policy=policy)
+    meta = policy.filter_update(ClientUpdate(partition_id=update.partition_id, delta=(),
+                                             num_examples=update.num_examples, train_loss=update.train_loss,
+                                             metrics=dict(update.metrics)))
     return masked, meta

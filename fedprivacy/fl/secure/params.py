@@ -27,7 +27,8 @@ def secagg_parameters(cfg: RunConfig, *, population: int) -> tuple[int, int]:
     if n < 3:
         raise ValueError(f"secagg needs an expected cohort of >= 3 clients, got {n} "
                          f"(population {population}, sampling {cfg.sampling})")
-    return round_parameters(cohort=n, neighbours=cfg.secagg_neighbours, threshold=cfg.secagg_threshold)
+    return round_parameters(cohort=n, neighbours=cfg.secagg_neighbours, threshold=cfg.secagg_threshold,
+                            colluders=cfg.secagg_colluders)
 
 
 def encoding_kind(cfg: RunConfig) -> str:
@@ -42,4 +43,5 @@ def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
     return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
                                   modulus_bits=cfg.secagg_bits, population=population,
                                   noise_multiplier=cfg.noise_multiplier, threshold=threshold,
-                                  rotation_seed=rotation_seed)
+                                  rotation_seed=rotation_seed,
+                                  colluders=cfg.secagg_colluders if cfg.privacy == "distributed" else 0)

@@ -2,25 +2,27 @@
 
 The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg.protocol` over any transport
 that implements :class:`SecureTransport` (the Flower Grid in ``server/secagg_exchange.py``, a direct
-function call in tests). Four exchanges per round:
+function call in tests). Schedule ``secagg-schedule``: ``active`` (the default: secure against a
+server that deviates, with ``secagg-colluders`` colluding clients) has five stages, ``semi-honest``
+(opt-in) skips the consistency stage:
 
-====================  ======================================  =======================================
-exchange              server -> each client                   client -> server
-====================  ======================================  =======================================
-1 ``advertise``       ``SetupRequest``                        ``AdvertiseKeys`` (fresh X25519 keys)
-2 ``share``           ``ShareKeysRequest`` (roster)           ``SharedKeys`` (sealed Shamir shares)
-3 ``masked`` (train)  model, instructions, encoding,          ``MaskedInput``: the client trains, clips,
-                      ``MaskedInputRequest``                  encodes and masks its update
-4 ``unmask``          ``UnmaskRequest`` (survivors, dropped)  ``UnmaskResponse``
-====================  ======================================  =======================================
+=======================  ======================================  =======================================
+exchange                 server -> each client                   client -> server
+=======================  ======================================  =======================================
+1 ``advertise``          ``SetupRequest``                        ``AdvertiseKeys`` (fresh keys, commitment)
+2 ``share``              ``ShareKeysRequest`` (roster)           ``SharedKeys`` (sealed Shamir shares)
+3 ``masked`` (train)     model, instructions, encoding,          ``MaskedInput``: the client trains, clips,
+                         ``MaskedInputRequest``                  encodes, masks, signs its peer set
+4 ``consistency``        ``ConsistencyRequest`` (the view)       its signature on the view (active only)
+5 ``unmask``             ``UnmaskRequest`` (+ certificate)       ``UnmaskResponse``
+=======================  ======================================  =======================================
 
-Stages 2|3 and 3|4 of one round cannot be merged (``docs/SECAGG.md``, "Merging stages"). With full
-participation (``sample-rate = 1`` or a fixed cohort of everyone) the cohort of round r+1 is known
-before round r ends and does not depend on data, so round r+1's stage 1 (``SetupRequest`` ->
-``AdvertiseKeys``: fresh keys, bound to r+1, independent of r) rides on round r's unmask exchange when
-the transport is a :class:`PipelinedTransport`: three exchanges per round after the first
-(``SecureRoundInfo.pipelined``). With client sampling the next cohort is drawn only when r+1 starts,
-so every round takes four exchanges.
+With full participation (``sample-rate = 1`` or a fixed cohort of everyone) the cohort of round r+1 is
+known before round r ends and does not depend on data, so round r+1's advertise stage rides on round
+r's unmask exchange when the transport is a :class:`PipelinedTransport`: four exchanges per round after
+the first on the active schedule, three on the semi-honest one (``SecureRoundInfo.pipelined``). The
+protocol's minimum is three and two (``docs/SECAGG.md``, "Exchanges per round"); reaching it needs
+the shares of round r+1 to ride on round r's exchanges too (two live sessions per client).
 
 Privacy (``distributed``): the round's event is :func:`fedprivacy.accounting.distributed.round_event`
 for the number of clients whose masked input is in the released sum (``ServerSession.u3``), never the
@@ -49,6 +51,7 @@ from fedprivacy.fl.types import (
 from fedprivacy.secagg.encoding import EncodingSpec, round_degree
 from fedprivacy.secagg.protocol import (
     AdvertiseKeys,
+    ConsistencyResponse,
     MaskedInput,
     ProtocolViolation,
     RoundAborted,
@@ -65,9 +68,9 @@ if TYPE_CHECKING:
 
 __all__ = ["STAGES", "PipelinedTransport", "SecureRound", "SecureTransport"]
 
-STAGES = ("advertise", "share", "masked", "unmask")
+STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 _REPLY_TYPES = {"advertise": AdvertiseKeys, "share": SharedKeys, "masked": MaskedInput,
-                "unmask": UnmaskResponse}
+                "consistency": ConsistencyResponse, "unmask": UnmaskResponse}
 Replies = tuple[dict[int, Any], dict[int, str]]
 
 
@@ -128,10 +131,15 @@ class SecureRound:
         if not full:
             return None
         cohort = tuple(range(self.population))
-        k = round_degree(cohort=len(cohort), degree=self.degree, threshold=self.threshold)
-        setup = SetupRequest(round=instr.round + 1, threshold=self.threshold, degree=k,
-                             modulus_bits=cfg.secagg_bits, dim=dim, min_survivors=self.threshold)
-        return setup, cohort
+        k = round_degree(cohort=len(cohort), degree=self.degree, threshold=self.threshold,
+                         colluders=cfg.secagg_colluders)
+        return self._setup(instr.round + 1, degree=k, dim=dim), cohort
+
+    def _setup(self, round_: int, *, degree: int, dim: int) -> SetupRequest:
+        cfg = self.cfg
+        return SetupRequest(round=round_, threshold=self.threshold, degree=degree, modulus_bits=cfg.secagg_bits,
+                            dim=dim, min_survivors=self.threshold, colluders=cfg.secagg_colluders,
+                            active=cfg.secagg_schedule == "active")
 
     def _aborted(self, reason: str, *, like: Sequence[np.ndarray], failures: dict[int, str],
                  info: SecureRoundInfo) -> RoundOutcome:
@@ -208,6 +216,9 @@ class SecureRound:
                              encoding=enc)
         updates = {pid: upd for pid, (_, upd) in masked.items()}
         ureqs = server.receive_masked([m for m, _ in masked.values()])
+        if server.setup.active:  # every survivor signs the one view before anyone reveals a share
+            views = self._stage("consistency", ureqs, progress, round=rnd)
+            ureqs = server.receive_consistency(list(views.values()))
         # accounting (issue 11): the survivors (server.u3) and hence the round's event are known here,
         # before the unmask requests go out: a write-ahead charge of the release belongs at this point.
         unm = self._unmask(instr, ureqs, progress, dim=enc.padded_dim)
@@ -243,17 +254,18 @@ class SecureRound:
         if n < t:
             return self._aborted(f"cohort of {n} is below the secagg threshold {t}", like=weights,
                                  failures=progress.failures, info=progress.info())
-        progress.degree = round_degree(cohort=n, degree=self.degree, threshold=t)
+        progress.degree = round_degree(cohort=n, degree=self.degree, threshold=t,
+                                       colluders=cfg.secagg_colluders)
         enc = make_encoding(cfg, population=self.population, dim=int(sum(np.size(w) for w in weights)),
                             threshold=t, rotation_seed=rng.child("rotation").random_bytes(32))
-        server = ServerSession(SetupRequest(round=instr.round, threshold=t, degree=progress.degree,
-                                            modulus_bits=cfg.secagg_bits, dim=enc.padded_dim,
-                                            min_survivors=t))
+        server = ServerSession(self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim))
         try:
             total, updates = self._protocol(server, instr, cohort, weights, enc, progress)
         except (RoundAborted, ProtocolViolation) as exc:
+            progress.merge(server.failures)
             return self._aborted(f"secure aggregation aborted: {exc}", like=weights,
                                  failures=progress.failures, info=progress.info())
+        progress.merge(server.failures)
         return self._released(instr, weights, enc, total, updates, survivors=tuple(sorted(server.u3)),
                               progress=progress)
 
@@ -288,6 +300,11 @@ class _Progress:
     pipelined: bool = False
     roster: int | None = None
     failures: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def merge(self, failures: Mapping[int, str]) -> None:
+        """The server session's reasons for the clients it left out (a transport reason wins)."""
+        for pid, reason in failures.items():
+            self.failures.setdefault(pid, f"secagg: {reason}")
 
     def info(self) -> SecureRoundInfo:
         return SecureRoundInfo(threshold=self.threshold, exchanges=self.exchanges, degree=self.degree,

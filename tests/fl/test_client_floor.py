@@ -1,0 +1,83 @@
+"""Issue 10, items 2-4 against the real ClientApp: a server that tampers with its instructions gets a
+refusal or the client's own floor, whatever the run config says (the server chooses that too)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from clients.client_app import train
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.client_policy import PolicyRefusal
+from fedprivacy.fl.types import RoundInstructions
+from fedprivacy_flwr import codec
+from server.engine._flwr_private import TaskIdentityScope
+
+CFG = RunConfig(privacy="local", secagg=False, clip_norm=0.5, noise_multiplier=1.0, model="mlp")
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    with TaskIdentityScope(1):  # Flower messages need a run id, as inside an engine
+        yield
+
+
+def _context(**client_keys: object) -> Context:
+    return Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3, **client_keys},
+                   state=RecordDict(), run_config=CFG.to_mapping())
+
+
+def _weights() -> list[np.ndarray]:
+    from fedprivacy.fl.task import default_hooks
+
+    return [np.asarray(w) for w in default_hooks(CFG, population=3).init(0)]
+
+
+def _message(**changes: object):
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+                              local_epochs=1, batch_size=32, num_classes=10, seed=-1)
+    instr = dataclasses.replace(instr, **changes)
+    return codec.train_message(7, instr, codec.arrays_to_record(_weights())), instr
+
+
+def _released(reply) -> np.ndarray:
+    update = codec.decode_train_reply(reply, 0)
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in update.delta])
+
+
+def test_local_mode_noise_is_the_clients_own_when_the_server_asks_for_almost_none() -> None:
+    # item 4: the server asks for std 1e-12; with no client-* keys the client's code default applies:
+    # z = max(requested, 0.5, sqrt(2 / max_rho = 2)) = 1, so std = z C = 0.5
+    msg, _ = _message(local_noise_std=1e-12)
+    released = _released(train(msg, _context()))
+    assert released.size > 2_000
+    assert 0.45 < float(np.std(released)) < 0.55  # the update itself is clipped to norm 0.5: tiny per coordinate
+    # an operator who asks for more noise gets it
+    msg, _ = _message(local_noise_std=1e-12)
+    released = _released(train(msg, _context(**{"client-min-noise-multiplier": 3.0})))
+    assert 1.35 < float(np.std(released)) < 1.65
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"seed": 0}, "client-allow-seeded"),  # item 2: server-seeded noise would be removable
+    ({"privacy": "central"}, "client-privacy-modes"),  # item 4: the raw clipped update
+    ({"privacy": "none"}, "client-privacy-modes"),
+])
+def test_requests_outside_the_floor_are_refused(changes: dict, reason: str) -> None:
+    msg, _ = _message(**changes)
+    with pytest.raises(PolicyRefusal, match=reason):
+        train(msg, _context())
+
+
+def test_metrics_are_disclosed_only_when_the_client_allows_it() -> None:
+    # item 4: a trusted-server mode the operator allowed, but no metric disclosure configured
+    msg, _ = _message(privacy="none")
+    update = codec.decode_train_reply(train(msg, _context(**{"client-privacy-modes": "none"})), 0)
+    assert update.num_examples is None and update.train_loss is None
+    msg, _ = _message(privacy="none")
+    update = codec.decode_train_reply(train(msg, _context(**{"client-privacy-modes": "none",
+                                                                 "client-disclose": "num-examples"})), 0)
+    assert update.num_examples is not None and update.train_loss is None
