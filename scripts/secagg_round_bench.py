@@ -4,7 +4,8 @@ Usage: ``python scripts/secagg_round_bench.py --clients 10 --rounds 4 [--model m
 Each mode runs the real ServerApp/ClientApp (``server.engine.run_inprocess``, one worker) with the
 same seed; "seconds per round" is the median over rounds 2..R (round 1 carries one-off warm-up).
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
-secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP).
+secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP), both on
+the default actively secure schedule, and ``secure-semi`` / ``distributed-semi`` on the semi-honest one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ MODES: dict[str, dict[str, Any]] = {
     "central": {"privacy": "central", "secagg": False},
     "secure": {"privacy": "none", "secagg": True},
     "distributed": {"privacy": "distributed", "secagg": True, "accountant": "rdp"},
+    # the semi-honest opt-in schedule (no consistency stage), for the cost of active security
+    "secure-semi": {"privacy": "none", "secagg": True, "secagg-schedule": "semi-honest"},
+    "distributed-semi": {"privacy": "distributed", "secagg": True, "accountant": "rdp",
+                         "secagg-schedule": "semi-honest"},
 }
 
 
