@@ -970,16 +970,15 @@ class ClientSession:
 
         def ints(name: str) -> list[int]:
             v = f[name]
-            if not isinstance(v, list | tuple) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                          for x in v):
+            if not isinstance(v, list | tuple) or not all(type(x) is int for x in v):  # bools excluded
                 raise TypeError(f"state field {name!r} must be a list of ints")
-            return [int(x) for x in v]
+            return list(v)
 
         def blobs(name: str) -> list[bytes]:
             v = f[name]
-            if not isinstance(v, list | tuple) or not all(isinstance(x, bytes) for x in v):
+            if not isinstance(v, list | tuple) or not all(type(x) is bytes for x in v):
                 raise TypeError(f"state field {name!r} must be a list of bytes")
-            return [bytes(x) for x in v]
+            return list(v)
 
         def blob(name: str) -> bytes:
             if not isinstance(f[name], bytes):

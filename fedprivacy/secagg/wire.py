@@ -52,12 +52,17 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _all_type(v: Any, t: type) -> bool:
+    """Every element of the list ``v`` is exactly of type ``t`` (``type(True) is bool``, not int)."""
+    return isinstance(v, list) and all(type(x) is t for x in v)
+
+
 _CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "int": ("an int", _is_int),
     "bool": ("a bool", lambda v: isinstance(v, bool)),
     "bytes": ("bytes", lambda v: isinstance(v, bytes)),
-    "list[int]": ("a list of ints", lambda v: isinstance(v, list) and all(_is_int(x) for x in v)),
-    "list[bytes]": ("a list of bytes", lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v)),
+    "list[int]": ("a list of ints", lambda v: _all_type(v, int)),
+    "list[bytes]": ("a list of bytes", lambda v: _all_type(v, bytes)),
     "np.ndarray": ("a numpy array", lambda v: isinstance(v, np.ndarray)),
 }
 
