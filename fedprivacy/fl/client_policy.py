@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal", "simulation_node_config"]
+__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
 
 #: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
@@ -303,12 +303,3 @@ class ClientPolicy:
             num_examples=update.num_examples if "num-examples" in self.disclose else None,
             train_loss=update.train_loss if "train-loss" in self.disclose else None)
 
-
-def simulation_node_config(run_config: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
-    """The ``client-*`` node config a local-simulation launcher gives its clients: derived from the
-    run the user asked for (:meth:`ClientPolicy.for_simulation`), since the user runs both sides."""
-    from fedprivacy.config import RunConfig
-
-    cfg = RunConfig.from_mapping(run_config)
-    return ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
-                                       schedule=cfg.secagg_schedule).to_node_config()

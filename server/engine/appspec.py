@@ -99,3 +99,15 @@ def config_string(overrides: Mapping[str, Any]) -> str:
             text = f"'{text}'" if '"' in text else f'"{text}"'
         parts.append(f"{key}={text}")
     return " ".join(parts)
+
+
+def simulation_node_config(run_config: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    """The ``client-*`` node config a local-simulation launcher gives its clients: derived from the run
+    the user asked for (:meth:`fedprivacy.fl.client_policy.ClientPolicy.for_simulation`), since the
+    user runs both sides. Raises ValueError for a bad run config."""
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl.client_policy import ClientPolicy
+
+    cfg = RunConfig.from_mapping(run_config)
+    return ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
+                                       schedule=cfg.secagg_schedule).to_node_config()

@@ -175,7 +175,7 @@ def flwr_command(*, app_dir: Path, num_supernodes: int, run_config: str, federat
 
 def _client_policy(app: Path, run_config: str) -> dict[str, Any]:
     """The simulated clients' floor: the run the user asked for (pyproject defaults + overrides)."""
-    from fedprivacy.fl.client_policy import simulation_node_config
+    from server.engine.appspec import simulation_node_config
 
     try:
         fused = fuse_dicts(load_app_spec(app).default_config, parse_overrides(run_config))

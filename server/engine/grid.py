@@ -130,7 +130,7 @@ class InProcessGrid(Grid):
         # a local simulation: the user runs the clients too, so their floor is the run they asked
         # for (fedprivacy.fl.client_policy.simulation_node_config); a bad config fails in the apps
         try:
-            from fedprivacy.fl.client_policy import simulation_node_config
+            from server.engine.appspec import simulation_node_config
 
             self._client_policy = simulation_node_config(self._run_config)
         except ValueError:
