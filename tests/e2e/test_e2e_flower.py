@@ -95,7 +95,8 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
         for i in range(3):
             procs.append(_spawn([str(bindir / "flower-supernode"), "--insecure", "--superlink",
                                  f"127.0.0.1:{link_port}", "--port", str(flower.free_port()),
-                                 "--node-config", f"partition-id={i} num-partitions=3"],
+                                 # the operator's own floor: this seeded research run needs its consent
+                                 "--node-config", f"partition-id={i} num-partitions=3 client-allow-seeded=true"],
                                 env, tmp_path / f"supernode{i}.log"))
         run_config = (f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 "
                       "accountant='rdp'")
