@@ -44,4 +44,4 @@ def test_flwr_run_distributed_dp_with_secagg_two_rounds(tmp_path: Path) -> None:
     assert d["noise_std_of_sum_per_round"] == pytest.approx([math.sqrt(6 / 4) * 0.5] * 2)
     assert 0 < results["privacy"]["epsilon"] < d["central_dp_epsilon_same_sigma"]
     report = (out / "sa" / "privacy_report.md").read_text()
-    assert "noise the survivors added" in report
+    assert "noise the survivors left" in report
