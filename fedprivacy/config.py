@@ -18,6 +18,23 @@ Decisions recorded here (see README "Configuration"):
   replace-one adjacency (``neighbouring = "replace-one"``), so ``fixed`` with ``add-remove`` is refused.
 * ``privacy = "none"`` still clips updates to ``clip-norm`` (the modes share one code path and differ only
   in where the noise is added); ``clip-norm = 0`` disables clipping and is only allowed without DP.
+
+Typed sections and one source of defaults
+-----------------------------------------
+The keys fall into typed frozen sections: :class:`DataConfig`, :class:`ModelConfig`, :class:`TrainConfig`,
+:class:`PrivacyConfig`, :class:`ServerOptConfig`, :class:`SecAggConfig`, :class:`RunOptions`. A section
+holds its keys' library defaults and checks each of its keys alone (choices against the registries:
+data sets, models, privacy modes, accountants, partitioners, server optimizers). :class:`RunConfig` is the
+flat view every run reads (``cfg.clip_norm``): its fields are exactly the sections' fields, it takes their
+defaults from them, builds every section when it is created (so every per-key check runs) and then checks
+the rules that span keys. ``cfg.sections`` gives the typed sections, :meth:`RunConfig.from_sections`
+builds a config from them.
+
+Every default is written once. The data section takes its defaults from the data layer
+(:class:`fedprivacy.ml.partition.DataSpec`, and each data set's registered options class for its own keys
+such as ``synthetic-alpha``); every other section holds its literals here. ``pyproject.toml
+[tool.flwr.app.config]`` is the user-facing copy for ``flwr run``; it equals the library's defaults except
+for :data:`APP_DEFAULTS` (the one documented difference, pinned by ``tests/test_config.py``).
 """
 
 from __future__ import annotations
@@ -25,44 +42,116 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
+# the data layer owns the data defaults (numpy only at import time)
+from fedprivacy.ml.datasets.fashion_mnist import FashionMnistOptions
+from fedprivacy.ml.datasets.synthetic import SyntheticOptions
+from fedprivacy.ml.partition import PARTITIONERS, DataSpec
+
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
-ACCOUNTANTS = ("pld", "rdp", "prv")
 PRIVACY_AUDIENCES = ("server", "observers")
+
+# The Flower app's defaults that differ from the library's, and why (the one place; pyproject.toml holds
+# the same values and tests/test_config.py pins both). The app runs secure aggregation with distributed
+# DP (issue 4); the library keeps central DP without SecAgg, so transport-free loops
+# (``fedprivacy.fl.run_federated``, notebooks, the attacks' targets) need no secure channel.
+APP_DEFAULTS: Mapping[str, Any] = MappingProxyType({"privacy": "distributed", "secagg": True})
 
 
 def _key(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
+def _default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (the one place that value is written)."""
+    value = cls.__dataclass_fields__[name].default  # type: ignore[attr-defined]
+    if value is dataclasses.MISSING:
+        raise TypeError(f"{cls.__name__}.{name} has no default")
+    return value
+
+
+def _check_fields(section: Any) -> None:
+    for f in dataclasses.fields(section):
+        _check_type(_key(f.name), getattr(section, f.name), f.type)
+
+
+# ---------------------------------------------------------------------- the typed sections
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    """The resolved configuration of one run (defaults mirror ``pyproject.toml``).
+class DataConfig:
+    """Data set, train/test split and partitioner (defaults: the data layer's ``DataSpec`` and options)."""
 
-    Field names are the snake_case form of the kebab-case run-config keys.
-    """
+    dataset: str = _default(DataSpec, "dataset")
+    partitioner: str = _default(DataSpec, "partitioner")
+    dirichlet_alpha: float = _default(DataSpec, "dirichlet_alpha")
+    classes_per_partition: int = _default(DataSpec, "classes_per_partition")
+    min_partition_size: int = _default(DataSpec, "min_partition_size")
+    data_dir: str = _default(FashionMnistOptions, "data_dir")
+    synthetic_alpha: float = _default(SyntheticOptions, "alpha")
+    synthetic_beta: float = _default(SyntheticOptions, "beta")
+    test_fraction: float = _default(DataSpec, "test_fraction")
 
-    # rounds and data
-    num_server_rounds: int = 20
-    dataset: str = "digits"
-    partitioner: str = "iid"
-    dirichlet_alpha: float = 0.5
-    classes_per_partition: int = 2
-    min_partition_size: int = 1
-    data_dir: str = ""
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    test_fraction: float = 0.2
-    # model and local training
+    def __post_init__(self) -> None:
+        from fedprivacy.ml.data import dataset_entry  # the registry (numpy only at import time)
+
+        _check_fields(self)
+        dataset_entry(self.dataset)  # ValueError naming `dataset` and the registered data sets
+        _choice("partitioner", self.partitioner, PARTITIONERS)
+        _positive("dirichlet-alpha", self.dirichlet_alpha)
+        _positive_int("classes-per-partition", self.classes_per_partition)
+        _positive_int("min-partition-size", self.min_partition_size)
+        _non_negative("synthetic-alpha", self.synthetic_alpha)
+        _non_negative("synthetic-beta", self.synthetic_beta)
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """The model, from the model registry (:func:`fedprivacy.ml.models.register_model`)."""
+
     model: str = "mlp"
     hidden_units: int = 32
+
+    def __post_init__(self) -> None:
+        from fedprivacy.ml.models import model_entry
+
+        _check_fields(self)
+        model_entry(self.model)  # ValueError naming `model` and the registered models
+        _positive_int("hidden-units", self.hidden_units)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """Each client's local training, and sample-level DP-SGD on it (``dpsgd``)."""
+
     local_epochs: int = 2
     learning_rate: float = 0.3
     batch_size: int = 32
-    # user-level DP (DP-FedAvg)
+    dpsgd: bool = False
+    dpsgd_noise_multiplier: float = 1.0
+    dpsgd_max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        _positive_int("local-epochs", self.local_epochs)
+        _positive("learning-rate", self.learning_rate)
+        _positive_int("batch-size", self.batch_size)
+        _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)
+        _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrivacyConfig:
+    """User-level DP (DP-FedAvg): the privacy mode, clipping, noise, budget, sampling and accounting.
+
+    Also the adaptive clip norm (Andrew et al. 2021), which replaces the fixed ``clip_norm`` after
+    round 1. ``privacy`` is checked against the privacy-mode registry, ``accountant`` against the
+    accounting backends.
+    """
+
     privacy: str = "central"
     clip_norm: float = 0.5
     noise_multiplier: float = 1.0
@@ -74,30 +163,93 @@ class RunConfig:
     neighbouring: str = "add-remove"
     accountant: str = "pld"
     privacy_audience: str = "server"
-    # server optimizer on the released mean update (post-processing: no privacy cost)
+    adaptive_clip: bool = False
+    adaptive_clip_quantile: float = 0.5
+    adaptive_clip_learning_rate: float = 0.2
+    adaptive_clip_count_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        from fedprivacy.accounting.backends import BACKENDS
+        from fedprivacy.fl.modes import mode_names  # the one registry of privacy modes
+
+        _check_fields(self)
+        _choice("privacy", self.privacy, mode_names())
+        _non_negative("clip-norm", self.clip_norm)
+        _non_negative("noise-multiplier", self.noise_multiplier)
+        _non_negative("target-epsilon", self.target_epsilon)
+        if not 0.0 < self.target_delta < 1.0:
+            raise ValueError(f"target-delta must be in (0, 1), got {self.target_delta}")
+        _choice("sampling", self.sampling, SAMPLINGS)
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise ValueError(f"sample-rate must be in (0, 1], got {self.sample_rate}")
+        if self.cohort_size < 0:
+            raise ValueError(f"cohort-size must be >= 0, got {self.cohort_size}")
+        _choice("neighbouring", self.neighbouring, NEIGHBOURINGS)
+        _choice("accountant", self.accountant, tuple(BACKENDS))
+        _choice("privacy-audience", self.privacy_audience, PRIVACY_AUDIENCES)
+        if not 0.0 < self.adaptive_clip_quantile < 1.0:
+            raise ValueError(f"adaptive-clip-quantile must be in (0, 1), got {self.adaptive_clip_quantile}")
+        _positive("adaptive-clip-learning-rate", self.adaptive_clip_learning_rate)
+        _non_negative("adaptive-clip-count-std", self.adaptive_clip_count_std)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerOptConfig:
+    """The server optimizer on the released mean update (post-processing: no privacy cost)."""
+
     server_optimizer: str = "fedavg"
     server_learning_rate: float = 0.0
     server_momentum: float = 0.9
     server_beta_1: float = 0.9
     server_beta_2: float = 0.99
     server_tau: float = 0.001
-    # adaptive clipping to a private quantile of the update norms (Andrew et al. 2021)
-    adaptive_clip: bool = False
-    adaptive_clip_quantile: float = 0.5
-    adaptive_clip_learning_rate: float = 0.2
-    adaptive_clip_count_std: float = 0.0
-    # sample-level DP-SGD on each client
-    dpsgd: bool = False
-    dpsgd_noise_multiplier: float = 1.0
-    dpsgd_max_grad_norm: float = 1.0
-    # secure aggregation
+
+    def __post_init__(self) -> None:
+        from fedprivacy.fl.server_opt import SERVER_OPTIMIZERS
+
+        _check_fields(self)
+        _choice("server-optimizer", self.server_optimizer, tuple(SERVER_OPTIMIZERS))
+        _non_negative("server-learning-rate", self.server_learning_rate)
+        for key, value in (("server-momentum", self.server_momentum),
+                           ("server-beta-1", self.server_beta_1),
+                           ("server-beta-2", self.server_beta_2)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{key} must be in [0, 1), got {value}")
+        _positive("server-tau", self.server_tau)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecAggConfig:
+    """Secure aggregation (0 = automatic threshold and neighbour count)."""
+
     secagg: bool = False
     secagg_threshold: int = 0
     secagg_neighbours: int = 0
     secagg_bits: int = 32
     secagg_colluders: int = 0
     secagg_schedule: str = "active"
-    # run
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.secagg_threshold < 0:
+            raise ValueError(f"secagg-threshold must be >= 0 (0 = automatic), got {self.secagg_threshold}")
+        if self.secagg_neighbours < 0:
+            raise ValueError(
+                f"secagg-neighbours must be >= 0 (0 = automatic), got {self.secagg_neighbours}"
+            )
+        if not 16 <= self.secagg_bits <= 32:
+            raise ValueError(f"secagg-bits must be in [16, 32], got {self.secagg_bits}")
+        if self.secagg_colluders < 0:
+            raise ValueError(f"secagg-colluders must be >= 0, got {self.secagg_colluders}")
+        if self.secagg_schedule not in ("active", "semi-honest"):
+            raise ValueError(f"secagg-schedule must be 'active' or 'semi-honest', got {self.secagg_schedule!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Rounds, randomness mode and where the run's outputs go."""
+
+    num_server_rounds: int = 20
     seed: int = -1
     output_dir: str = "runs"
     run_name: str = ""
@@ -105,9 +257,108 @@ class RunConfig:
     client_timeout: float = 120.0
 
     def __post_init__(self) -> None:
-        self._check_types()
-        self._check_values()
+        _check_fields(self)
+        _positive_int("num-server-rounds", self.num_server_rounds)
+        if self.seed < -1:
+            raise ValueError(f"seed must be -1 (secure randomness) or >= 0 (seeded), got {self.seed}")
+        if not self.output_dir:
+            raise ValueError("output-dir must not be empty")
+        if any(c in self.run_name for c in "/\\") or self.run_name in (".", ".."):
+            raise ValueError(f"run-name must be a plain folder name, got {self.run_name!r}")
+        _positive("client-timeout", self.client_timeout)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigSections:
+    """The typed sections of one :class:`RunConfig` (``cfg.sections``)."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    privacy: PrivacyConfig = dataclasses.field(default_factory=PrivacyConfig)
+    server: ServerOptConfig = dataclasses.field(default_factory=ServerOptConfig)
+    secagg: SecAggConfig = dataclasses.field(default_factory=SecAggConfig)
+    run: RunOptions = dataclasses.field(default_factory=RunOptions)
+
+
+# ConfigSections field -> its section class
+SECTIONS: Mapping[str, type] = MappingProxyType(
+    {f.name: f.default_factory for f in dataclasses.fields(ConfigSections)}  # type: ignore[misc]
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """The resolved configuration of one run: the flat view of the typed sections.
+
+    Field names are the snake_case form of the kebab-case run-config keys; each field's default is its
+    section's (module docstring: one source of defaults).
+    """
+
+    # rounds and data
+    num_server_rounds: int = _default(RunOptions, "num_server_rounds")
+    dataset: str = _default(DataConfig, "dataset")
+    partitioner: str = _default(DataConfig, "partitioner")
+    dirichlet_alpha: float = _default(DataConfig, "dirichlet_alpha")
+    classes_per_partition: int = _default(DataConfig, "classes_per_partition")
+    min_partition_size: int = _default(DataConfig, "min_partition_size")
+    data_dir: str = _default(DataConfig, "data_dir")
+    synthetic_alpha: float = _default(DataConfig, "synthetic_alpha")
+    synthetic_beta: float = _default(DataConfig, "synthetic_beta")
+    test_fraction: float = _default(DataConfig, "test_fraction")
+    # model and local training
+    model: str = _default(ModelConfig, "model")
+    hidden_units: int = _default(ModelConfig, "hidden_units")
+    local_epochs: int = _default(TrainConfig, "local_epochs")
+    learning_rate: float = _default(TrainConfig, "learning_rate")
+    batch_size: int = _default(TrainConfig, "batch_size")
+    # user-level DP (DP-FedAvg)
+    privacy: str = _default(PrivacyConfig, "privacy")
+    clip_norm: float = _default(PrivacyConfig, "clip_norm")
+    noise_multiplier: float = _default(PrivacyConfig, "noise_multiplier")
+    target_epsilon: float = _default(PrivacyConfig, "target_epsilon")
+    target_delta: float = _default(PrivacyConfig, "target_delta")
+    sampling: str = _default(PrivacyConfig, "sampling")
+    sample_rate: float = _default(PrivacyConfig, "sample_rate")
+    cohort_size: int = _default(PrivacyConfig, "cohort_size")
+    neighbouring: str = _default(PrivacyConfig, "neighbouring")
+    accountant: str = _default(PrivacyConfig, "accountant")
+    privacy_audience: str = _default(PrivacyConfig, "privacy_audience")
+    # server optimizer on the released mean update (post-processing: no privacy cost)
+    server_optimizer: str = _default(ServerOptConfig, "server_optimizer")
+    server_learning_rate: float = _default(ServerOptConfig, "server_learning_rate")
+    server_momentum: float = _default(ServerOptConfig, "server_momentum")
+    server_beta_1: float = _default(ServerOptConfig, "server_beta_1")
+    server_beta_2: float = _default(ServerOptConfig, "server_beta_2")
+    server_tau: float = _default(ServerOptConfig, "server_tau")
+    # adaptive clipping to a private quantile of the update norms (Andrew et al. 2021)
+    adaptive_clip: bool = _default(PrivacyConfig, "adaptive_clip")
+    adaptive_clip_quantile: float = _default(PrivacyConfig, "adaptive_clip_quantile")
+    adaptive_clip_learning_rate: float = _default(PrivacyConfig, "adaptive_clip_learning_rate")
+    adaptive_clip_count_std: float = _default(PrivacyConfig, "adaptive_clip_count_std")
+    # sample-level DP-SGD on each client
+    dpsgd: bool = _default(TrainConfig, "dpsgd")
+    dpsgd_noise_multiplier: float = _default(TrainConfig, "dpsgd_noise_multiplier")
+    dpsgd_max_grad_norm: float = _default(TrainConfig, "dpsgd_max_grad_norm")
+    # secure aggregation
+    secagg: bool = _default(SecAggConfig, "secagg")
+    secagg_threshold: int = _default(SecAggConfig, "secagg_threshold")
+    secagg_neighbours: int = _default(SecAggConfig, "secagg_neighbours")
+    secagg_bits: int = _default(SecAggConfig, "secagg_bits")
+    secagg_colluders: int = _default(SecAggConfig, "secagg_colluders")
+    secagg_schedule: str = _default(SecAggConfig, "secagg_schedule")
+    # run
+    seed: int = _default(RunOptions, "seed")
+    output_dir: str = _default(RunOptions, "output_dir")
+    run_name: str = _default(RunOptions, "run_name")
+    resume: bool = _default(RunOptions, "resume")
+    client_timeout: float = _default(RunOptions, "client_timeout")
+
+    def __post_init__(self) -> None:
+        self._sections()  # every section: the types and the per-key checks
+        self._check_adaptive_clip()
         self._check_combinations()
+
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -156,86 +407,35 @@ class RunConfig:
         """The Hugging Face dataset name for ``dataset = "hf:<name>"``, else None."""
         return self.dataset[3:] if self.dataset.startswith("hf:") else None
 
+    @property
+    def sections(self) -> ConfigSections:
+        """The typed sections of this config (built, and so checked, on each access)."""
+        return self._sections()
+
+    @classmethod
+    def from_sections(cls, sections: ConfigSections | None = None, **parts: Any) -> RunConfig:
+        """Build a config from typed sections: ``RunConfig.from_sections(privacy=PrivacyConfig(...))``.
+
+        ``parts`` name :class:`ConfigSections` fields (``data``, ``model``, ``train``, ``privacy``,
+        ``server``, ``secagg``, ``run``); a missing one takes its defaults.
+        """
+        whole = dataclasses.replace(sections or ConfigSections(), **parts)
+        flat: dict[str, Any] = {}
+        for part in dataclasses.fields(whole):
+            section = getattr(whole, part.name)
+            flat.update({f.name: getattr(section, f.name) for f in dataclasses.fields(section)})
+        return cls(**flat)
+
+    def _sections(self) -> ConfigSections:
+        parts = {}
+        for part, section_cls in SECTIONS.items():
+            names = [f.name for f in dataclasses.fields(section_cls)]
+            parts[part] = section_cls(**{name: getattr(self, name) for name in names})
+        return ConfigSections(**parts)
+
     # ------------------------------------------------------------------ validation
-    def _check_types(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            _check_type(_key(f.name), value, f.type)
-
-    def _check_values(self) -> None:
-        _positive_int("num-server-rounds", self.num_server_rounds)
-        from fedprivacy.ml.data import dataset_entry  # the registry (numpy only at import time)
-        from fedprivacy.ml.models import model_entry
-
-        dataset_entry(self.dataset)  # ValueError naming `dataset` and the registered data sets
-        _choice("partitioner", self.partitioner, PARTITIONERS)
-        _positive("dirichlet-alpha", self.dirichlet_alpha)
-        _positive_int("classes-per-partition", self.classes_per_partition)
-        _positive_int("min-partition-size", self.min_partition_size)
-        _non_negative("synthetic-alpha", self.synthetic_alpha)
-        _non_negative("synthetic-beta", self.synthetic_beta)
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
-        model_entry(self.model)  # ValueError naming `model` and the registered models
-        _positive_int("hidden-units", self.hidden_units)
-        _positive_int("local-epochs", self.local_epochs)
-        _positive("learning-rate", self.learning_rate)
-        _positive_int("batch-size", self.batch_size)
-        from fedprivacy.fl.modes import mode_names  # the one registry of privacy modes
-
-        _choice("privacy", self.privacy, mode_names())
-        _non_negative("clip-norm", self.clip_norm)
-        _non_negative("noise-multiplier", self.noise_multiplier)
-        _non_negative("target-epsilon", self.target_epsilon)
-        if not 0.0 < self.target_delta < 1.0:
-            raise ValueError(f"target-delta must be in (0, 1), got {self.target_delta}")
-        _choice("sampling", self.sampling, SAMPLINGS)
-        if not 0.0 < self.sample_rate <= 1.0:
-            raise ValueError(f"sample-rate must be in (0, 1], got {self.sample_rate}")
-        if self.cohort_size < 0:
-            raise ValueError(f"cohort-size must be >= 0, got {self.cohort_size}")
-        _choice("neighbouring", self.neighbouring, NEIGHBOURINGS)
-        _choice("accountant", self.accountant, ACCOUNTANTS)
-        _choice("privacy-audience", self.privacy_audience, PRIVACY_AUDIENCES)
-        self._check_methods()
-        _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)
-        _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
-        if self.secagg_threshold < 0:
-            raise ValueError(f"secagg-threshold must be >= 0 (0 = automatic), got {self.secagg_threshold}")
-        if self.secagg_neighbours < 0:
-            raise ValueError(
-                f"secagg-neighbours must be >= 0 (0 = automatic), got {self.secagg_neighbours}"
-            )
-        if not 16 <= self.secagg_bits <= 32:
-            raise ValueError(f"secagg-bits must be in [16, 32], got {self.secagg_bits}")
-        if self.secagg_colluders < 0:
-            raise ValueError(f"secagg-colluders must be >= 0, got {self.secagg_colluders}")
-        if self.secagg_schedule not in ("active", "semi-honest"):
-            raise ValueError(f"secagg-schedule must be 'active' or 'semi-honest', got {self.secagg_schedule!r}")
-        if self.seed < -1:
-            raise ValueError(f"seed must be -1 (secure randomness) or >= 0 (seeded), got {self.seed}")
-        if not self.output_dir:
-            raise ValueError("output-dir must not be empty")
-        if any(c in self.run_name for c in "/\\") or self.run_name in (".", ".."):
-            raise ValueError(f"run-name must be a plain folder name, got {self.run_name!r}")
-        _positive("client-timeout", self.client_timeout)
-
-    def _check_methods(self) -> None:
-        """Server optimizer and adaptive clipping keys (issue 17)."""
-        from fedprivacy.fl.server_opt import SERVER_OPTIMIZERS
-
-        _choice("server-optimizer", self.server_optimizer, tuple(SERVER_OPTIMIZERS))
-        _non_negative("server-learning-rate", self.server_learning_rate)
-        for key, value in (("server-momentum", self.server_momentum),
-                           ("server-beta-1", self.server_beta_1),
-                           ("server-beta-2", self.server_beta_2)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{key} must be in [0, 1), got {value}")
-        _positive("server-tau", self.server_tau)
-        if not 0.0 < self.adaptive_clip_quantile < 1.0:
-            raise ValueError(f"adaptive-clip-quantile must be in (0, 1), got {self.adaptive_clip_quantile}")
-        _positive("adaptive-clip-learning-rate", self.adaptive_clip_learning_rate)
-        _non_negative("adaptive-clip-count-std", self.adaptive_clip_count_std)
+    def _check_adaptive_clip(self) -> None:
+        """Adaptive clipping's rules across keys (issue 17)."""
         if self.adaptive_clip and self.privacy not in ("central", "none"):
             raise ValueError(
                 f"adaptive-clip=true is implemented for privacy='central' and 'none', got "

@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedprivacy.config import RunConfig
+from fedprivacy.config import (
+    APP_DEFAULTS,
+    SECTIONS,
+    ConfigSections,
+    DataConfig,
+    PrivacyConfig,
+    RunConfig,
+    RunOptions,
+    ServerOptConfig,
+)
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -20,17 +29,66 @@ def _pyproject_defaults() -> dict:
         return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
 
 
-# The Flower app runs secure aggregation with distributed DP by default (issue 4). The library's
-# RunConfig() keeps central DP as its default, so transport-free loops (run_federated) work without a
-# secure channel. Every other default is the same on both sides.
-APP_DEFAULTS = {"privacy": "distributed", "secagg": True}
-
-
 def test_pyproject_defaults_are_exactly_the_config_defaults() -> None:
+    # The app's deliberate differences are config.APP_DEFAULTS (the one place); every other default is
+    # the same on both sides.
     defaults = _pyproject_defaults()
     cfg = RunConfig.from_mapping(defaults)
     assert cfg == dataclasses.replace(RunConfig(), **APP_DEFAULTS)
     assert cfg.to_mapping() == defaults  # same key set, same values: no key is missing on either side
+    assert {k: v for k, v in RunConfig().to_mapping().items() if defaults[k] != v} == {
+        k.replace("_", "-"): getattr(RunConfig(), k) for k in APP_DEFAULTS
+    }
+
+
+def test_flat_fields_are_exactly_the_sections_fields() -> None:
+    flat = {f.name: f for f in dataclasses.fields(RunConfig)}
+    seen: list[str] = []
+    for section in SECTIONS.values():
+        for f in dataclasses.fields(section):
+            seen.append(f.name)
+            assert f.name in flat, f"{section.__name__}.{f.name} is not a RunConfig field"
+            assert (flat[f.name].type, flat[f.name].default) == (f.type, f.default), f.name
+    assert sorted(seen) == sorted(flat)  # every flat key in exactly one section
+    assert len(seen) == len(set(seen))
+
+
+def test_sections_round_trip_and_build_a_config() -> None:
+    cfg = RunConfig(privacy="local", clip_norm=2.0, dataset="synthetic", seed=4, server_optimizer="fedadam")
+    assert RunConfig.from_sections(cfg.sections) == cfg
+    assert cfg.sections.privacy.clip_norm == 2.0 and cfg.sections.data.dataset == "synthetic"
+    built = RunConfig.from_sections(privacy=PrivacyConfig(noise_multiplier=2.0), run=RunOptions(seed=3))
+    assert built == RunConfig(noise_multiplier=2.0, seed=3)
+    assert RunConfig.from_sections() == RunConfig() and RunConfig().sections == ConfigSections()
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda: DataConfig(dataset="cifar"), "dataset"),
+        (lambda: DataConfig(partitioner="random"), "partitioner"),
+        (lambda: PrivacyConfig(accountant="gdp"), "accountant"),
+        (lambda: PrivacyConfig(privacy="strong"), "privacy"),
+        (lambda: ServerOptConfig(server_optimizer="sgd"), "server-optimizer"),
+        (lambda: RunOptions(seed=-2), "seed"),
+    ],
+)
+def test_a_section_checks_its_own_keys(make, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        make()
+
+
+def test_choices_come_from_the_registries() -> None:
+    from fedprivacy.fl import server_opt
+
+    with pytest.raises(ValueError, match="server-optimizer"):
+        RunConfig(server_optimizer="test-registry-opt")
+    server_opt.register_server_optimizer("test-registry-opt", server_opt.SERVER_OPTIMIZERS["fedavg"])
+    try:
+        assert RunConfig(server_optimizer="test-registry-opt").sections.server.server_optimizer == (
+            "test-registry-opt")
+    finally:
+        del server_opt.SERVER_OPTIMIZERS["test-registry-opt"]
 
 
 def test_unknown_key_is_refused_by_name() -> None:
