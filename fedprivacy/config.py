@@ -40,10 +40,14 @@ for :data:`APP_DEFAULTS` (the one documented difference, pinned by ``tests/test_
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from fedprivacy.errors import ConfigError
 
 # the data layer owns the data defaults (numpy only at import time)
 from fedprivacy.ml.datasets.fashion_mnist import FashionMnistOptions
@@ -59,6 +63,13 @@ PRIVACY_AUDIENCES = ("server", "observers")
 # DP (issue 4); the library keeps central DP without SecAgg, so transport-free loops
 # (``fedprivacy.fl.run_federated``, notebooks, the attacks' targets) need no secure channel.
 APP_DEFAULTS: Mapping[str, Any] = MappingProxyType({"privacy": "distributed", "secagg": True})
+
+
+def unknown_key_message(key: str, known: Sequence[str]) -> str:
+    """``unknown run-config key 'x' (did you mean 'y'?); valid keys: ...`` (one line)."""
+    close = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return f"unknown run-config key {key!r}{hint}; valid keys: {', '.join(sorted(known))}"
 
 
 def _key(field_name: str) -> str:
@@ -255,6 +266,7 @@ class RunOptions:
     run_name: str = ""
     resume: bool = False
     client_timeout: float = 120.0
+    max_failed_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -266,6 +278,8 @@ class RunOptions:
         if any(c in self.run_name for c in "/\\") or self.run_name in (".", ".."):
             raise ValueError(f"run-name must be a plain folder name, got {self.run_name!r}")
         _positive("client-timeout", self.client_timeout)
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ValueError(f"max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -353,6 +367,7 @@ class RunConfig:
     run_name: str = _default(RunOptions, "run_name")
     resume: bool = _default(RunOptions, "resume")
     client_timeout: float = _default(RunOptions, "client_timeout")
+    max_failed_fraction: float = _default(RunOptions, "max_failed_fraction")
 
     def __post_init__(self) -> None:
         self._sections()  # every section: the types and the per-key checks
@@ -365,7 +380,8 @@ class RunConfig:
     def from_mapping(cls, run_config: Mapping[str, Any]) -> RunConfig:
         """Build a config from a Flower ``context.run_config`` (kebab-case keys).
 
-        Missing keys take the defaults; unknown keys and bad values raise ``ValueError`` naming the key.
+        Missing keys take the defaults; unknown keys and bad values raise
+        :class:`fedprivacy.errors.ConfigError` (a ``ValueError``) naming the key, in one line.
         """
         if not isinstance(run_config, Mapping):
             raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
@@ -374,10 +390,14 @@ class RunConfig:
         for key, value in run_config.items():
             field = names.get(str(key))
             if field is None:
-                known = ", ".join(sorted(names))
-                raise ValueError(f"unknown run-config key {key!r}; known keys: {known}")
+                raise ConfigError(unknown_key_message(str(key), list(names)))
             kwargs[field.name] = _coerce(str(key), value, field.type)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from exc
 
     def to_mapping(self) -> dict[str, Any]:
         """The full config with kebab-case keys (round-trips through :meth:`from_mapping`)."""
@@ -450,29 +470,34 @@ class RunConfig:
     def _check_combinations(self) -> None:
         if self.is_dp and self.clip_norm <= 0:
             raise ValueError(
-                f"clip-norm must be > 0 when privacy={self.privacy!r}, got {self.clip_norm}"
+                f"clip-norm must be > 0 when privacy={self.privacy!r} (the sensitivity), got "
+                f"{self.clip_norm}; set e.g. clip-norm=0.5, or privacy='none' for no DP"
             )
         if self.privacy in ("central", "local") and self.noise_multiplier == 0 and self.target_epsilon == 0:
             raise ValueError(
                 f"noise-multiplier must be > 0 (or target-epsilon > 0 to calibrate it) when "
-                f"privacy={self.privacy!r}, got {self.noise_multiplier}"
+                f"privacy={self.privacy!r}, got {self.noise_multiplier}; set e.g. noise-multiplier=1.0"
             )
         if self.privacy == "distributed" and not self.secagg:
-            raise ValueError("privacy='distributed' needs secagg=true: the noise is only hidden by secure aggregation")
+            raise ValueError("secagg must be true when privacy='distributed' (the noise is only hidden by "
+                             "secure aggregation); set secagg=true, or privacy='central' secagg=false")
         self._check_secagg()
         if self.privacy == "none" and self.target_epsilon > 0:
-            raise ValueError("target-epsilon must be 0 when privacy='none' (nothing is accounted)")
+            raise ValueError(f"target-epsilon must be 0 when privacy='none' (nothing is accounted), got "
+                             f"{self.target_epsilon:g}; set target-epsilon=0 or choose a DP privacy mode")
         if self.sampling == "fixed":
             if self.cohort_size < 1:
-                raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}")
+                raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}; "
+                                 "set cohort-size=M (clients per round)")
             if self.is_dp and self.neighbouring != "replace-one":
                 raise ValueError(
                     "neighbouring must be 'replace-one' when sampling='fixed': a fixed-size cohort is "
                     "sampling without replacement, which is only accounted under replace-one adjacency "
-                    f"(got {self.neighbouring!r})"
+                    f"(got {self.neighbouring!r}); set neighbouring='replace-one'"
                 )
         if self.resume and not self.run_name:
-            raise ValueError("run-name must be set when resume=true (the run folder to continue)")
+            raise ValueError("run-name must be set when resume=true (the run folder to continue), got ''; "
+                             "set run-name to the folder under output-dir, or resume=false")
 
 
     def _check_secagg(self) -> None:
@@ -492,10 +517,11 @@ class RunConfig:
         if self.privacy == "central":
             raise ValueError(
                 "secagg=true with privacy='central' is refused: the server would unmask the un-noised "
-                "sum before adding its noise; use privacy='distributed' (clients add discrete Gaussian "
-                "noise, the server only ever sees a noised sum)")
+                "sum before adding its noise; set secagg=false for central DP, or privacy='distributed' "
+                "(clients add discrete Gaussian noise, the server only ever sees a noised sum)")
         if self.privacy == "local":
-            raise ValueError("secagg=true with privacy='local' is not supported; use privacy='distributed'")
+            raise ValueError("secagg=true with privacy='local' is not supported; set secagg=false for local "
+                             "DP, or privacy='distributed'")
         if self.clip_norm <= 0:
             raise ValueError(f"clip-norm must be > 0 when secagg=true (fixed-point range), got {self.clip_norm}")
         if self.sampling == "fixed" and self.cohort_size < 3:
@@ -525,8 +551,8 @@ def _check_type(key: str, value: Any, type_name: Any) -> None:
         ok = isinstance(value, expected)
     if not ok:
         raise TypeError(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
-    if expected is float and value != value:  # NaN
-        raise ValueError(f"{key} must be a number, got nan")
+    if expected is float and not math.isfinite(value):  # NaN, inf, 1e400 (which TOML reads as inf)
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
 
 
 def _coerce(key: str, value: Any, type_name: Any) -> Any:
@@ -557,7 +583,10 @@ def _coerce(key: str, value: Any, type_name: Any) -> Any:
                 pass
     elif isinstance(value, str):
         return value
-    raise ValueError(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{key} must be {_KIND[expected]}, got {type(value).__name__} {value!r}")
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:

@@ -19,13 +19,15 @@ def privacy_report_md(results: dict[str, Any]) -> str:
     lines = [f"# Privacy report: {results.get('run_name', '')}", ""]
     lines += _seeded_warning(p)
     lines += ["## Claim", ""] + _claim(p)
+    dp = p.get("mode") not in (None, "none")
     if results.get("dpsgd"):
         lines += _dpsgd_section(results["dpsgd"])
     if p.get("distributed"):  # ---- secure aggregation with distributed DP (fedprivacy/fl/modes/distributed.py)
         lines += _distributed_section(p)
     if p.get("adaptive_clip"):  # ---- adaptive clipping (fedprivacy/fl/adaptive_clip.py)
         lines += _adaptive_clip_section(p["adaptive_clip"], results.get("rounds", []))
-    lines += ["## What ε covers", ""] + _covers(p.get("mode"))
+    if dp:  # a run without DP claims nothing: no coverage, trust or accountant boilerplate
+        lines += ["## What ε covers", ""] + _covers(p.get("mode"))
     lines += _run_section(results)
     return "\n".join(lines)
 
@@ -33,6 +35,9 @@ def privacy_report_md(results: dict[str, Any]) -> str:
 def _seeded_warning(p: dict[str, Any]) -> list[str]:
     if p.get("rng_mode") != "seeded":
         return []
+    if p.get("mode") == "none":
+        return [f"> **Seeded research mode** ({p.get('rng')}): all randomness is reproducible from the "
+                "seed.", ""]
     return [
         f"> **Seeded research mode** ({p.get('rng')}): all randomness, including the privacy noise, "
         "is reproducible from the seed. The guarantee below does NOT hold against anyone who knows "
@@ -142,6 +147,8 @@ def _run_section(results: dict[str, Any]) -> list[str]:
         "",
         f"- Status: {results.get('status')}" + (f" ({results['stopped']})" if results.get("stopped") else ""),
         f"- Rounds completed: {len(rounds)} of {cfg.get('num-server-rounds')}",
+        *[f"- Resumed after round {r.get('after_round')} ({r.get('at')}); the accounting inputs were "
+          "checked against the checkpoint" for r in results.get("resumed") or []],
         f"- Clients (population): {results.get('population')}",
         f"- Final test accuracy: {_fmt(last.get('test_accuracy'))}",
         f"- Dataset / model: {cfg.get('dataset')} / {cfg.get('model')}",

@@ -4,7 +4,12 @@ This is the README's main command, a thin entry point over :func:`server.engine.
 private ``FLWR_HOME`` (a fresh temporary folder unless ``--flwr-home`` is given; the user's ``~/.flwr``
 is untouched), no runtime dependency installation, no telemetry, free ports for the local SuperLink,
 ``flwr run . --federation-config "num-supernodes=N client-resources-num-cpus=1" --stream``, and
-afterwards it stops the processes this run started (and only those), by process id.
+afterwards it stops the processes this run started (and only those), by process id, also when it is
+interrupted or killed.
+
+The configuration is checked before anything starts (one line naming the key, exit code 2). The exit
+code is the run's, not ``flwr run``'s: 0 completed, 1 error, 2 bad configuration, 3 budget stop,
+4 client failures, 5 no SuperNode answered, 130 interrupted (README "Exit codes").
 
 Usage: ``python scripts/flwr_local.py [--supernodes 10] [--run-config "num-server-rounds=5 seed=0"]``.
 Results land in ``runs/<run-name or timestamp>/`` of the repository unless ``output-dir`` is given.
@@ -13,7 +18,7 @@ Results land in ``runs/<run-name or timestamp>/`` of the repository unless ``out
 from __future__ import annotations
 
 import argparse
-import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -22,26 +27,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Run fedprivacy with `flwr run .` on a local Flower simulation, offline; stop "
+                    "everything it started afterwards. Exit codes: 0 completed, 1 error, 2 bad "
+                    "configuration, 3 budget stop, 4 client failures, 5 no SuperNode answered, "
+                    "130 interrupted.")
     parser.add_argument("--supernodes", type=int, default=10, help="simulated clients (default 10)")
     parser.add_argument("--run-config", default="", help='overrides, e.g. "num-server-rounds=5 seed=0"')
     parser.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: a temp folder)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     args = parser.parse_args(argv)
     if args.supernodes < 1:
-        print("error: --supernodes must be >= 1", file=sys.stderr)
+        print(f"flwr_local: error: --supernodes must be >= 1, got {args.supernodes}", file=sys.stderr)
         return 2
     sys.path.insert(0, str(REPO))
-    from server.engine.flower import run_flwr
+    from server.engine.launch import launch_flwr
 
-    run_config = args.run_config
-    if "output-dir" not in run_config:
-        run_config = f"{run_config} output-dir={json.dumps(str(REPO / 'runs'))}".strip()
-    started = time.perf_counter()
-    res = run_flwr(num_supernodes=args.supernodes, run_config=run_config, app_dir=REPO,
-                   flwr_home=args.flwr_home, timeout=args.timeout, echo=True)
-    print(f"flwr run finished with exit code {res.returncode} in {time.perf_counter() - started:.1f} s")
-    return int(res.returncode)
+    return launch_flwr(num_supernodes=args.supernodes, run_config=args.run_config, app_dir=REPO,
+                       default_output_dir=REPO / "runs", flwr_home=args.flwr_home, timeout=args.timeout,
+                       prog="flwr_local", run_name=time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
 
 
 if __name__ == "__main__":

@@ -26,13 +26,18 @@ from fedprivacy_flwr import codec
 NODE_WAIT_SECONDS = 60.0
 
 
+class NoClientsError(RuntimeError):
+    """No SuperNode (or not every partition) answered the partition query in time (exit code 5)."""
+
+
 def discover_partitions(
     grid: Grid, *, timeout: float, wait: float = NODE_WAIT_SECONDS, log: Callable[[str], None] = print
 ) -> dict[int, int]:
     """Map partition id -> node id by querying every node; waits until ids 0..N-1 have all answered.
 
     SuperNodes of a deployment connect one by one, so new nodes are queried as they appear, until every
-    partition of ``num-partitions`` is known or ``wait`` seconds have passed (then RuntimeError).
+    partition of ``num-partitions`` is known or ``wait`` seconds have passed (then
+    :class:`NoClientsError`; nodes that disagree about the partitions raise RuntimeError).
     """
     deadline = time.monotonic() + wait
     mapping: dict[int, int] = {}
@@ -61,9 +66,10 @@ def discover_partitions(
                 raise RuntimeError(f"partition ids {sorted(mapping)} do not fit num-partitions={total}")
         if time.monotonic() > deadline:
             have = sorted(mapping)
-            raise RuntimeError(
+            raise NoClientsError(
                 f"only partitions {have} answered within {wait:.0f} s"
                 + (f" (num-partitions={next(iter(totals))})" if totals else "")
+                + "; start a SuperNode for every partition-id 0..num-partitions-1 (see README, Scaling out)"
             )
         time.sleep(1.0)
 

@@ -1,4 +1,9 @@
-"""fedprivacy's Flower ServerApp (Message API): validate the config, then hand over to the loop."""
+"""fedprivacy's Flower ServerApp (Message API): validate the config, then hand over to the loop.
+
+Flower's ``flwr run`` returns 0 whatever the ServerApp did, so the ServerApp also reports how the run
+ended in the status file a launcher names with ``$FEDPRIVACY_STATUS_FILE``
+(:mod:`fedprivacy.exit_codes`); the exception itself still propagates, so Flower marks the run failed.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from fedprivacy.config import ConfigError
+from fedprivacy.exit_codes import write_status
 from fedprivacy_flwr.codec import RESULTS_RECORD, results_record
-from server.loop import run_server
+from server.loop import NoClientsError, run_server
 
 app = ServerApp()
 
@@ -19,8 +26,27 @@ def _log(line: str) -> None:
     flwr_log(INFO, line)
 
 
+def failure_status(exc: BaseException) -> str:
+    """The run status (:mod:`fedprivacy.exit_codes`) of an exception that ended the ServerApp."""
+    if isinstance(exc, ConfigError):
+        return "config-error"
+    if isinstance(exc, NoClientsError):
+        return "no-clients"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "error"
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run DP-FedAvg as configured in ``[tool.flwr.app.config]`` / ``--run-config``."""
-    results = run_server(grid, context.run_config, log=_log)
-    context.state[RESULTS_RECORD] = results_record(str(Path(results["run_dir"]) / "results.json"))
+    try:
+        results = run_server(grid, context.run_config, log=_log)
+    except BaseException as exc:
+        status = failure_status(exc)
+        text = str(exc) if status in ("config-error", "no-clients") else f"{type(exc).__name__}: {exc}"
+        write_status(status, message=(text.splitlines() or [""])[0])
+        raise
+    path = str(Path(results["run_dir"]) / "results.json")
+    context.state[RESULTS_RECORD] = results_record(path)
+    write_status(str(results["status"]), message=str(results.get("stopped") or ""), results=path)

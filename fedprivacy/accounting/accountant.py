@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedprivacy._io import user_file_mode
 from fedprivacy.accounting.backends import Backend, get_backend
 from fedprivacy.accounting.events import (
     FixedCohortSampling,
@@ -446,6 +447,7 @@ class Accountant:
         data = json.dumps(self.to_json(), indent=1, allow_nan=False)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, user_file_mode())  # as open() would: mkstemp's 0600 hides the ledger
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(data)
                 fh.flush()

@@ -51,10 +51,11 @@ class ConsoleCallback(RunCallback):
                  f"{record.clients_aggregated}/{record.clients_sampled}  {record.seconds:.2f}s{sample_level}")
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
-        acc = result.records[-1].test_accuracy if result.records else float("nan")
+        acc = f"{result.records[-1].test_accuracy:.4f}" if result.records else "n/a"
         where = run.run_dir / "results.json" if run.run_dir is not None else "memory (no run folder)"
-        self.log(f"done: {len(result.records)} rounds, accuracy {acc:.4f}, "
-                 f"ε {_fmt_eps(result.results['privacy'].get('epsilon'))}; results in {where}")
+        self.log(f"{'done' if result.status == 'completed' else result.status}: {len(result.records)} "
+                 f"rounds, accuracy {acc}, ε {_fmt_eps(result.results['privacy'].get('epsilon'))}; "
+                 f"results in {where}")
 
 
 class CheckpointCallback(RunCallback):

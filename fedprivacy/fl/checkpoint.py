@@ -18,26 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from fedprivacy._io import atomic_write_text, user_file_mode
+
 STATE = "state.json"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +48,7 @@ def save_checkpoint(
     model_name = f"model-{round:05d}.npz"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{model_name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, user_file_mode())
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, *[np.asarray(w) for w in weights])
             fh.flush()

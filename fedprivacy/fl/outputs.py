@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedprivacy.fl.checkpoint import atomic_write_bytes, atomic_write_text
+from fedprivacy._io import atomic_write_bytes, atomic_write_text
 
 ROUND_FIELDS = (
     "round", "clients_sampled", "clients_aggregated", "train_loss", "test_loss", "test_accuracy",

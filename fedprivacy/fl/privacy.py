@@ -72,15 +72,20 @@ class PrivacyPlan:
 
 
 def check_population(cfg: RunConfig, *, population: int) -> None:
-    """Refuse a population the config cannot be honoured for (ValueError naming the key)."""
+    """Refuse a population the config cannot be honoured for (:class:`fedprivacy.config.ConfigError`,
+    a ValueError, naming the key and the fix)."""
+    from fedprivacy.errors import ConfigError
+
     if population < 1:
-        raise ValueError(f"population must be >= 1, got {population}")
+        raise ConfigError(f"the number of clients must be >= 1, got {population}")
     if cfg.sampling == "fixed" and cfg.cohort_size > population:
-        raise ValueError(f"cohort-size must be <= the number of clients ({population}), got {cfg.cohort_size}")
+        raise ConfigError(f"cohort-size must be <= the number of clients ({population}), got "
+                          f"{cfg.cohort_size}; set cohort-size <= {population} or add clients")
     if cfg.is_dp and cfg.target_delta >= 1.0 / population:
-        raise ValueError(
-            f"target-delta must be < 1/population = {1.0 / population:.3g} for a meaningful user-level "
-            f"guarantee, got {cfg.target_delta}"
+        raise ConfigError(
+            f"target-delta must be < 1/number of clients = 1/{population} = {1.0 / population:.3g} for a "
+            f"meaningful user-level guarantee (δ well below 1/N), got {cfg.target_delta:g}; set e.g. "
+            "target-delta=1e-5"
         )
 
 

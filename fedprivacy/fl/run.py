@@ -58,10 +58,14 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.checkpoint import Checkpoint
 
-__all__ = ["RESUMABLE_CHANGES", "FederatedRun", "RunResult", "resolve_run_dir", "run_federated"]
+__all__ = ["RESUMABLE_CHANGES", "FederatedRun", "RunResult", "check_resume", "missing_run_message",
+           "resume_checkpoint",
+           "resolve_run_dir", "run_federated"]
 
 # Config keys that may differ between a run and its resumption.
-RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout"})
+# Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
+# what the accounting of the rounds already run depends on, and must match.
+RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout", "max-failed-fraction"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +73,8 @@ class RunResult:
     """What a run produced.
 
     Attributes:
-        status: ``completed`` or ``budget-exhausted``.
+        status: ``completed``, ``budget-exhausted`` or ``clients-failed`` (the statuses of
+            :mod:`fedprivacy.exit_codes`).
         stopped: why the run stopped early, else None.
         weights: the final global weights.
         accountant: the run's user-level accountant (None without DP).
@@ -209,6 +214,7 @@ class FederatedRun:
         self.status = "pending"
         self.stopped: str | None = None
         self._started = 0.0
+        self.resumes: list[dict[str, Any]] = []  # one entry per resumption: after which round, when
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> None:
@@ -224,7 +230,14 @@ class FederatedRun:
             init_seed = int(self.root.child("server", "init").integers(0, 2**31 - 1))
             self.weights = [np.asarray(w) for w in self.hooks.init(init_seed)]
         dim = int(sum(np.size(w) for w in (ckpt.weights if ckpt else self.weights)))
-        self.plan = plan = plan_privacy(cfg, population=self.population, dim=dim, mode=self.mode)
+        from fedprivacy.errors import ConfigError
+
+        try:  # a plan that cannot be honoured is a configuration error (refused before round 1)
+            self.plan = plan = plan_privacy(cfg, population=self.population, dim=dim, mode=self.mode)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if self._round_fn is None:
             assert self._transport is not None  # checked in __init__
             self._round_fn = self.mode.round_fn(cfg, plan, self._transport, aggregator=self.aggregator,
@@ -236,25 +249,19 @@ class FederatedRun:
         self.log(f"fedprivacy: {self.population} clients, {cfg.num_server_rounds} rounds, "
                  f"dataset={cfg.dataset}, model={cfg.model}, output={self.run_dir}")
         self.log(plan.describe())
+        if self.accountant is not None:
+            budget = (f"target ε {cfg.target_epsilon:g}" if cfg.target_epsilon > 0 else "no ε budget")
+            self.log(f"accounting: {cfg.accountant} accountant, ε reported at δ={cfg.target_delta:g}, {budget}")
         self.log(f"randomness: {self.root.describe()}")
         self.status = "running"
         for cb in self.callbacks:
             cb.on_run_start(self)
 
     def _checkpoint(self) -> Checkpoint | None:
-        """The run folder's checkpoint, if any (refused unless ``resume = true`` and the same config)."""
-        from fedprivacy.fl.checkpoint import load_checkpoint
-
-        if self.run_dir is None or not (self.run_dir / "checkpoint").exists():
+        """The run folder's checkpoint to resume from, if any (see :func:`resume_checkpoint`)."""
+        if self.run_dir is None:
             return None
-        ckpt = load_checkpoint(self.run_dir / "checkpoint")
-        if ckpt is not None and not self.cfg.resume:
-            raise ValueError(
-                f"run-name {self.cfg.run_name!r}: {self.run_dir} already holds a run; set resume=true to "
-                "continue it or choose another run-name")
-        if ckpt is not None:
-            _check_resume_config(ckpt.config, self.cfg)
-        return ckpt
+        return resume_checkpoint(self.cfg, self.run_dir, population=self.population)
 
     def _resume(self, ckpt: Checkpoint) -> None:
         self.weights = [np.asarray(w) for w in ckpt.weights]
@@ -273,11 +280,16 @@ class FederatedRun:
         load_round = getattr(self._round_fn, "load_state_dict", None)
         if load_round is not None:  # a round function with state (adaptive clipping's estimate)
             load_round(ckpt.extra.get("round", {}))
-        self.log(f"resuming {self.run_dir} after round {ckpt.round}")
+        self.resumes = [*ckpt.extra.get("resumes", []),
+                        {"after_round": ckpt.round, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+        self.log(f"resuming {self.run_dir} after round {ckpt.round} (population, sampling, privacy, "
+                 "accountant and data settings checked against the checkpoint)")
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """State beyond weights and ledger that a resumed run needs (DP-SGD ledgers, optimizer)."""
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"population": self.population}
+        if self.resumes:
+            extra["resumes"] = self.resumes
         if self.dpsgd is not None:
             extra["dpsgd"] = self.dpsgd.to_json()
         state = self.server_optimizer.state_dict()
@@ -314,7 +326,25 @@ class FederatedRun:
         self.next_round = rnd + 1
         for cb in self.callbacks:
             cb.on_round_end(self, record)
+        self._check_failures(rnd, cohort, outcome)
         return record
+
+    def _check_failures(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome) -> None:
+        """Stop after a round in which every sampled client failed, or more than
+        ``max-failed-fraction`` of them (crashed, timed out, malformed or non-finite update)."""
+        failed = set(outcome.failures) | set(outcome.aggregate.dropped)
+        if not cohort or not failed:
+            return
+        share = len(failed) / len(cohort)
+        if len(failed) < len(cohort) and share <= self.cfg.max_failed_fraction:
+            return
+        pid, reason = sorted({**outcome.aggregate.dropped, **outcome.failures}.items())[0]
+        rule = ("every one of them" if len(failed) == len(cohort)
+                else f"more than max-failed-fraction={self.cfg.max_failed_fraction:g}")
+        self.status = "clients-failed"
+        self.stopped = (f"stopped after round {rnd}: {len(failed)} of {len(cohort)} sampled clients failed "
+                        f"({rule}); first: client {pid}: {_short_reason(reason)}")
+        self.log(self.stopped)
 
     def _budget_stops(self, rnd: int) -> bool:
         """Stop before a round whose worst-case event would overspend the budget."""
@@ -322,8 +352,11 @@ class FederatedRun:
         if acc is None or plan is None or plan.event is None or not acc.would_exceed(plan.event):
             return False
         eps_next = acc.epsilon_if(plan.event, delta=self.cfg.target_delta)
-        self._stop(f"stopped before round {rnd}: it would raise ε to {eps_next:.4f} > target-epsilon "
-                   f"{self.cfg.target_epsilon:g} at δ={self.cfg.target_delta:g}")
+        eps_now = acc.epsilon(delta=self.cfg.target_delta)
+        self._stop(f"budget: stopped before round {rnd}, nothing released in it: the projected ε after "
+                   f"it (its planned, worst-case event) is {eps_next:.3f} > target-epsilon "
+                   f"{self.cfg.target_epsilon:g} at δ={self.cfg.target_delta:g}; ε spent so far "
+                   f"{eps_now:.3f}")
         return True
 
     def _stop(self, reason: str) -> None:
@@ -411,6 +444,7 @@ class FederatedRun:
             "run_name": self.run_dir.name if self.run_dir is not None else cfg.run_name,
             "run_dir": str(self.run_dir) if self.run_dir is not None else None,
             "status": self.status, "stopped": self.stopped, "population": plan.population,
+            "resumed": list(self.resumes),
             "config": cfg.to_mapping(),
             "resolved": {"noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated,
                          "denominator": plan.denominator, "population": plan.population},
@@ -439,6 +473,14 @@ def run_federated(cfg: RunConfig, *, population: int, round_fn: RoundFn | None =
     return run.run().results
 
 
+def _short_reason(reason: str) -> str:
+    """One short line of a client's failure (Flower wraps the exception's message in a long repr)."""
+    text = str(reason)
+    if "Message: " in text:
+        text = text.rsplit("Message: ", 1)[1].rstrip("'>\n ")
+    return " ".join(text.split())[:200]
+
+
 def _weighted_loss(updates: Sequence[ClientUpdate]) -> float | None:
     pairs = [(u.train_loss, u.num_examples or 1) for u in updates
              if u.train_loss is not None and math.isfinite(u.train_loss)]
@@ -448,13 +490,60 @@ def _weighted_loss(updates: Sequence[ClientUpdate]) -> float | None:
     return float(sum(loss * n for loss, n in pairs) / total)
 
 
-def _check_resume_config(saved: dict[str, Any], cfg: RunConfig) -> None:
-    current = cfg.to_mapping()
+def resume_checkpoint(cfg: RunConfig, run_dir: Path, *, population: int) -> Checkpoint | None:
+    """The checkpoint in ``run_dir`` a run with ``cfg`` continues from, or None for a fresh run.
+
+    Refuses (ValueError, one line saying how to fix it): a folder that holds a run without
+    ``resume=true``; ``resume=true`` with no checkpoint there (a mistyped ``run-name`` would otherwise
+    start a fresh run at ε = 0); a checkpoint whose accounting inputs differ (:func:`check_resume`).
+    """
+    from fedprivacy.errors import ConfigError
+    from fedprivacy.fl.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(run_dir / "checkpoint") if (run_dir / "checkpoint").exists() else None
+    if ckpt is None:
+        if cfg.resume:
+            raise ConfigError(missing_run_message(run_dir))
+        return None
+    if not cfg.resume:
+        raise ConfigError(f"run-name {cfg.run_name!r}: {run_dir} already holds a run; set resume=true to "
+                         "continue it or choose another run-name")
+    check_resume(ckpt, cfg, population=population)
+    return ckpt
+
+
+def missing_run_message(run_dir: Path) -> str:
+    """The refusal of ``resume=true`` for a run folder that holds no checkpoint (one line)."""
+    base = run_dir.parent
+    runs = sorted(p.name for p in base.iterdir() if (p / "checkpoint").is_dir()) if base.is_dir() else []
+    shown = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "none"
+    return (f"resume=true but run-name {run_dir.name!r} has no checkpoint in {run_dir} (runs that can be "
+            f"resumed under {base}: {shown}); check run-name, or set resume=false to start a new run")
+
+
+def check_resume(ckpt: Checkpoint, cfg: RunConfig, *, population: int) -> None:
+    """Refuse to resume with anything the accounting of the finished rounds depends on changed.
+
+    The whole config except :data:`RESUMABLE_CHANGES` (sampling, privacy parameters, accountant, data
+    set, partitioner and seed, ...) and the population N (saved in the checkpoint since it is not a
+    config key: the sampling rate and δ < 1/N are relative to it).
+
+    Raises:
+        ConfigError: naming the first key that differs, both values and how to fix it.
+    """
+    from fedprivacy.errors import ConfigError
+
+    saved_population = ckpt.extra.get("population")
+    if saved_population is not None and int(saved_population) != population:
+        raise ConfigError(
+            f"the number of clients differs from the checkpointed run ({saved_population} != {population}); "
+            f"resume with {saved_population} clients (e.g. --num-supernodes {saved_population})")
+    saved, current = ckpt.config, cfg.to_mapping()
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue
         if saved.get(key) != current.get(key):
-            raise ValueError(
+            raise ConfigError(
                 f"{key} differs from the checkpointed run ({saved.get(key)!r} != {current.get(key)!r}); "
-                "a resumed run must use the same config"
+                f"a resumed run must use the same config: set {key}={saved.get(key)!r}"
             )

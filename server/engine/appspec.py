@@ -55,6 +55,7 @@ def parse_overrides(run_config: Mapping[str, Any] | str | None) -> dict[str, Any
     if isinstance(run_config, str):
         import click
 
+        _check_pairs(run_config)
         try:
             return dict(parse_config_args([run_config]) if run_config.strip() else {})
         except click.ClickException as exc:
@@ -62,6 +63,23 @@ def parse_overrides(run_config: Mapping[str, Any] | str | None) -> dict[str, Any
     if isinstance(run_config, Mapping):
         return flatten_dict(dict(run_config))
     raise TypeError(f"run_config must be a mapping or a string, got {type(run_config).__name__}")
+
+
+def _check_pairs(run_config: str) -> None:
+    """Refuse what Flower's parser silently drops: a word without ``=``, or ``key=`` without a value."""
+    import shlex
+
+    try:
+        words = shlex.split(run_config)
+    except ValueError as exc:
+        raise ValueError(f"run_config {run_config!r}: {exc}") from exc
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq or not key.strip() or (not value and f"{key}=''" not in run_config
+                                           and f'{key}=""' not in run_config):
+            raise ValueError(
+                f"run_config: {word!r} is not a key=value pair (e.g. 'num-server-rounds=5 "
+                "privacy=\"central\"'; an empty string is written key=\"\")")
 
 
 def resolve_run_config(

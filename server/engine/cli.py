@@ -20,11 +20,12 @@ import typer
 from fedprivacy.cli import JsonOpt, new_app, usage_error
 from fedprivacy.cli import app as accounting_app
 from fedprivacy.cli import main as _run
+from fedprivacy.exit_codes import ExitCode, exit_code_for
 
 if TYPE_CHECKING:
     from server.engine.faults import FaultPlan
 
-__all__ = ["ENGINES", "app", "main", "simulate"]
+__all__ = ["ENGINES", "app", "main", "simulate", "summary_line"]
 
 ENGINES = ("inprocess", "flower")
 
@@ -41,29 +42,34 @@ def simulate(  # pylint: disable=too-many-arguments
 ) -> dict[str, Any]:
     """Run the app on the chosen engine; return a JSON-ready summary (used by ``fedprivacy simulate``).
 
-    Both engines read the same ``--run-config`` syntax; a relative ``output-dir`` is made
-    absolute so that the results land in this working directory with either engine.
+    Both engines read the same ``--run-config`` syntax, and the same :func:`server.engine.preflight.
+    preflight` checks it before anything starts; a relative ``output-dir`` is made absolute so that
+    the results land in this working directory with either engine. The summary's ``status`` and
+    ``exit_code`` are the run's (:mod:`fedprivacy.exit_codes`).
+
+    Raises:
+        fedprivacy.config.ConfigError: the configuration is refused (nothing was started).
+        server.loop.NoClientsError: (in-process engine) no client answered.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    from server.engine._flwr_private import fuse_dicts
-    from server.engine.appspec import absolute_output_dir, load_app_spec, parse_overrides
+    from server.engine.preflight import preflight
 
-    spec = load_app_spec(app_dir)
-    overrides = parse_overrides(run_config)
-    fused = fuse_dicts(spec.default_config, overrides)  # refuses unknown keys up front
-    overrides = absolute_output_dir(overrides, fused)
+    pre = preflight(run_config, app_dir=app_dir, num_supernodes=num_supernodes)
     summary: dict[str, Any] = {"engine": engine, "num_supernodes": num_supernodes}
     if engine == "inprocess":
-        summary.update(_on_inprocess(overrides, num_supernodes=num_supernodes, workers=workers,
+        summary.update(_on_inprocess(pre.overrides, num_supernodes=num_supernodes, workers=workers,
                                      faults=faults, app_dir=app_dir))
     else:
         if faults is not None or workers != 1:
             raise ValueError("faults and workers apply to the inprocess engine only")
-        summary.update(_on_flower(overrides, spec.default_config, num_supernodes=num_supernodes,
+        summary.update(_on_flower(pre.overrides, pre.spec.default_config, num_supernodes=num_supernodes,
                                   app_dir=app_dir, timeout=timeout))
     if summary.get("results_path"):
         summary.update(_final_round(Path(summary["results_path"])))
+    summary.setdefault("status", "error")
+    summary["exit_code"] = int(summary.get("exit_code", exit_code_for(summary["status"])))
+    summary["num_server_rounds"] = int(pre.config.num_server_rounds)
     return summary
 
 
@@ -81,7 +87,8 @@ def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers:
 
 def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num_supernodes: int,
                app_dir: str | Path, timeout: float | None) -> dict[str, Any]:
-    """``flwr run`` with a named run, so its ``results.json`` is known (no mtime scan: review D9)."""
+    """``flwr run`` with a named run, so its ``results.json`` is known (no mtime scan: review D9); the
+    status is the ServerApp's (``flwr run`` itself returns 0 when the ServerApp fails)."""
     from server.engine._flwr_private import fuse_dicts
     from server.engine.appspec import config_string
     from server.engine.flower import run_flwr
@@ -92,18 +99,44 @@ def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num
     final = fuse_dicts(dict(defaults), overrides)
     out = run_flwr(run_config=config_string(overrides), num_supernodes=num_supernodes, app_dir=app_dir,
                    timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"flwr run exited with code {out.returncode}")
     path = Path(str(final["output-dir"])) / str(final["run-name"]) / "results.json"
-    return {"seconds": out.seconds, "results_path": str(path) if path.is_file() else None}
+    status = out.status or {}
+    summary: dict[str, Any] = {
+        "seconds": out.seconds, "results_path": str(path) if path.is_file() else None,
+        "status": status.get("status", "error"), "exit_code": out.exit_code,
+        "message": status.get("message") or (
+            f"flwr run exited with code {out.returncode}" if out.returncode else
+            "the ServerApp reported no status (it crashed before starting, see the log above)"),
+    }
+    return summary
 
 
 def _final_round(results_path: Path) -> dict[str, Any]:
-    rows = json.loads(results_path.read_text(encoding="utf-8")).get("rounds", [])
-    out: dict[str, Any] = {"rounds": len(rows)}
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    rows = results.get("rounds", [])
+    out: dict[str, Any] = {"rounds": len(rows), "status": results.get("status", "error"),
+                           "resumed": results.get("resumed", [])}
+    if results.get("stopped"):
+        out["message"] = results["stopped"]
     if rows:
         out["final"] = {k: rows[-1].get(k) for k in ("round", "test_accuracy", "epsilon", "delta")}
     return out
+
+
+def summary_line(summary: Mapping[str, Any]) -> str:
+    """One human line for a run summary: rounded figures, no raw floats, no ``epsilon None``."""
+    final = summary.get("final") or {}
+    parts = [f"engine {summary['engine']}: {summary.get('status')}, {summary.get('rounds', 0)}/"
+             f"{summary.get('num_server_rounds', '?')} rounds on {summary['num_supernodes']} supernodes "
+             f"in {float(summary.get('seconds') or 0.0):.1f} s"]
+    if final.get("test_accuracy") is not None:
+        parts.append(f"accuracy {final['test_accuracy']:.4f}")
+    if final.get("epsilon") is not None:
+        parts.append(f"ε {final['epsilon']:.3f} at δ={final.get('delta'):g}")
+    elif summary.get("rounds"):
+        parts.append("no DP (ε not accounted)")
+    parts.append(f"results: {summary.get('results_path') or 'none'}")
+    return "; ".join(parts)
 
 
 class EngineName(StrEnum):
@@ -141,27 +174,47 @@ def simulate_command(
     ] = ".",
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the Flower apps on the in-process engine or on Flower's own simulation engine."""
+    """Run the Flower apps on the in-process engine or on Flower's own simulation engine.
+
+    Exit codes: 0 completed, 1 error, 2 bad configuration (nothing started), 3 budget stop,
+    4 client failures, 5 no SuperNode answered, 130 interrupted (README "Exit codes").
+    """
     plan = _checked_options(engine, num_supernodes=num_supernodes, workers=workers, faults=faults,
                             fault_seed=fault_seed)
-    try:
-        summary = simulate(engine=engine.value, num_supernodes=num_supernodes, run_config=run_config,
-                           workers=workers, app_dir=app_dir, faults=plan)
-    except (FileNotFoundError, ValueError) as exc:
-        usage_error(f"--run-config: {exc}" if "config" in str(exc).lower() else str(exc))
-    except RuntimeError as exc:
-        typer.echo(f"fedprivacy: error: {exc}", err=True)
-        raise typer.Exit(code=1) from exc
+    summary = _guarded_simulate(engine=engine.value, num_supernodes=num_supernodes,
+                                run_config=run_config, workers=workers, app_dir=app_dir, faults=plan)
     if as_json:
         typer.echo(json.dumps(summary, allow_nan=False, default=str))
-        return
-    final = summary.get("final") or {}
-    typer.echo(
-        f"engine {summary['engine']}: {summary.get('rounds', 0)} rounds on {num_supernodes} "
-        f"supernodes in {summary.get('seconds', float('nan')):.1f} s; "
-        f"final accuracy {final.get('test_accuracy')}, epsilon {final.get('epsilon')}; "
-        f"results: {summary.get('results_path')}"
-    )
+    else:
+        typer.echo(summary_line(summary))
+    if summary["exit_code"] != 0:
+        typer.echo(f"fedprivacy: {summary['status']}: {summary.get('message') or 'see the log above'}",
+                   err=True)
+        raise typer.Exit(code=summary["exit_code"])
+
+
+def _guarded_simulate(**kwargs: Any) -> dict[str, Any]:
+    """:func:`simulate`, every failure turned into one line on stderr and its exit code."""
+    from fedprivacy.config import ConfigError
+    from server.engine.processes import signals_interrupt
+
+    try:
+        with signals_interrupt():
+            return simulate(**kwargs)
+    except (ConfigError, FileNotFoundError) as exc:
+        usage_error(str(exc))
+    except KeyboardInterrupt as exc:
+        what = str(exc) or "SIGINT"
+        typer.echo(f"fedprivacy: interrupted ({what}): the run and the processes it started were stopped",
+                   err=True)
+        raise typer.Exit(code=ExitCode.INTERRUPTED) from None
+    except Exception as exc:  # noqa: BLE001 - a command-line tool reports, it does not dump a traceback
+        from server.loop import NoClientsError
+
+        code = ExitCode.NO_CLIENTS if isinstance(exc, NoClientsError) else ExitCode.ERROR
+        name = "no-clients" if code == ExitCode.NO_CLIENTS else f"error: {type(exc).__name__}"
+        typer.echo(f"fedprivacy: {name}: {str(exc).splitlines()[0] if str(exc) else ''}", err=True)
+        raise typer.Exit(code=code) from None
 
 
 def _checked_options(engine: EngineName, *, num_supernodes: int, workers: int, faults: str,

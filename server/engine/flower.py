@@ -13,6 +13,11 @@
   command line or environment names this ``FLWR_HOME``, its descendants, and the Flower/Ray processes
   that inherited this ``FLWR_HOME`` (Ray re-parents its actors to init). Processes of other users or
   other runs never carry our private ``FLWR_HOME``, so they are never touched (review defect D2).
+  The same happens if the launcher is interrupted or killed, even by SIGKILL
+  (:mod:`server.engine.processes`: a watchdog and the parent-death signal);
+* reports the run's real outcome: ``flwr run`` returns 0 even when the ServerApp failed, so the
+  ServerApp writes its status to ``$FEDPRIVACY_STATUS_FILE`` and :attr:`FlwrRunResult.exit_code`
+  is read from it (:mod:`fedprivacy.exit_codes`).
 """
 
 from __future__ import annotations
@@ -27,17 +32,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 from flwr.app import Context
 
+from fedprivacy.exit_codes import STATUS_ENV, ExitCode, read_status
 from fedprivacy.fl.client_policy import ENV_VAR
 from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
 from server.engine.appspec import load_app_spec, parse_overrides
+from server.engine.processes import Watchdog, die_with_parent, stop_processes, stop_started_by
 from server.engine.run import make_run, server_context
 
 __all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr",
@@ -106,68 +112,45 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
-def stop_processes(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> list[int]:
-    """SIGTERM each process, then SIGKILL what is still alive after ``grace`` seconds; their pids."""
-    procs = list(procs)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
-    return [p.pid for p in procs]
-
-
-def _uses_home(proc: psutil.Process, marker: str) -> bool:
-    """Whether ``proc`` belongs to the runs under ``marker`` (our private FLWR_HOME)."""
-    try:
-        cmd = " ".join(proc.cmdline())
-        if "flower-superlink" in cmd and marker in cmd:
-            return True
-        flowerish = any(k in cmd for k in ("ray", "flower", "flwr"))
-        return flowerish and proc.environ().get("FLWR_HOME") == marker
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-
-
-def stop_started_by(flwr_home: Path) -> list[int]:
-    """Stop every process a run under ``flwr_home`` left behind (see the module docstring), never this
-    process or its ancestors; returns their pids."""
-    marker = str(flwr_home)
-    me = psutil.Process()
-    mine = {me.pid, *(p.pid for p in me.parents())}
-    victims: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter():
-        if proc.pid in mine or not _uses_home(proc, marker):
-            continue
-        victims[proc.pid] = proc
-        try:
-            victims.update({c.pid: c for c in proc.children(recursive=True) if c.pid not in mine})
-        except psutil.NoSuchProcess:
-            pass
-    return stop_processes(victims.values())
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlwrRunResult:
-    """Exit code and (if captured) console output of ``flwr run``."""
+    """Exit code and (if captured) console output of ``flwr run``, and the ServerApp's own status.
+
+    Attributes:
+        returncode: the exit code of ``flwr run`` itself (0 even when the ServerApp failed).
+        output: the merged stdout/stderr when captured, else None.
+        seconds: wall time.
+        stopped: pids of the processes the run left behind and we stopped.
+        status: what the ServerApp wrote to its status file (:mod:`fedprivacy.exit_codes`), or None
+            when it wrote nothing (it never started, or died without a word).
+    """
 
     returncode: int
     output: str | None
     seconds: float
-    stopped: tuple[int, ...] = ()  # pids of the processes the run left behind and we stopped
+    stopped: tuple[int, ...] = ()
+    status: dict[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The run's exit code: the ServerApp's status if it wrote one, else an error (1) unless
+        ``flwr run`` itself failed (then its code)."""
+        if self.returncode != 0:
+            return self.returncode
+        if self.status is None:
+            return int(ExitCode.ERROR)
+        return int(self.status.get("exit_code", ExitCode.ERROR))
 
 
-def flwr_command(*, app_dir: Path, num_supernodes: int, run_config: str, federation_config: str) -> list[str]:
+def flwr_command(*, app_dir: Path, num_supernodes: int, run_config: str, federation_config: str,
+                 connection: str | None = None) -> list[str]:
+    """``flwr run`` on the local simulation (``--federation-config``) or on a named ``connection``."""
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or "flwr"
-    fed = f"num-supernodes={num_supernodes} {federation_config}".strip()
-    cmd = [flwr, "run", str(app_dir), "--federation-config", fed, "--stream"]
+    if connection is not None:
+        cmd = [flwr, "run", str(app_dir), connection, "--stream"]
+    else:
+        fed = f"num-supernodes={num_supernodes} {federation_config}".strip()
+        cmd = [flwr, "run", str(app_dir), "--federation-config", fed, "--stream"]
     if run_config.strip():
         cmd += ["--run-config", run_config]
     return cmd
@@ -194,6 +177,7 @@ def run_flwr(  # pylint: disable=too-many-arguments
     timeout: float | None = None,
     capture: bool = False,
     echo: bool = False,
+    connection: str | None = None,
 ) -> FlwrRunResult:
     """``flwr run <app_dir> --stream`` on a local simulation; stops only what this run started.
 
@@ -206,26 +190,45 @@ def run_flwr(  # pylint: disable=too-many-arguments
         timeout: seconds before ``flwr run`` is given up (then its processes are stopped too).
         capture: collect stdout and stderr (merged) into ``output`` instead of printing them.
         echo: print the command before running it.
+        connection: a SuperLink connection named in ``flwr_home``'s ``config.toml`` (the Deployment
+            Engine, see ``scripts/deployment_local.py``) instead of the local simulation.
     """
     app = Path(app_dir).absolute()
+    temporary = flwr_home is None
     home = flwr_home or Path(tempfile.mkdtemp(prefix="fedprivacy-flwr-"))
     home.mkdir(parents=True, exist_ok=True)
+    status_file = home / "fedprivacy-status.json"
+    status_file.unlink(missing_ok=True)
     cmd = flwr_command(app_dir=app, num_supernodes=num_supernodes, run_config=run_config,
-                       federation_config=federation_config)
+                       federation_config=federation_config, connection=connection)
     if echo:
         print("$ " + shlex.join(cmd), flush=True)
     start = time.monotonic()
     pipe = subprocess.PIPE if capture else None
-    env = flwr_env(home)
+    env = {**flwr_env(home), STATUS_ENV: str(status_file)}
     policy = _client_policy(app, run_config)
     if policy:  # the simulation fixes node_config: the clients read their floor from the environment
         env[ENV_VAR] = json.dumps(policy)
+    watchdog = Watchdog(home, remove=[home] if temporary else [])
+    output: str | None = None
+    returncode = -1
     try:
-        proc = subprocess.run(cmd, env=env, cwd=app, timeout=timeout, check=False, text=True,
-                              stdout=pipe, stderr=subprocess.STDOUT if capture else None)
+        # Own session: a terminal's Ctrl-C reaches only this launcher, which then stops everything once.
+        proc = subprocess.Popen(cmd, env=env, cwd=app, text=True, stdout=pipe,
+                                stderr=subprocess.STDOUT if capture else None, start_new_session=True,
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl only, no locks
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        returncode = proc.returncode
     finally:
+        status = read_status(status_file)
         stopped = stop_started_by(home)
-        if flwr_home is None:
+        if temporary:
             shutil.rmtree(home, ignore_errors=True)
-    return FlwrRunResult(returncode=proc.returncode, output=proc.stdout, seconds=time.monotonic() - start,
-                         stopped=tuple(stopped))
+        watchdog.close()
+    return FlwrRunResult(returncode=returncode, output=output, seconds=time.monotonic() - start,
+                         stopped=tuple(stopped), status=status)

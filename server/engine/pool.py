@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from server.engine._flwr_private import (
     log,
 )
 from server.engine.faults import InjectedClientFault
+from server.engine.processes import die_with_parent
 
 
 @dataclass(slots=True)
@@ -150,6 +152,10 @@ _WORKER_APP: ClientApp | None = None
 
 
 def _init_worker() -> None:
+    # A worker dies with the engine's process, even when that is SIGKILLed, and leaves Ctrl-C to it
+    # (the parent stops the pool once, instead of every worker printing a KeyboardInterrupt).
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Several workers on few cores: one native thread each avoids oversubscription.
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -1,0 +1,69 @@
+"""Check a run before anything starts (no SuperLink, no Ray, no client): the same refusals on every engine.
+
+:func:`preflight` is what ``fedprivacy simulate`` (both engines), ``scripts/flwr_local.py`` and
+``scripts/deployment_local.py`` call first. It refuses, with one :class:`fedprivacy.config.ConfigError`
+line that names the key, the rule, the value and the fix:
+
+* an override key that the app does not define (with "did you mean" and the list of valid keys),
+  instead of Flower's ``Key 'foo' is not present in the main dictionary`` or ``[code: 15]``;
+* a value :class:`fedprivacy.config.RunConfig` refuses (types, ranges, non-finite numbers,
+  combinations such as ``privacy='central'`` under ``secagg=true``);
+* what the number of clients decides (``target-delta`` < 1/N, ``cohort-size`` <= N);
+* a resumption that cannot be honoured: ``resume=true`` with no checkpoint under ``run-name``, or a
+  checkpoint whose population or accounting inputs differ (:func:`fedprivacy.fl.run.resume_checkpoint`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprivacy.config import ConfigError, RunConfig, unknown_key_message
+from server.engine._flwr_private import fuse_dicts
+from server.engine.appspec import AppSpec, absolute_output_dir, load_app_spec, parse_overrides
+
+__all__ = ["Preflight", "preflight"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preflight:
+    """A checked run: the app, the overrides to pass on (``output-dir`` made absolute), the fused
+    config Flower will build from them, and its validated :class:`RunConfig`."""
+
+    spec: AppSpec
+    overrides: dict[str, Any]
+    fused: dict[str, Any]
+    config: RunConfig
+
+
+def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
+              num_supernodes: int | None = None) -> Preflight:
+    """Validate ``run_config`` overrides for ``num_supernodes`` clients (None: unknown yet).
+
+    Raises:
+        ConfigError: one line naming the key, the rule, the value and how to fix it.
+        FileNotFoundError: ``app_dir`` has no ``pyproject.toml``.
+    """
+    spec = load_app_spec(app_dir)
+    try:
+        overrides = parse_overrides(run_config)
+    except ValueError as exc:
+        raise ConfigError(f"--run-config: {exc}") from exc
+    known = list(spec.default_config)
+    for key in overrides:
+        if key not in spec.default_config:
+            raise ConfigError(unknown_key_message(key, known))
+    fused = fuse_dicts(spec.default_config, overrides)
+    overrides = absolute_output_dir(overrides, fused)
+    fused = fuse_dicts(spec.default_config, overrides)
+    cfg = RunConfig.from_mapping(fused)
+    if num_supernodes is not None:
+        from fedprivacy.fl.privacy import check_population
+        from fedprivacy.fl.run import resume_checkpoint
+
+        check_population(cfg, population=num_supernodes)
+        if cfg.run_name:
+            resume_checkpoint(cfg, Path(cfg.output_dir) / cfg.run_name, population=num_supernodes)
+    return Preflight(spec=spec, overrides=overrides, fused=fused, config=cfg)

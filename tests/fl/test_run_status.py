@@ -1,0 +1,97 @@
+"""How a run ends and what it records: client-failure stops, refused and recorded resumptions, file modes.
+
+The same tiny numpy "model" as tests/fl/test_loop.py (no torch, no Flower).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from fedprivacy.config import ConfigError
+from fedprivacy.exit_codes import ExitCode, exit_code_for
+from fedprivacy.fl.run import run_federated
+from tests.fl.test_loop import N, _cfg, _exchange, _hooks, _Killed
+
+
+def _run(cfg, *, population: int = N, exchange=None, log=None):
+    lines: list[str] = []
+    res = run_federated(cfg, population=population, exchange=exchange or _exchange(), hooks=_hooks(),
+                        log=log or lines.append)
+    return res, lines
+
+
+def test_a_round_where_every_client_fails_stops_the_run_with_its_own_status(tmp_path: Path) -> None:
+    res, lines = _run(_cfg(tmp_path, **{"num-server-rounds": 4}), exchange=_exchange(fail=set(range(N))))
+    assert res["status"] == "clients-failed" and exit_code_for(res["status"]) == ExitCode.CLIENTS_FAILED
+    assert [r["round"] for r in res["rounds"]] == [1]
+    assert "12 of 12 sampled clients failed (every one of them)" in res["stopped"]
+    assert "boom" in res["stopped"] and "\n" not in res["stopped"]
+    assert any(line.startswith("clients-failed: 1 rounds") for line in lines)
+
+
+@pytest.mark.parametrize(("failing", "status"), [(6, "completed"), (7, "clients-failed")])
+def test_more_than_max_failed_fraction_stops_the_run(tmp_path: Path, failing: int, status: str) -> None:
+    # 6 of 12 is exactly one half (allowed by max-failed-fraction=0.5), 7 of 12 is more
+    res, _ = _run(_cfg(tmp_path, **{"num-server-rounds": 2}), exchange=_exchange(fail=set(range(failing))))
+    assert res["status"] == status
+    assert len(res["rounds"]) == (2 if status == "completed" else 1)
+
+
+def test_non_finite_updates_count_as_failures(tmp_path: Path) -> None:
+    res, _ = _run(_cfg(tmp_path, **{"num-server-rounds": 2, "max-failed-fraction": 0.0}),
+                  exchange=_exchange(poison={3}))
+    assert res["status"] == "clients-failed" and "client 3" in res["stopped"]
+
+
+def test_resume_of_a_missing_run_is_refused_naming_the_runs_there(tmp_path: Path) -> None:
+    _run(_cfg(tmp_path, **{"run-name": "real", "num-server-rounds": 1}))
+    with pytest.raises(ConfigError, match=r"run-name 'rael' has no checkpoint.*real.*resume=false"):
+        _run(_cfg(tmp_path, **{"run-name": "rael", "resume": True}))
+    assert not (tmp_path / "rael" / "results.json").exists()
+
+
+def test_resume_with_another_population_is_refused(tmp_path: Path) -> None:
+    def kill_after_round_1(line: str) -> None:
+        if line.startswith("round   1/"):
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **{"run-name": "cut"}), log=kill_after_round_1)
+    with pytest.raises(ConfigError, match=r"number of clients differs .*12 != 11.*--num-supernodes 12"):
+        _run(_cfg(tmp_path, **{"run-name": "cut", "resume": True}), population=N - 1)
+    with pytest.raises(ConfigError, match=r"accountant differs .*set accountant='rdp'"):
+        _run(_cfg(tmp_path, **{"run-name": "cut", "resume": True, "accountant": "pld"}))
+
+
+def test_a_resumed_run_says_so_in_results_and_report(tmp_path: Path) -> None:
+    def kill_after_round_2(line: str) -> None:
+        if line.startswith("round   2/"):
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **{"run-name": "cut"}), log=kill_after_round_2)
+    res, lines = _run(_cfg(tmp_path, **{"run-name": "cut", "resume": True}))
+    assert [r["after_round"] for r in res["resumed"]] == [2]
+    saved = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert saved["resumed"][0]["after_round"] == 2 and saved["status"] == "completed"
+    assert "Resumed after round 2" in (tmp_path / "cut" / "privacy_report.md").read_text()
+    assert any(line.startswith("resuming ") for line in lines)
+    fresh, _ = _run(_cfg(tmp_path, **{"run-name": "fresh"}))
+    assert fresh["resumed"] == []
+
+
+def test_outputs_are_readable_like_any_file_the_user_writes(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        _run(_cfg(tmp_path, **{"run-name": "m", "num-server-rounds": 1}))
+    finally:
+        os.umask(old)
+    files = [p for p in (tmp_path / "m").rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"results.json", "rounds.csv", "privacy_report.md",
+                                       "accuracy_epsilon.png", "state.json"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o644)}
