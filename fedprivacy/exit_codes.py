@@ -1,7 +1,7 @@
 """Exit codes of every fedprivacy entry point, and the status file a ServerApp leaves for its launcher.
 
-One table for ``fedprivacy simulate`` (both engines), ``scripts/flwr_local.py`` and
-``scripts/deployment_local.py``; the README ("Exit codes") repeats it. 0 means the run completed as
+One table for ``fedprivacy simulate`` (both engines) and the ``flwr run`` launchers
+(``scripts/flwr_local.py``); the README ("Exit codes") repeats it. 0 means the run completed as
 configured, and nothing else does:
 
 ====  ==================  ==========================================================================

@@ -1,7 +1,6 @@
 """The scripts' side of ``flwr run``: check first, name the run, launch, report the run's real exit code.
 
-``scripts/flwr_local.py`` (simulation) and ``scripts/deployment_local.py`` (Deployment Engine on
-loopback) are thin ``main()``s over :func:`launch_flwr`. Nothing is started for a configuration that
+``scripts/flwr_local.py`` (simulation) is a thin ``main()`` over :func:`launch_flwr`. Nothing is started for a configuration that
 :func:`server.engine.preflight.preflight` refuses (one line, exit code 2); Ctrl-C, SIGTERM and SIGHUP
 print one line and stop every process of the run (exit code 130).
 """

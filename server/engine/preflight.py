@@ -1,7 +1,7 @@
 """Check a run before anything starts (no SuperLink, no Ray, no client): the same refusals on every engine.
 
-:func:`preflight` is what ``fedprivacy simulate`` (both engines), ``scripts/flwr_local.py`` and
-``scripts/deployment_local.py`` call first. It refuses, with one :class:`fedprivacy.config.ConfigError`
+:func:`preflight` is what ``fedprivacy simulate`` (both engines) and ``scripts/flwr_local.py``
+call first. It refuses, with one :class:`fedprivacy.config.ConfigError`
 line that names the key, the rule, the value and the fix:
 
 * an override key that the app does not define (with "did you mean" and the list of valid keys),
