@@ -12,6 +12,7 @@ is at most the target: the result never overshoots.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from fedprivacy.accounting.accountant import epsilon_for
 from fedprivacy.accounting.events import Neighbouring, Sampling
@@ -52,14 +53,7 @@ def calibrate_noise_multiplier(
     Raises:
         ValueError: bad arguments, an unsupported combination, or no z in [1e-3, 1e4] meets the target.
     """
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, int | float):
-        raise TypeError(
-            f"target_epsilon must be a real number, got {type(target_epsilon).__name__}"
-        )
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ValueError(f"target_epsilon must be > 0 and finite, got {target_epsilon}")
-    if isinstance(rel_tol, bool) or not isinstance(rel_tol, int | float) or not 0 < rel_tol <= 1e-3:
-        raise ValueError(f"rel_tol must be in (0, 1e-3], got {rel_tol}")
+    _check_targets(target_epsilon, rel_tol)
 
     def eps(z: float) -> float:
         return epsilon_for(
@@ -72,8 +66,8 @@ def calibrate_noise_multiplier(
             sensitivity=sensitivity,
         )
 
-    # Bracket: grow hi until it meets the target, shrink lo until it does not. For the tight
-    # backends, RDP's (looser, cheap) answer is a good first guess for hi; it is verified like any other.
+    # For the tight backends, RDP's (looser, cheap) answer is a good first guess for hi; it is
+    # verified like any other.
     hi = 1.0
     if backend != "rdp":
         try:
@@ -89,31 +83,60 @@ def calibrate_noise_multiplier(
             )
         except ValueError:
             hi = 1.0  # RDP does not support this event; start from scratch
+    bracket = _bracket(eps, target_epsilon, hi, step=0.85 if backend != "rdp" else 0.5)
+    return _narrow(eps, target_epsilon, bracket, rel_tol=rel_tol)
+
+
+def _check_targets(target_epsilon: float, rel_tol: float) -> None:
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, int | float):
+        raise TypeError(
+            f"target_epsilon must be a real number, got {type(target_epsilon).__name__}"
+        )
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be > 0 and finite, got {target_epsilon}")
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, int | float) or not 0 < rel_tol <= 1e-3:
+        raise ValueError(f"rel_tol must be in (0, 1e-3], got {rel_tol}")
+
+
+_Bracket = tuple[float, float, float, float]  # lo, eps(lo), hi, eps(hi)
+
+
+def _bracket(eps: Callable[[float], float], target: float, hi: float, *, step: float) -> _Bracket:
+    """Grow ``hi`` until it meets the target, shrink ``lo`` until it does not.
+
+    Returns ``(lo, eps(lo), hi, eps(hi))`` with ``eps(hi) <= target < eps(lo)``, or ``lo == hi`` when
+    even ``_Z_MIN`` meets the target (then ``hi`` is the answer).
+    """
     e_hi = eps(hi)
-    while e_hi > target_epsilon:
+    while e_hi > target:
         if hi >= _Z_MAX:
             raise ValueError(
-                f"target_epsilon={target_epsilon:g} is not reachable with noise_multiplier <= {_Z_MAX:g}"
+                f"target_epsilon={target:g} is not reachable with noise_multiplier <= {_Z_MAX:g}"
             )
         hi *= 2.0
         e_hi = eps(hi)
-    step = 0.85 if backend != "rdp" else 0.5
     lo = hi * step
     e_lo = eps(lo)
-    while e_lo <= target_epsilon:
+    while e_lo <= target:
         hi, e_hi = lo, e_lo
         if lo <= _Z_MIN:
-            return hi
+            return hi, e_hi, hi, e_hi
         lo *= step
         e_lo = eps(lo)
-    # Invariant: eps(hi) <= target < eps(lo). Interpolate log(eps) linearly in log(z) and test a
-    # pair of points just either side of the guess: when they straddle the target we are done.
+    return lo, e_lo, hi, e_hi
+
+
+def _narrow(eps: Callable[[float], float], target: float, bracket: _Bracket, *, rel_tol: float) -> float:
+    """Narrow ``eps(hi) <= target < eps(lo)`` to ``hi / lo - 1 <= rel_tol``; returns ``hi``."""
+    lo, e_lo, hi, e_hi = bracket
+    # Interpolate log(eps) linearly in log(z) and test a pair of points just either side of the
+    # guess: when they straddle the target we are done.
     half = 0.45 * rel_tol
     for _ in range(4):
         if hi / lo - 1.0 <= rel_tol:
             return hi
-        f_lo = math.log(e_lo / target_epsilon)
-        f_hi = math.log(e_hi / target_epsilon) if e_hi > 0 else -math.inf
+        f_lo = math.log(e_lo / target)
+        f_hi = math.log(e_hi / target) if e_hi > 0 else -math.inf
         u_lo, u_hi = math.log(lo), math.log(hi)
         if not math.isfinite(f_hi) or f_lo == f_hi:
             break
@@ -122,14 +145,14 @@ def calibrate_noise_multiplier(
             if not lo < z < hi:
                 continue
             e = eps(z)
-            if e <= target_epsilon:
+            if e <= target:
                 hi, e_hi = z, e
             else:
                 lo, e_lo = z, e
     # Fallback (rarely needed): geometric bisection keeps the invariant.
     while hi / lo - 1.0 > rel_tol:
         mid = math.sqrt(lo * hi)
-        if eps(mid) <= target_epsilon:
+        if eps(mid) <= target:
             hi = mid
         else:
             lo = mid

@@ -329,10 +329,7 @@ def _train_dpsgd(
     cfg: DpsgdConfig,
 ) -> TrainResult:
     from opacus import GradSampleModule
-    from opacus.data_loader import CollateFnWithEmpty
     from opacus.validators import ModuleValidator
-    from torch.utils.data import DataLoader, TensorDataset
-    from torch.utils.data._utils.collate import default_collate
 
     x, y = _tensors(split)
     n = len(split)
@@ -355,34 +352,8 @@ def _train_dpsgd(
             expected_batch_size=int(n * sample_rate),
             loss_reduction="mean",
         )
-        loader = DataLoader(
-            TensorDataset(x, y),
-            batch_sampler=PoissonBatchSampler(
-                num_samples=n,
-                sample_rate=sample_rate,
-                steps=steps_per_epoch,
-                rng=rng,
-            ),
-            collate_fn=CollateFnWithEmpty(
-                default_collate,
-                sample_empty_shapes=[(0, *x.shape[1:]), (0,)],
-                dtypes=[x.dtype, y.dtype],
-            ),
-        )
-        loss_fn = nn.CrossEntropyLoss()
-        steps = 0
-        loss_sum, seen = 0.0, 0
-        for _ in range(epochs):
-            loss_sum, seen = 0.0, 0
-            for xb, yb in loader:
-                priv_opt.zero_grad(set_to_none=True)
-                loss = loss_fn(priv_model(xb), yb)
-                loss.backward()
-                priv_opt.step()
-                steps += 1
-                if len(yb):  # Poisson batches may be empty; they still add noise
-                    loss_sum += float(loss.detach()) * len(yb)
-                    seen += len(yb)
+        loader = _poisson_loader(x, y, sample_rate=sample_rate, steps=steps_per_epoch, rng=rng)
+        steps, loss_sum, seen = _dpsgd_epochs(priv_model, priv_opt, loader, epochs=epochs)
         priv_model.remove_hooks()
     model.load_state_dict(work.state_dict())
     eps: float | None = None
@@ -407,6 +378,46 @@ def _train_dpsgd(
         dpsgd_rng=rng.describe(),
         privacy_unit="example",
     )
+
+
+def _poisson_loader(
+    x: torch.Tensor, y: torch.Tensor, *, sample_rate: float, steps: int, rng: RandomSource
+) -> Any:
+    """A loader of ``steps`` Poisson batches (rate ``sample_rate``) drawn from ``rng``; empty ones kept."""
+    from opacus.data_loader import CollateFnWithEmpty
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data._utils.collate import default_collate
+
+    return DataLoader(
+        TensorDataset(x, y),
+        batch_sampler=PoissonBatchSampler(
+            num_samples=len(y), sample_rate=sample_rate, steps=steps, rng=rng
+        ),
+        collate_fn=CollateFnWithEmpty(
+            default_collate,
+            sample_empty_shapes=[(0, *x.shape[1:]), (0,)],
+            dtypes=[x.dtype, y.dtype],
+        ),
+    )
+
+
+def _dpsgd_epochs(priv_model: Any, priv_opt: Any, loader: Any, *, epochs: int) -> tuple[int, float, int]:
+    """Run ``epochs`` passes of DP-SGD; returns (steps, loss sum, examples) of the last epoch's loss."""
+    loss_fn = nn.CrossEntropyLoss()
+    steps = 0
+    loss_sum, seen = 0.0, 0
+    for _ in range(epochs):
+        loss_sum, seen = 0.0, 0
+        for xb, yb in loader:
+            priv_opt.zero_grad(set_to_none=True)
+            loss = loss_fn(priv_model(xb), yb)
+            loss.backward()
+            priv_opt.step()
+            steps += 1
+            if len(yb):  # Poisson batches may be empty; they still add noise
+                loss_sum += float(loss.detach()) * len(yb)
+                seen += len(yb)
+    return steps, loss_sum, seen
 
 
 @torch.no_grad()
