@@ -301,6 +301,19 @@ SECTIONS: Mapping[str, type] = MappingProxyType(
 )
 
 
+def default(key: str) -> Any:
+    """The library default of run-config key ``key`` (kebab- or snake-case), read from its section.
+
+    For copies of a default elsewhere (benchmark specs, attack targets) without building a config.
+    Raises ValueError naming the key if no section has it.
+    """
+    name = str(key).replace("-", "_")
+    for section in SECTIONS.values():
+        if name in section.__dataclass_fields__:  # type: ignore[attr-defined]
+            return _default(section, name)
+    raise ValueError(f"unknown run-config key {key!r}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """The resolved configuration of one run: the flat view of the typed sections.

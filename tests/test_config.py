@@ -195,3 +195,36 @@ def test_seed_modes() -> None:
 def test_to_mapping_round_trips(rounds: int, lr: float, q: float, sigma: float, seed: int) -> None:
     cfg = RunConfig(num_server_rounds=rounds, learning_rate=lr, sample_rate=q, noise_multiplier=sigma, seed=seed)
     assert RunConfig.from_mapping(cfg.to_mapping()) == cfg
+
+
+def test_default_reads_the_sections() -> None:
+    from fedprivacy.config import default
+
+    assert default("clip-norm") == RunConfig().clip_norm == PrivacyConfig().clip_norm
+    assert default("secagg_bits") == RunConfig().secagg_bits
+    with pytest.raises(ValueError, match="'num-rounds'"):
+        default("num-rounds")
+
+
+def test_copies_of_the_defaults_agree_with_the_run_config() -> None:
+    # The data layer's DataSpec is the source of the data defaults; the benchmark spec and the
+    # membership targets take the defaults they share with a run from the sections. Their other
+    # defaults are their own experiment settings (documented in their docstrings).
+    from fedprivacy.attacks.membership import FederatedTargetConfig
+    from fedprivacy.ml.partition import DataSpec
+    from fedprivacy_bench.spec import BenchSpec
+
+    shared = {
+        DataSpec: {"dataset": "dataset", "partitioner": "partitioner", "dirichlet_alpha": "dirichlet_alpha",
+                   "classes_per_partition": "classes_per_partition", "min_partition_size": "min_partition_size",
+                   "test_fraction": "test_fraction"},
+        BenchSpec: {"model": "model", "partitioner": "partitioner", "dirichlet_alpha": "dirichlet_alpha",
+                    "min_partition_size": "min_partition_size", "batch_size": "batch_size",
+                    "delta": "target_delta"},
+        FederatedTargetConfig: {"target_delta": "target_delta", "sample_rate": "sample_rate"},
+    }
+    lib = RunConfig()
+    for cls, names in shared.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for name, key in names.items():
+            assert defaults[name] == getattr(lib, key), f"{cls.__name__}.{name}"

@@ -32,6 +32,7 @@ import numpy as np
 from scipy import special, stats
 
 from fedprivacy.attacks.metrics import auc, roc_curve, tpr_at_fpr
+from fedprivacy.config import default
 
 __all__ = [
     "FederatedTargetConfig",
@@ -176,6 +177,11 @@ class FederatedTargetConfig:
 
     ``target_epsilon`` None trains without DP; otherwise central DP with the noise multiplier
     calibrated by the accountant to (target_epsilon, target_delta) over ``rounds`` rounds.
+
+    ``target_delta`` and ``sample_rate`` take the run config's defaults (``fedprivacy.config.default``).
+    The other defaults are this experiment's own, on purpose: a membership-inference target is a wide
+    model (``mlp-large``, 256 hidden units) trained long (15 local epochs, small batches) on few clients
+    so that it overfits and the attack has something to find; clip 1.0.
     """
 
     clients: int = 20
@@ -187,8 +193,8 @@ class FederatedTargetConfig:
     hidden_units: int = 256
     clip_norm: float = 1.0
     target_epsilon: float | None = None
-    target_delta: float = 1e-5
-    sample_rate: float = 1.0
+    target_delta: float = default("target_delta")
+    sample_rate: float = default("sample_rate")
 
     def __post_init__(self) -> None:
         if self.clients < 1 or self.rounds < 1 or self.local_epochs < 1:
