@@ -21,17 +21,26 @@ Partitioners (``partitioner=``):
 Every training index lands in exactly one partition; a configuration that would leave an example out
 or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
 splitting, not privacy noise) and cached per process: a simulation asks for partition i many times.
+
+It is also cached on disk (:mod:`fedprivacy.ml.diskcache`, issue 16), so that the next run and every
+worker process skip the partitioning (and, for the non-IID partitioners, flwr-datasets' import).
+The key hashes everything the result depends on: the :class:`DataSpec` fields, ``num_partitions``,
+the training labels (and groups) actually loaded, numpy's and flwr-datasets' versions and the file
+format. An entry is used only when its indices are a valid partition of the training split; anything
+else is recomputed and rewritten. Only indices are stored, never data.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fedprivacy.ml import diskcache
 from fedprivacy.ml.data import Split, dataset_entry, load_dataset
 
 __all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "DataSpec", "data_spec"]
@@ -94,8 +103,6 @@ def _partition_indices(
     if partitioner == "natural":
         return _natural_partition(groups, num_partitions)
 
-    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
-
     rng = np.random.Generator(np.random.PCG64(seed))
     if partitioner == "iid":
         # IidPartitioner gives partition i the i-th contiguous shard (``Dataset.shard(contiguous=True)``)
@@ -103,6 +110,10 @@ def _partition_indices(
         # against IidPartitioner); done in numpy because one ``shard`` per partition costs ~5 ms, 14 s
         # for Fashion-MNIST's 3000 clients in every process of a simulation.
         return list(np.array_split(rng.permutation(n).astype(np.int64), num_partitions))
+    # imported here, not above: flwr_datasets (datasets, pandas, matplotlib) costs ~2.7 s of CPU, which
+    # the default IID partitioning never needs (issue 16: command to the end of round 1)
+    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
+
     p: Any
     if partitioner == "dirichlet":
         if not alpha > 0:
@@ -287,18 +298,57 @@ def _splits(spec: DataSpec, num_partitions: int) -> tuple[Split, Split]:
     )
 
 
+_CACHE_FORMAT = b"fedprivacy/partitions/v1"
+
+
+def _partition_key(spec: DataSpec, num_partitions: int, partitioner: str, train: Split) -> str:
+    h = hashlib.sha256(_CACHE_FORMAT)
+    fields = (spec.dataset, spec.seed, spec.test_fraction, partitioner, spec.dirichlet_alpha,
+              spec.classes_per_partition, spec.min_partition_size, repr(spec.options), num_partitions,
+              np.__version__, diskcache.package_version("flwr-datasets")
+              if partitioner in ("dirichlet", "pathological") else "")
+    h.update(repr(fields).encode())
+    h.update(np.ascontiguousarray(train.y).tobytes())
+    if train.groups is not None:
+        h.update(b"groups" + np.ascontiguousarray(train.groups).tobytes())
+    return h.hexdigest()
+
+
+def _valid_partition(stored: dict[str, np.ndarray] | None, *, num_partitions: int,
+                     size: int) -> list[np.ndarray] | None:
+    """The partitions in a cache entry, if they are ``num_partitions`` disjoint index sets of ``size``."""
+    if stored is None or set(stored) != {"lengths", "flat"}:
+        return None
+    lengths, flat = stored["lengths"], stored["flat"]
+    if (lengths.shape != (num_partitions,) or lengths.dtype.kind not in "iu" or flat.ndim != 1
+            or flat.dtype.kind not in "iu" or int(lengths.sum()) != flat.size
+            or int(lengths.min(initial=0)) < 0
+            or (flat.size and (int(flat.min()) < 0 or int(flat.max()) >= size))
+            or np.unique(flat).size != flat.size):
+        return None
+    return [p.astype(np.int64) for p in np.split(flat, np.cumsum(lengths)[:-1])]
+
+
 @functools.lru_cache(maxsize=8)
 def _partitions_cached(spec: DataSpec, num_partitions: int) -> tuple[np.ndarray, ...]:
     train, _ = _splits(spec, num_partitions)
-    parts = partition(
-        train,
-        num_partitions=num_partitions,
-        partitioner="natural" if dataset_entry(spec.dataset).natural_partition else spec.partitioner,
-        seed=spec.seed,
-        alpha=spec.dirichlet_alpha,
-        classes_per_partition=spec.classes_per_partition,
-        min_partition_size=spec.min_partition_size,
-    )
+    partitioner = "natural" if dataset_entry(spec.dataset).natural_partition else spec.partitioner
+    key = _partition_key(spec, num_partitions, partitioner, train)
+    parts = _valid_partition(diskcache.read("partitions", key), num_partitions=num_partitions,
+                             size=len(train))
+    if parts is None:
+        parts = partition(
+            train,
+            num_partitions=num_partitions,
+            partitioner=partitioner,
+            seed=spec.seed,
+            alpha=spec.dirichlet_alpha,
+            classes_per_partition=spec.classes_per_partition,
+            min_partition_size=spec.min_partition_size,
+        )
+        diskcache.write("partitions", key, {
+            "lengths": np.array([len(p) for p in parts], dtype=np.int64),
+            "flat": np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)})
     for part in parts:
         part.setflags(write=False)
     return tuple(parts)
