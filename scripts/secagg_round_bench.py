@@ -6,12 +6,21 @@ same seed; "seconds per round" is the median over rounds 2..R (round 1 carries o
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
 secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP), both on
 the default actively secure schedule, and ``secure-semi`` / ``distributed-semi`` on the semi-honest one.
+
+Issue 16's ratios, printed as JSON at the end (from the rows of this one run):
+
+* ``distributed_over_central``: distributed DP + SecAgg round over the central-DP round (goal <= 2 on
+  digits);
+* secure-aggregation overhead per client, ``(secure - plain) / n`` and ``(distributed - central) / n``
+  seconds, over the crypto floor per client that ``scripts/secagg_bench.py`` measures primitive by
+  primitive (in this process, for the run's n, k, t and model size; goal <= 1.5).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -37,6 +46,10 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> 
            "model": model, "target-delta": min(1e-5, 0.1 / clients), **MODES[mode]}
     res = run_inprocess(run_config=cfg, num_supernodes=clients, app_dir=REPO, node_id_seed=1)
     saved = json.loads((out / mode / "results.json").read_text())
+    from fedprivacy.fl.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(out / mode / "checkpoint")
+    dim = int(sum(int(w.size) for w in ckpt.weights)) if ckpt is not None else None
     secs = [r["seconds"] for r in saved["rounds"]]
     steady = secs[1:] or secs
     exch = [(t, n, s) for t, n, s in res.stats.exchanges]
@@ -44,8 +57,43 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> 
         "mode": mode, "seconds_per_round": statistics.median(steady), "round_seconds": secs,
         "accuracy": saved["rounds"][-1]["test_accuracy"], "epsilon": saved["privacy"].get("epsilon"),
         "exchanges_per_round": saved["rounds"][-1].get("secagg_exchanges", 1),
-        "exchange_seconds": exch[-8:],
+        "exchange_seconds": exch[-8:], "dim": dim,
+        "client_cpu_seconds": res.stats.client_cpu_seconds,
     }
+
+
+def _floor(mode: str, *, clients: int, dim: int) -> dict[str, Any]:
+    """``scripts/secagg_bench.py``'s per-client floor for this run's n, k, t and d."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_secagg_bench", REPO / "scripts" / "secagg_bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(clients=clients, dim=dim, neighbours=0, bits=32, dropout=0.0,
+                              stage="masked", active=False)
+    return bench.measure_floor(mode, bench._params(args), 5)
+
+
+def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
+    """Issue 16's ratios from this run's rows (None where a mode did not run)."""
+    by = {r["mode"]: r for r in rows}
+    sec = {m: by[m]["seconds_per_round"] for m in by}
+    out: dict[str, Any] = {}
+    if "distributed" in sec and "central" in sec:
+        out["distributed_over_central (goal <= 2 on digits)"] = sec["distributed"] / sec["central"]
+    for secure, base, kind in (("secure", "plain", "none"), ("distributed", "central", "distributed"),
+                               ("secure-semi", "plain", "none"),
+                               ("distributed-semi", "central", "distributed")):
+        if secure in sec and base in sec and by[secure].get("dim"):
+            floor = _floor(kind, clients=clients, dim=by[secure]["dim"])
+            per_client = (sec[secure] - sec[base]) / clients
+            out[secure] = {"overhead_per_client_seconds": per_client,
+                           "floor_per_client_seconds": floor["floor"],
+                           "protocol_floor_per_client_seconds": floor["protocol_floor"],
+                           "overhead_over_floor (goal <= 1.5)": per_client / floor["floor"],
+                           "overhead_over_protocol_floor": per_client / floor["protocol_floor"]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:12s} {row['seconds_per_round']:.3f} s/round  accuracy {row['accuracy']:.4f}  "
                   f"ε {row['epsilon']}  exchanges/round {row['exchanges_per_round']}", flush=True)
     base = next((r["seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
-    summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model, "rows": rows,
-               "ratio_to_plain": {r["mode"]: (r["seconds_per_round"] / base if base else None) for r in rows}}
-    print(json.dumps(summary["ratio_to_plain"]))
+    summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model,
+               "load_at_end": os.getloadavg(), "rows": rows,
+               "ratio_to_plain": {r["mode"]: (r["seconds_per_round"] / base if base else None) for r in rows},
+               "goals": goals(rows, clients=args.clients)}
+    print(json.dumps({"ratio_to_plain": summary["ratio_to_plain"], "goals": summary["goals"]}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     return 0
