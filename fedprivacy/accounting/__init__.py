@@ -14,6 +14,7 @@ from fedprivacy.accounting.accountant import (
 from fedprivacy.accounting.backends import BACKENDS, get_backend, to_dp_event
 from fedprivacy.accounting.calibration import calibrate_noise_multiplier
 from fedprivacy.accounting.events import (
+    AccountedMechanism,
     DiscreteGaussianEvent,
     ExponentialEvent,
     FixedCohortSampling,
@@ -24,11 +25,13 @@ from fedprivacy.accounting.events import (
     PoissonSampling,
     PrivacyEvent,
     event_from_dict,
+    register_mechanism,
 )
 from fedprivacy.accounting.journal import ChargeJournal
 
 __all__ = [
     "BACKENDS",
+    "AccountedMechanism",
     "Accountant",
     "Budget",
     "ChargeJournal",
@@ -47,5 +50,6 @@ __all__ = [
     "epsilon_for",
     "event_from_dict",
     "get_backend",
+    "register_mechanism",
     "to_dp_event",
 ]

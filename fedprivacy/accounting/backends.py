@@ -56,6 +56,11 @@ computes such an adversary's epsilon, and the tests hold every backend to it.
   noise multiplier is converted here (``z/(2s)`` under replace-one). Counts are applied here by
   multiplying one release's RDP vector, never left to the library (it ignores ``count`` for some
   events, ANCHORS.md).
+* A mechanism registered with ``fedprivacy.accounting.events.register_mechanism`` (not one of the
+  four built-ins) carries its own conversion: ``rdp`` uses its ``rdp(orders, ...)`` curve (composed
+  additively, counts applied here), ``pld`` its ``pld(...)`` if it defines one; a backend refuses the
+  event, with the reason, when the mechanism gives it nothing for that sampling and neighbouring
+  (``prv`` always: it knows only the Poisson-sampled Gaussian).
 * ``prv``: the privacy random variable accountant of Gopi, Lee & Wutschitz 2021 (package
   ``prv_accountant``, imported lazily), reported as its upper bound; Poisson-subsampled Gaussian under
   add/remove only. ``prv_accountant`` composes only the "remove" direction, so the figure is the
@@ -80,6 +85,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from fedprivacy.accounting.events import (
+    BUILTIN_MECHANISMS,
     DiscreteGaussianEvent,
     ExponentialEvent,
     FixedCohortSampling,
@@ -99,6 +105,7 @@ __all__ = [
     "PrvBackend",
     "RdpBackend",
     "get_backend",
+    "is_builtin",
     "register_backend",
     "to_dp_event",
 ]
@@ -142,8 +149,13 @@ def to_dp_event(event: PrivacyEvent, neighbouring: Neighbouring | str) -> dp_eve
         base = dp_event.RandomizedResponseDpEvent(
             noise_parameter=_exponential_rr_parameter(mech.epsilon), num_buckets=2
         )
-    else:
+    elif isinstance(mech, DiscreteGaussianEvent):
         base = dp_event.ZCDpEvent(rho=mech.rho, xi=0.0)
+    else:
+        raise ValueError(
+            f"the registered mechanism {mech.kind!r} has no dp-accounting event; backends account it "
+            "through its own rdp() / pld()"
+        )
     if isinstance(sampling, PoissonSampling):
         single: dp_event.DpEvent = dp_event.PoissonSampledDpEvent(sampling.rate, base)
     elif isinstance(sampling, FixedCohortSampling):
@@ -171,7 +183,13 @@ class Backend(ABC):
                 "fixed-size cohort sampling (without replacement) is only analysed under "
                 "neighbouring=replace-one; use replace-one or Poisson sampling"
             )
+        if not is_builtin(event):
+            return self._registered_reason(event, neighbouring)
         return self._unsupported_reason(event, neighbouring)
+
+    def _registered_reason(self, event: PrivacyEvent, neighbouring: Neighbouring) -> str | None:
+        """Reason to refuse an event of a registered (non-built-in) mechanism; None if supported."""
+        return f"the {self.name} accountant cannot account the registered mechanism {event.mechanism.kind!r}"
 
     @abstractmethod
     def _unsupported_reason(
@@ -204,6 +222,32 @@ class Backend(ABC):
         for ev, count in runs[1:]:
             state = self.compose(state, self.run_state(ev, count, neighbouring))
         return self.epsilon(state, delta=delta)
+
+
+def is_builtin(event: PrivacyEvent) -> bool:
+    """True if the event's mechanism is one of the four built-ins (with dedicated backend code)."""
+    return type(event.mechanism) in BUILTIN_MECHANISMS
+
+
+def _registered_rdp(event: PrivacyEvent, orders: np.ndarray, neighbouring: Neighbouring) -> np.ndarray | None:
+    """The registered mechanism's own RDP curve of one release, checked; None if it has no bound."""
+    mech = event.mechanism
+    curve = mech.rdp(orders, neighbouring=neighbouring, sampling=event.sampling)  # type: ignore[union-attr]
+    if curve is None:
+        return None
+    values = np.asarray(curve, dtype=np.float64)
+    if values.shape != orders.shape or np.isnan(values).any() or (values < 0).any():
+        raise ValueError(
+            f"{mech.kind}.rdp must return {orders.size} non-negative values (one per order), got "
+            f"shape {values.shape}"
+        )
+    return values
+
+
+def _registered_pld(event: PrivacyEvent, neighbouring: Neighbouring) -> Any | None:
+    """The registered mechanism's own PLD of one release, or None (no ``pld`` or no bound)."""
+    make = getattr(event.mechanism, "pld", None)
+    return None if make is None else make(neighbouring=neighbouring, sampling=event.sampling)
 
 
 @functools.lru_cache(maxsize=64)
@@ -396,8 +440,25 @@ class PldBackend(Backend):
             return "Poisson-sampled Laplace is only accounted under add-remove"
         return None
 
+    def _registered_reason(self, event: PrivacyEvent, neighbouring: Neighbouring) -> str | None:
+        try:
+            pld = _registered_pld(event, neighbouring)
+        except (TypeError, ValueError, ArithmeticError) as exc:  # supports() never raises
+            return f"the registered mechanism {event.mechanism.kind!r} has no valid PLD: {exc}"
+        if pld is None:
+            return (
+                f"the pld accountant has no bound for the registered mechanism {event.mechanism.kind!r} "
+                f"with {event.sampling.describe()} (it gives no pld()); use accountant=rdp"
+            )
+        return None
+
     def run_state(self, event: PrivacyEvent, count: int, neighbouring: Neighbouring) -> Any:
         mech = event.mechanism
+        if not is_builtin(event):
+            pld = _registered_pld(event, neighbouring)
+            if pld is None:
+                raise ValueError(self.unsupported_reason(event, neighbouring) or "unsupported event")
+            return pld.self_compose(count)
         if isinstance(mech, GaussianEvent) and isinstance(event.sampling, NoSampling):
             # k Gaussian releases with ratio r compose exactly to one with ratio r / sqrt(k).
             r = mech.effective_noise_multiplier(neighbouring)
@@ -441,7 +502,24 @@ class RdpBackend(Backend):
             return f"the rdp accountant supports sampling only for the Gaussian, not {mech.kind}"
         return None
 
+    def _registered_reason(self, event: PrivacyEvent, neighbouring: Neighbouring) -> str | None:
+        try:
+            curve = _registered_rdp(event, self.orders, neighbouring)
+        except (TypeError, ValueError, ArithmeticError) as exc:  # supports() never raises
+            return f"the registered mechanism {event.mechanism.kind!r} has no valid RDP curve: {exc}"
+        if curve is None:
+            return (
+                f"the registered mechanism {event.mechanism.kind!r} gives no RDP bound with "
+                f"{event.sampling.describe()} under neighbouring={neighbouring.value}"
+            )
+        return None
+
     def run_state(self, event: PrivacyEvent, count: int, neighbouring: Neighbouring) -> Any:
+        if not is_builtin(event):
+            curve = _registered_rdp(event, self.orders, neighbouring)
+            if curve is None:
+                raise ValueError(self.unsupported_reason(event, neighbouring) or "unsupported event")
+            return curve * count  # RDP composes additively (Mironov 2017, Prop. 1)
         one = to_dp_event(event.with_count(1), neighbouring)
         relation = _to_relation(neighbouring)
         if isinstance(event.mechanism, ExponentialEvent):

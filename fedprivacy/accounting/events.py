@@ -19,6 +19,14 @@ the release is ``epsilon``-DP under the neighbouring relation of the accountant 
 
 All values are frozen, validated dataclasses and serialise to plain JSON dicts (``to_dict`` and
 ``event_from_dict``), so a ledger can be saved and restored exactly.
+
+The set of mechanisms is open, as in dp-accounting (an accountant asks the event what it is): a new
+mechanism is a frozen dataclass registered with :func:`register_mechanism` that carries its own
+conversion, :meth:`AccountedMechanism.rdp` (its Renyi-DP curve) and optionally
+:meth:`AccountedMechanism.pld` (its privacy loss distribution). A backend supports such an event when
+the mechanism gives it what it composes (``Backend.unsupported_reason`` walks the event: mechanism,
+sampling, neighbouring); otherwise the event is refused with a reason, never approximated. The four
+built-in mechanisms keep their dedicated (tighter or special-cased) code in the backends.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 __all__ = [
+    "AccountedMechanism",
     "DiscreteGaussianEvent",
     "ExponentialEvent",
     "FixedCohortSampling",
@@ -42,6 +51,7 @@ __all__ = [
     "PrivacyEvent",
     "Sampling",
     "event_from_dict",
+    "register_mechanism",
 ]
 
 
@@ -285,7 +295,32 @@ class DiscreteGaussianEvent:
         }
 
 
-Mechanism = GaussianEvent | LaplaceEvent | ExponentialEvent | DiscreteGaussianEvent
+@runtime_checkable
+class AccountedMechanism(Protocol):
+    """A mechanism outside the four built-ins: a frozen dataclass that states its own privacy.
+
+    ``kind`` names it in JSON (unique; :func:`register_mechanism`). ``rdp`` returns, for one release
+    without amplification claims beyond what it states, an upper bound on the Renyi divergence of
+    order ``alpha`` between the outputs on *both orders* of every neighbouring pair under
+    ``neighbouring``, for every order in ``orders`` (a bound for both orders is what adaptive
+    composition needs: Mironov 2017, Proposition 1); ``None`` if it has no bound for that
+    ``sampling`` or ``neighbouring``. The bound must hold at every order given, fractional ones
+    included (Renyi divergence is non-decreasing in the order, so a bound proven for integer orders
+    holds at ``ceil(alpha)``). ``pld`` (optional) returns a dp-accounting
+    ``PrivacyLossDistribution`` of one release that dominates both orders, or ``None``.
+    """
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def rdp(
+        self, orders: Any, *, neighbouring: Neighbouring, sampling: Sampling
+    ) -> Any | None: ...
+
+
+Mechanism = GaussianEvent | LaplaceEvent | ExponentialEvent | DiscreteGaussianEvent | AccountedMechanism
+BUILTIN_MECHANISMS: tuple[type, ...] = (GaussianEvent, LaplaceEvent, ExponentialEvent, DiscreteGaussianEvent)
 
 _MECHANISMS: dict[str, type] = {
     c.kind: c for c in (GaussianEvent, LaplaceEvent, ExponentialEvent, DiscreteGaussianEvent)
@@ -293,6 +328,27 @@ _MECHANISMS: dict[str, type] = {
 _SAMPLINGS: dict[str, type] = {
     c.kind: c for c in (NoSampling, PoissonSampling, FixedCohortSampling)
 }
+
+
+def register_mechanism(cls: type) -> type:
+    """Register a mechanism class (a decorator): events may carry it, ledgers restore it by ``kind``.
+
+    Raises:
+        TypeError: ``cls`` is not a frozen dataclass with a ``kind`` and an ``rdp`` method.
+        ValueError: its ``kind`` is empty or already registered.
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise TypeError(f"a mechanism must be a frozen dataclass, got {cls!r}")
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{cls.__name__}.kind must be a non-empty str, got {kind!r}")
+    if kind in _MECHANISMS:
+        raise ValueError(f"mechanism kind {kind!r} is already registered")
+    if not callable(getattr(cls, "rdp", None)) or not callable(getattr(cls, "to_dict", None)):
+        raise TypeError(f"{cls.__name__} must define rdp(orders, *, neighbouring, sampling) and to_dict()")
+    _MECHANISMS[kind] = cls
+    return cls
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,10 +365,12 @@ class PrivacyEvent:
     count: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mechanism, tuple(_MECHANISMS.values())):
+        registered = _MECHANISMS.get(str(getattr(self.mechanism, "kind", "")))
+        if registered is None or not isinstance(self.mechanism, registered):
             raise TypeError(
-                "mechanism must be a GaussianEvent, LaplaceEvent, ExponentialEvent or "
-                f"DiscreteGaussianEvent, got {type(self.mechanism).__name__}"
+                "mechanism must be a GaussianEvent, LaplaceEvent, ExponentialEvent, "
+                "DiscreteGaussianEvent or a class registered with register_mechanism, got "
+                f"{type(self.mechanism).__name__}"
             )
         if not isinstance(self.sampling, tuple(_SAMPLINGS.values())):
             raise TypeError(
