@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -80,14 +81,22 @@ def _run_config(spec: dict[str, Any], out_dir: str) -> dict[str, Any]:
     return cfg
 
 
+_ROUND_LINE = re.compile(r"\s*round\s+\d+/\d+")  # a round's log line ("round   1/5  accuracy ...")
+
+
 class _Round1Timer(logging.Handler):
+    """When round 1 ended (wall clock), and this process's CPU seconds at every round's log line."""
+
     def __init__(self) -> None:
         super().__init__()
         self.at: float | None = None
+        self.cpu_marks: list[float] = [time.process_time()]
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.at is None and "round   1/" in record.getMessage():
-            self.at = time.time()
+        if _ROUND_LINE.match(record.getMessage()):
+            self.cpu_marks.append(time.process_time())
+            if self.at is None:
+                self.at = time.time()
 
 
 def _app_dir(spec: dict[str, Any]) -> Path:
@@ -146,6 +155,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                     paired = _loop(spec, _run_config(spec, tempfile.mkdtemp()))
                 result["paired_loop_round_seconds"] = paired["round_seconds"]
                 result["paired_loop_train_seconds"] = paired["train_seconds"]
+                result["paired_loop_round_cpu_seconds"] = paired["round_cpu_seconds"]
         else:
             from server.engine import run_flower_simulation
 
@@ -160,6 +170,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         result["test_accuracy"] = [float(r["test_accuracy"]) for r in rows]
         if timer.at is not None:
             result["command_to_round1_seconds"] = timer.at - float(spec["t0"])
+        # CPU seconds of this process per round (w=1: server and clients; load-robust, unlike wall)
+        marks = timer.cpu_marks
+        result["round_cpu_seconds"] = [b - a for a, b in zip(marks, marks[1:], strict=False)]
     result["peak_memory_mb"] = mem.stop()
     return result
 
@@ -187,8 +200,10 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(1)  # cohort choice only (benchmark, not privacy noise)
     round_s, train_s, acc = [], [], []
     t_round1 = None
+    round_cpu: list[float] = []
     for rnd in range(1, spec["rounds"] + 1):
         t0 = time.perf_counter()
+        c0 = time.process_time()
         cohort = sorted(rng.choice(n, size=spec["cohort"], replace=False).tolist())
         instr = RoundInstructions(
             round=rnd,
@@ -210,12 +225,14 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
         weights = [w + m.astype(w.dtype) for w, m in zip(weights, mean, strict=True)]
         _, a = task.evaluate_weights(cfg, weights, test, num_classes=num_classes)
         round_s.append(time.perf_counter() - t0)
+        round_cpu.append(time.process_time() - c0)
         train_s.append(t1 - t0)
         acc.append(a)
         if t_round1 is None:
             t_round1 = time.time()
     return {
         "round_seconds": round_s,
+        "round_cpu_seconds": round_cpu,
         "train_seconds": train_s,
         "test_accuracy": acc,
         "command_to_round1_seconds": (t_round1 or 0.0) - float(spec["t0"]),
@@ -308,6 +325,10 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if pl_round and pl_train and eng_train and r["steady_round_seconds"]:
             r["ratio_vs_paired_loop"] = r["steady_round_seconds"] / pl_round
             r["train_ratio_vs_paired_loop"] = eng_train / pl_train
+        r["steady_round_cpu_seconds"] = _steady(r.get("round_cpu_seconds"))
+        pl_cpu = _steady(r.get("paired_loop_round_cpu_seconds"))
+        if pl_cpu and r["steady_round_cpu_seconds"] and r.get("workers", 1) == 1:
+            r["cpu_ratio_vs_paired_loop"] = r["steady_round_cpu_seconds"] / pl_cpu
         base = loops.get((r.get("tree"), r.get("model"), r.get("population")))
         if base and r.get("steady_round_seconds") and base.get("steady_round_seconds"):
             r["ratio_vs_loop"] = r["steady_round_seconds"] / base["steady_round_seconds"]
@@ -336,6 +357,7 @@ def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
             g[model] = {
                 "engine_over_loop_paired (goal <= 1.3)": w1 and w1.get("ratio_vs_paired_loop"),
                 "engine_over_loop_separate": w1 and w1.get("ratio_vs_loop"),
+                "engine_over_loop_paired_cpu (load-robust)": w1 and w1.get("cpu_ratio_vs_paired_loop"),
                 "flower_over_engine (goal >= 8)": (fl and w1 and fl.get("steady_round_seconds")
                                                    and w1.get("steady_round_seconds")
                                                    and fl["steady_round_seconds"] / w1["steady_round_seconds"]),
@@ -467,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{'kind':8} {'model':5} {'pop':>6} {'cohort':>6} {'w':>2} {'privacy':11} "
-        f"{'round s':>8} {'train s':>8} {'x loop':>7} {'to r1 s':>8} {'peak MB':>8}"
+        f"{'round s':>8} {'train s':>8} {'x loop':>7} {'x pair':>7} {'to r1 s':>8} {'peak MB':>8}"
     )
     for r in rows:
         if "error" in r:
