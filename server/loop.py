@@ -106,11 +106,13 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> Ex
     return exchange
 
 
-def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str], None] = print,
+               **seams: Any) -> dict[str, Any]:
     """Validate the config, discover partitions, run all rounds; returns the results dict.
 
     The privacy mode picks the round it needs from the transport: one train message per client, or
-    the four stages of secure aggregation (``secagg = true``).
+    the four stages of secure aggregation (``secagg = true``). ``seams`` go to
+    :class:`fedprivacy.fl.run.FederatedRun` (e.g. ``callbacks=``).
     """
     from server.secagg_exchange import GridSecureTransport
 
@@ -118,4 +120,4 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str]
     nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
     transport = Transport(exchange=make_exchange(grid, nodes, timeout=cfg.client_timeout),
                           secure=GridSecureTransport(grid, nodes, timeout=cfg.client_timeout))
-    return run_federated(cfg, population=len(nodes), transport=transport, log=log)
+    return run_federated(cfg, population=len(nodes), transport=transport, log=log, **seams)

@@ -34,6 +34,7 @@ from fedprivacy.dp.adaptive_clipping import (
     update_noise_multiplier,
 )
 from fedprivacy.fl.aggregation import PlainAggregator
+from fedprivacy.fl.charging import before_release
 from fedprivacy.fl.types import ClipRoundInfo, Exchange, RoundInstructions, RoundOutcome
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class AdaptiveClipRound:
                  rng: RandomSource) -> RoundOutcome:
         c = self.estimator.clip_norm
         updates, failures = self.exchange(dataclasses.replace(instr, clip_norm=c), cohort, weights)
+        before_release()  # write-ahead charge (issue 11) before the noised sum and count exist
         agg = PlainAggregator(clip_norm=c, noise_std=self.spec.update_noise_multiplier * c).aggregate(
             updates, like=weights, denominator=self.denominator, rng=rng)
         first: dict[int, Any] = {}

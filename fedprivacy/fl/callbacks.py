@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.events import PrivacyEvent
     from fedprivacy.fl.run import FederatedRun, RunResult
     from fedprivacy.fl.types import RoundRecord
 
@@ -24,6 +25,13 @@ class RunCallback:
 
     def on_run_start(self, run: FederatedRun) -> None:
         """After set-up, before round 1 (or the first resumed round)."""
+
+    def on_charged(self, run: FederatedRun, round: int, event: PrivacyEvent) -> None:
+        """The round's release is charged (on disk, when the run has a folder) and not yet released."""
+
+    def on_released(self, run: FederatedRun, round: int, event: PrivacyEvent | None) -> None:
+        """The round's release happened (unmasked, noised, sent; ``event`` is what was charged for it,
+        None without DP); not yet applied or checkpointed."""
 
     def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
         """After a round: its release is charged, the model updated, the record complete."""

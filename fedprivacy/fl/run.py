@@ -16,16 +16,18 @@ Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placeme
    target-delta)``, stop cleanly and say so;
 2. sample partition ids with ``RandomSource(...).child("server", r)`` exactly as the plan reports;
 3. run the round (clients train, clip, maybe noise; the aggregate is summed, maybe noised, divided by
-   the fixed denominator);
-4. :meth:`FederatedRun.charge_before_release`: spend the event that really ran (``RoundOutcome.event``
-   overrides the plan, e.g. distributed DP with the survivors' noise) before the aggregate is applied
-   or shown to anyone;
+   the fixed denominator). At the round's release point (:mod:`fedprivacy.fl.charging`: before the
+   unmask requests, the server's noise, or the clients' noised updates) the event is charged through
+   the write-ahead journal (``<run dir>/privacy-journal.jsonl``, fsync'd) before anything can be seen;
+4. :meth:`FederatedRun.charge_before_release`: the fallback charge for a round function without a
+   release point, and a check that what ran (``RoundOutcome.event``) is what was charged;
 5. the server optimizer updates the global model; central evaluation; the round's record;
 6. callbacks (checkpoint, console line).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -54,13 +56,17 @@ from fedprivacy.fl.types import (
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.accounting.journal import ChargeJournal
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.checkpoint import Checkpoint
 
-__all__ = ["RESUMABLE_CHANGES", "FederatedRun", "RunResult", "check_resume", "missing_run_message",
-           "resume_checkpoint",
-           "resolve_run_dir", "run_federated"]
+__all__ = ["JOURNAL_NAME", "RESUMABLE_CHANGES", "FederatedRun", "RunResult", "check_resume",
+           "missing_run_message", "resume_checkpoint", "resolve_run_dir", "run_federated"]
+
+#: The write-ahead journal of a run's charges, in its run folder (issue 11).
+JOURNAL_NAME = "privacy-journal.jsonl"
 
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
@@ -208,6 +214,8 @@ class FederatedRun:
         self._transport, self._round_fn = transport, round_fn
         self.plan: PrivacyPlan | None = None
         self.accountant: Accountant | None = None
+        self.journal: ChargeJournal | None = None
+        self._round_charge: PrivacyEvent | None = None
         self.weights: list[np.ndarray] = []
         self.records: list[RoundRecord] = []
         self.next_round = 1
@@ -246,6 +254,7 @@ class FederatedRun:
             self._resume(ckpt)
         else:
             self.accountant = make_accountant(cfg, plan)
+            self._open_journal(checkpointed=None)
         self.log(f"fedprivacy: {self.population} clients, {cfg.num_server_rounds} rounds, "
                  f"dataset={cfg.dataset}, model={cfg.model}, output={self.run_dir}")
         self.log(plan.describe())
@@ -274,6 +283,7 @@ class FederatedRun:
             if ckpt.ledger_path is None:
                 raise ValueError(f"checkpoint in {self.run_dir}/checkpoint has no privacy ledger")
             self.accountant = Accountant.load(ckpt.ledger_path)
+            self._open_journal(checkpointed=self.accountant)
         if self.dpsgd is not None:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
@@ -284,6 +294,74 @@ class FederatedRun:
                         {"after_round": ckpt.round, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
         self.log(f"resuming {self.run_dir} after round {ckpt.round} (population, sampling, privacy, "
                  "accountant and data settings checked against the checkpoint)")
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The write-ahead journal of the run's charges (``<run dir>/privacy-journal.jsonl``)."""
+        return None if self.run_dir is None else self.run_dir / JOURNAL_NAME
+
+    def _open_journal(self, *, checkpointed: Accountant | None) -> None:
+        """Create the write-ahead journal, or recover it and reconcile it with the checkpoint.
+
+        The journal is the authority: every charge in it stays (a round charged and then cut off by a
+        crash may have been seen), so the resumed ledger is the journal's, which must extend the
+        checkpoint's. A journal without a checkpoint (killed before round 1 was checkpointed) needs
+        ``resume = true``, like a checkpoint does.
+        """
+        from fedprivacy.accounting.journal import ChargeJournal
+
+        path = self.journal_path
+        if self.accountant is None or path is None:
+            return
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.journal = ChargeJournal.create(path, self.accountant)
+            return
+        if checkpointed is None and not self.cfg.resume:
+            from fedprivacy.errors import ConfigError
+
+            raise ConfigError(
+                f"run-name {self.cfg.run_name!r}: {self.run_dir} holds the privacy journal of a run that "
+                "was charged and did not checkpoint; set resume=true to continue it (its charges stay) "
+                "or choose another run-name")
+        journal = ChargeJournal.recover(path)
+        fresh = {k: v for k, v in self.accountant.to_json().items() if k != "entries"}
+        saved = {k: v for k, v in journal.accountant.to_json().items() if k != "entries"}
+        if fresh != saved:
+            raise ValueError(f"privacy journal {path} was written for another accountant ({saved}); "
+                             f"this run has {fresh}")
+        kept = [e.to_dict() for e in journal.accountant.ledger]
+        if checkpointed is not None:
+            ckpt_entries = [e.to_dict() for e in checkpointed.ledger]
+            if kept[: len(ckpt_entries)] != ckpt_entries:
+                raise ValueError(f"privacy journal {path} does not extend the checkpoint's ledger: "
+                                 "refusing to resume with either")
+        if journal.unfinished_rounds:
+            self.log(f"privacy journal: rounds {list(journal.unfinished_rounds)} were charged and did not "
+                     "finish; their charges stay (their release may have been seen)")
+        self.journal = journal
+        self.accountant = journal.accountant
+
+    def _spend(self, event: PrivacyEvent, rnd: int) -> None:
+        """The charge itself: on disk first when the run has a journal (then in the ledger)."""
+        assert self.accountant is not None
+        if self.journal is not None:
+            self.journal.charge(event, round=rnd)
+        else:
+            self.accountant.spend(event, round=rnd)
+
+    def _charge_hook(self, rnd: int, event: PrivacyEvent | None) -> None:
+        """:func:`fedprivacy.fl.charging.before_release` of round ``rnd`` (once per round)."""
+        if self._round_charge is not None:
+            return
+        assert self.plan is not None
+        ev = event if event is not None else self.plan.event
+        if self.accountant is None or ev is None:
+            return
+        self._spend(ev, rnd)
+        self._round_charge = ev
+        for cb in self.callbacks:
+            cb.on_charged(self, rnd, ev)
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """State beyond weights and ledger that a resumed run needs (DP-SGD ledgers, optimizer)."""
@@ -314,9 +392,22 @@ class FederatedRun:
         rng = self.root.child("server", rnd)
         cohort = sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling"))
         assert self._round_fn is not None
-        outcome = self._round_fn(self._instructions(rnd), cohort, self.weights, rng.child("aggregate"))
+        from fedprivacy.accounting.accountant import PrivacyBudgetExhausted
+        from fedprivacy.fl.charging import charging
+
+        self._round_charge = None
+        try:
+            with charging(functools.partial(self._charge_hook, rnd)):
+                outcome = self._round_fn(self._instructions(rnd), cohort, self.weights,
+                                         rng.child("aggregate"))
+        except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
+            self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
+            return None
         if not self.charge_before_release(rnd, outcome):
             return None
+        if outcome.aborted is None:
+            for cb in self.callbacks:
+                cb.on_released(self, rnd, self._round_charge)
         after_release = getattr(self._round_fn, "after_release", None)
         if after_release is not None:  # round state that follows released values only
             after_release(outcome)
@@ -327,6 +418,8 @@ class FederatedRun:
         for cb in self.callbacks:
             cb.on_round_end(self, record)
         self._check_failures(rnd, cohort, outcome)
+        if self.journal is not None:
+            self.journal.mark_completed(rnd)
         return record
 
     def _check_failures(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome) -> None:
@@ -372,18 +465,25 @@ class FederatedRun:
             num_classes=hooks.num_classes, seed=cfg.seed)
 
     def charge_before_release(self, rnd: int, outcome: RoundOutcome) -> bool:
-        """Spend the round's privacy cost before its aggregate is applied, saved or shown.
+        """Make sure the round's release is charged before its aggregate is applied, saved or shown.
 
-        The one place a release is charged: the event that really ran (``outcome.event``, else the
-        plan's). An aborted round released nothing and is not charged. Returns False when the event
-        exceeds the budget (a round function that reports an event worse than the plan's worst case:
-        the aggregate is discarded, never applied or published). The write-ahead ledger of issue 11
-        (charge on disk first) belongs here, and, for secure rounds, at the point ``SecureRound``
-        marks before its unmask stage.
+        The round function normally charged already, durably, at its release point
+        (:mod:`fedprivacy.fl.charging`: before the unmask requests, before the server's noise,
+        before the clients' noised updates). A round function that has no release point (a custom
+        ``round_fn``) is charged here, with the event that really ran (``outcome.event``, else the
+        plan's), before anything it produced is applied or shown. If the outcome reports an event
+        other than the one charged, that one is charged too: never less than what was released. A
+        round that aborted before its release point released nothing and spends nothing; one that
+        aborted after it keeps its charge. Returns False when a charge exceeds the budget (the
+        aggregate is then discarded, never applied or published).
         """
-        if outcome.aborted is not None:  # secagg: nothing released, nothing spent, model unchanged
-            self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {outcome.aborted}; nothing "
-                     "released, no ε spent, global model unchanged")
+        if outcome.aborted is not None:  # secagg: nothing released, model unchanged
+            if self._round_charge is not None:
+                self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED after its release was "
+                         f"charged: {outcome.aborted}; the charge stays, global model unchanged")
+            else:
+                self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {outcome.aborted}; "
+                         "nothing released, no ε spent, global model unchanged")
             return True
         if self.accountant is None:
             return True
@@ -391,8 +491,17 @@ class FederatedRun:
 
         assert self.plan is not None
         event = outcome.event if outcome.event is not None else self.plan.event
+        assert event is not None  # a plan with an accountant has an event
         try:
-            self.accountant.spend(event, round=rnd)  # type: ignore[arg-type]
+            if self._round_charge is None:
+                self._spend(event, rnd)
+                self._round_charge = event
+                for cb in self.callbacks:
+                    cb.on_charged(self, rnd, event)
+            elif outcome.event is not None and outcome.event != self._round_charge:
+                self.log(f"round {rnd}: released {outcome.event} differs from the charged "
+                         f"{self._round_charge}; charging it as well")
+                self._spend(outcome.event, rnd)
         except PrivacyBudgetExhausted as exc:
             self._stop(f"round {rnd} discarded, its event exceeds the budget: {exc}")
             return False
@@ -502,7 +611,9 @@ def resume_checkpoint(cfg: RunConfig, run_dir: Path, *, population: int) -> Chec
 
     ckpt = load_checkpoint(run_dir / "checkpoint") if (run_dir / "checkpoint").exists() else None
     if ckpt is None:
-        if cfg.resume:
+        # A privacy journal without a checkpoint: killed after round 1 was charged, before it was
+        # checkpointed; resume=true continues it from round 1 with that charge kept.
+        if cfg.resume and not (run_dir / JOURNAL_NAME).exists():
             raise ConfigError(missing_run_message(run_dir))
         return None
     if not cfg.resume:

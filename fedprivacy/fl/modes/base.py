@@ -61,12 +61,26 @@ class PrivacyMode(Protocol):
         ...
 
 
-def plain_round(exchange: Exchange, aggregator: Aggregator, *, denominator: float) -> RoundFn:
-    """A round = one exchange of train messages, then aggregation in the clear (or with server noise)."""
+def plain_round(exchange: Exchange, aggregator: Aggregator, *, denominator: float,
+                release: str = "aggregate") -> RoundFn:
+    """A round = one exchange of train messages, then aggregation in the clear (or with server noise).
+
+    ``release`` is where what the round releases first becomes observable, where the write-ahead
+    charge happens (:func:`fedprivacy.fl.charging.before_release`): ``"aggregate"`` (the server's
+    noised aggregate: central, none) or ``"exchange"`` (each client's noised update: local).
+    """
+    from fedprivacy.fl.charging import before_release
+
+    if release not in ("aggregate", "exchange"):
+        raise ValueError(f"release must be 'aggregate' or 'exchange', got {release!r}")
 
     def run(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
             rng: RandomSource) -> RoundOutcome:
+        if release == "exchange":
+            before_release()
         updates, failures = exchange(instr, cohort, weights)
+        if release == "aggregate":
+            before_release()
         agg = aggregator.aggregate(updates, like=weights, denominator=denominator, rng=rng)
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=tuple(updates))
 

@@ -156,7 +156,9 @@ class LocalMode(_GaussianMode):
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
         agg = aggregator or PlainAggregator(clip_norm=0.0, noise_std=0.0)
-        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
+        # The clients' noised updates are the release: charge before the train messages go out.
+        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator,
+                           release="exchange")
 
 
 def _adaptive_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from fedprivacy.fl.charging import before_release
 from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
 from fedprivacy.fl.types import (
     AggregateResult,
@@ -219,8 +220,9 @@ class SecureRound:
         if server.setup.active:  # every survivor signs the one view before anyone reveals a share
             views = self._stage("consistency", ureqs, progress, round=rnd)
             ureqs = server.receive_consistency(list(views.values()))
-        # accounting (issue 11): the survivors (server.u3) and hence the round's event are known here,
-        # before the unmask requests go out: a write-ahead charge of the release belongs at this point.
+        # The survivors (server.u3) and hence the round's event are known here, before the unmask
+        # requests go out: the write-ahead charge of the release (issue 11; raises on the budget).
+        before_release(self._event(enc, len(server.u3), progress.info())[0])
         unm = self._unmask(instr, ureqs, progress, dim=enc.padded_dim)
         return server.receive_unmask(list(unm.values())), updates
 

@@ -1,0 +1,78 @@
+"""Write-ahead charging (issue 11): a real run SIGKILLed at each point of a round, then resumed.
+
+Each case runs ``tests/fl/kill_run.py`` (the real ServerApp glue and ClientApp on the in-process
+engine) in a subprocess that kills itself with SIGKILL at one point of round 2: after the charge and
+before the release, after the release and before the checkpoint, after the checkpoint. A second
+process resumes the run (``resume = true``) to the end. Every release of both processes is logged by
+the child before it can die; the resumed run's ε must be at least the composition of all of them,
+and a charge is never refunded.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedprivacy.accounting import Accountant, ChargeJournal, event_from_dict
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("kill_run.py")
+ROUNDS, KILL_ROUND = 3, 2
+
+MODES: dict[str, dict[str, Any]] = {
+    "central": {"privacy": "central", "secagg": False, "accountant": "pld", "sample-rate": 0.5,
+                "noise-multiplier": 1.1},
+    "distributed": {"privacy": "distributed", "secagg": True, "accountant": "rdp",
+                    "target-delta": 1e-3},
+}
+
+
+def _child(run_config: dict[str, Any], log: Path, *fault: str) -> int:
+    proc = subprocess.run([sys.executable, str(CHILD), json.dumps(run_config), str(log), *fault],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.returncode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["charged", "released", "checkpointed"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: str, point: str) -> None:
+    # Arrange
+    cfg = {"num-server-rounds": ROUNDS, "seed": 11, "local-epochs": 1, "dataset": "digits",
+           "client-timeout": 30.0, "output-dir": str(tmp_path), "run-name": "k", **MODES[mode]}
+    log = tmp_path / "releases.jsonl"
+    # Act: killed at `point` of round 2, then resumed to the end
+    assert _child(cfg, log, point, str(KILL_ROUND)) == -signal.SIGKILL
+    assert _child({**cfg, "resume": True}, log) == 0
+    # Assert
+    notes = [json.loads(line) for line in log.read_text().splitlines()]
+    released = [n for n in notes if "released" in n]
+    charged = [n["charged"] for n in notes if "charged" in n]
+    first = notes[0]["pid"]
+    released_first = [n["released"] for n in released if n["pid"] == first]
+    expected_first = {"charged": [1], "released": [1, 2], "checkpointed": [1, 2]}[point]
+    assert released_first == expected_first
+    # The resumed run repeats every round after the last checkpoint; nothing charged is refunded.
+    resumed_from = KILL_ROUND if point == "checkpointed" else KILL_ROUND - 1
+    assert [n["released"] for n in released if n["pid"] != first] == list(range(resumed_from + 1, ROUNDS + 1))
+    assert charged == [1, 2] + list(range(resumed_from + 1, ROUNDS + 1))
+    journal = ChargeJournal.recover(tmp_path / "k" / "privacy-journal.jsonl")
+    assert list(journal.charged_rounds) == charged
+    results = json.loads((tmp_path / "k" / "results.json").read_text())
+    eps = results["privacy"]["epsilon"]
+    assert eps == pytest.approx(journal.accountant.epsilon(delta=results["privacy"]["delta"]), rel=1e-12)
+    # The printed ε is at least the composition of everything that was released, by either process.
+    of_releases = Accountant(backend=journal.accountant.backend, neighbouring=journal.accountant.neighbouring)
+    for n in released:
+        of_releases.spend(event_from_dict(n["event"]))
+    assert eps >= of_releases.epsilon(delta=results["privacy"]["delta"]) - 1e-12
+    if point == "charged":  # charged, never released: paid all the same
+        assert len(charged) == len(released) + 1
