@@ -267,6 +267,8 @@ class RunOptions:
     resume: bool = False
     client_timeout: float = 120.0
     max_failed_fraction: float = 0.5
+    # per-round participation counts in the published outputs of central mode (issue 11)
+    publish_participation: bool = False
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -381,6 +383,7 @@ class RunConfig:
     resume: bool = _default(RunOptions, "resume")
     client_timeout: float = _default(RunOptions, "client_timeout")
     max_failed_fraction: float = _default(RunOptions, "max_failed_fraction")
+    publish_participation: bool = _default(RunOptions, "publish_participation")
 
     def __post_init__(self) -> None:
         self._sections()  # every section: the types and the per-key checks

@@ -27,7 +27,7 @@ def privacy_report_md(results: dict[str, Any]) -> str:
     if p.get("adaptive_clip"):  # ---- adaptive clipping (fedprivacy/fl/adaptive_clip.py)
         lines += _adaptive_clip_section(p["adaptive_clip"], results.get("rounds", []))
     if dp:  # a run without DP claims nothing: no coverage, trust or accountant boilerplate
-        lines += ["## What ε covers", ""] + _covers(p.get("mode"))
+        lines += ["## What ε covers", ""] + _covers(p.get("mode")) + _accounting_section(p)
     lines += _run_section(results)
     return "\n".join(lines)
 
@@ -137,6 +137,24 @@ def _covers(mode: str | None) -> list[str]:
         "accountant's composition theorem, and a secure source of randomness (see Randomness).",
         "",
     ]
+
+
+def _accounting_section(p: dict[str, Any]) -> list[str]:
+    """Participation counts and the write-ahead journal (issue 11), when the run has them."""
+    out: list[str] = []
+    part = p.get("participation")
+    if part:
+        state = "published" if part.get("published") else "not published"
+        out.append(f"- Participation counts ({state}; not covered by ε): {part.get('note', '')}.")
+    wal = p.get("write_ahead")
+    if wal:
+        line = (f"- Charged before release: every round's charge was on disk (`{wal.get('journal')}`) "
+                "before anything of the round could be seen.")
+        if wal.get("unfinished_rounds"):
+            line += (f" Rounds {wal['unfinished_rounds']} were charged and cut off (a crash); their "
+                     "charges stay in ε, and their repetitions were charged again.")
+        out.append(line)
+    return out + ([""] if out else [])
 
 
 def _run_section(results: dict[str, Any]) -> list[str]:

@@ -54,9 +54,11 @@ class ConsoleCallback(RunCallback):
         sample_level = ""
         if record.dpsgd is not None and record.dpsgd.epsilon is not None:
             sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
+        clients = (f"clients {record.clients_aggregated}/{record.clients_sampled}"
+                   if run.publishes_participation else "clients (private)")
         self.log(f"round {record.round:3d}/{run.cfg.num_server_rounds}  accuracy {record.test_accuracy:.4f}  "
-                 f"loss {record.test_loss:.4f}  ε {_fmt_eps(record.epsilon)}  clients "
-                 f"{record.clients_aggregated}/{record.clients_sampled}  {record.seconds:.2f}s{sample_level}")
+                 f"loss {record.test_loss:.4f}  ε {_fmt_eps(record.epsilon)}  {clients}  "
+                 f"{record.seconds:.2f}s{sample_level}")
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         acc = f"{result.records[-1].test_accuracy:.4f}" if result.records else "n/a"

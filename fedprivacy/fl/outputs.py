@@ -32,11 +32,13 @@ def clean_json(obj: Any) -> Any:
 
 
 def rounds_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as CSV; a field no row carries (participation counts kept private) is left out."""
+    fields = [k for k in ROUND_FIELDS if not rows or any(k in row for row in rows)]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(ROUND_FIELDS), extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in ROUND_FIELDS})
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
     return buf.getvalue()
 
 

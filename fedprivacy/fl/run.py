@@ -28,7 +28,9 @@ Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placeme
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,11 +64,15 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.checkpoint import Checkpoint
 
-__all__ = ["JOURNAL_NAME", "RESUMABLE_CHANGES", "FederatedRun", "RunResult", "check_resume",
-           "missing_run_message", "resume_checkpoint", "resolve_run_dir", "run_federated"]
+__all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedRun", "RunResult",
+           "check_resume", "missing_run_message", "read_participation", "resume_checkpoint",
+           "resolve_run_dir", "run_federated"]
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
+#: The private server log of per-round client counts, in ``<run dir>/private/`` (issue 11).
+PARTICIPATION_LOG = "participation.jsonl"
+PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
 
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
@@ -413,6 +419,7 @@ class FederatedRun:
             after_release(outcome)
         self.weights = self.server_optimizer.step(self.weights, outcome.aggregate.mean_update)
         record = self._record(rnd, cohort, outcome, t0)
+        self._log_participation(record)
         self.records.append(record)
         self.next_round = rnd + 1
         for cb in self.callbacks:
@@ -546,6 +553,53 @@ class FederatedRun:
             pass
         return self.finish()
 
+    @property
+    def publishes_participation(self) -> bool:
+        """Whether the published outputs carry per-round client counts (issue 11).
+
+        Not in central mode by default: with client sampling the number of clients in a round is
+        itself a disclosure (at N = 10, q = 0.5 a full cohort has probability ~1e-3, far above δ) that
+        the ε does not cover. The counts then go only to the private server log
+        (:data:`PARTICIPATION_LOG`). ``publish-participation = true`` publishes them, uncovered.
+        """
+        return self.cfg.privacy != "central" or self.cfg.publish_participation
+
+    def _log_participation(self, record: RoundRecord) -> None:
+        """Append the round's counts to ``<run dir>/private/participation.jsonl`` (owner-only)."""
+        if self.run_dir is None:
+            return
+        folder = self.run_dir / "private"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        line = json.dumps({"round": record.round, "clients_sampled": record.clients_sampled,
+                           "clients_aggregated": record.clients_aggregated}) + "\n"
+        fd = os.open(folder / PARTICIPATION_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+
+    def _published_rows(self) -> list[dict[str, Any]]:
+        rows = [r.to_json() for r in self.records]
+        if not self.publishes_participation:
+            for row in rows:
+                for key in PARTICIPATION_KEYS:
+                    row.pop(key, None)
+        return rows
+
+    def _participation_block(self) -> dict[str, Any]:
+        if self.cfg.privacy != "central":
+            return {"published": True, "covered_by_epsilon": False,
+                    "note": "who takes part is seen by the server in this mode and not covered by ε"}
+        if self.cfg.publish_participation:
+            return {"published": True, "covered_by_epsilon": False,
+                    "note": "publish-participation=true: per-round client counts are in the outputs and "
+                            "are NOT covered by ε (with sampling they disclose who took part)"}
+        return {"published": False, "covered_by_epsilon": False,
+                "private_log": f"private/{PARTICIPATION_LOG}",
+                "note": "per-round client counts are left out of the published outputs (they would "
+                        "disclose participation, which ε does not cover); the server keeps them in its "
+                        "private log"}
+
     def _results(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
         assert plan is not None
@@ -557,14 +611,34 @@ class FederatedRun:
             "config": cfg.to_mapping(),
             "resolved": {"noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated,
                          "denominator": plan.denominator, "population": plan.population},
-            "rounds": [r.to_json() for r in self.records],
+            "rounds": self._published_rows(),
             "privacy": self.mode.summary(cfg, plan, self.records, accountant=self.accountant,
                                          rng=self.root),
             "seconds": time.perf_counter() - self._started,
         }
+        if self.accountant is not None:
+            results["privacy"]["participation"] = self._participation_block()
+        if self.journal is not None:
+            results["privacy"]["write_ahead"] = {
+                "journal": JOURNAL_NAME, "charged_rounds": list(self.journal.charged_rounds),
+                "unfinished_rounds": list(self.journal.unfinished_rounds),
+                "note": "every charge was on disk before its release; a round charged and cut off by a "
+                        "crash stays charged, and its repetition is charged again",
+            }
         if self.dpsgd is not None:
             results["dpsgd"] = self.dpsgd.summary()
         return results
+
+
+def read_participation(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The private per-round client counts of a run (``<run dir>/private/participation.jsonl``).
+
+    For the server operator (and tests): these are left out of the published outputs of central mode.
+    """
+    path = Path(run_dir) / "private" / PARTICIPATION_LOG
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def run_federated(cfg: RunConfig, *, population: int, round_fn: RoundFn | None = None,

@@ -129,8 +129,13 @@ def local_training(
         if cfg.dpsgd
         else None
     )
+    # DP-SGD's noise and Poisson batches come from fedprivacy's RandomSource (issue 11): a fresh
+    # secure source in a secure run, the round's seed only in the seeded research mode.
+    from fedprivacy.dp.rng import RandomSource
+
+    rng = RandomSource.seeded(seed) if instructions.seed >= 0 else RandomSource.secure()
     res = train_local(model, split, epochs=instructions.local_epochs, lr=instructions.learning_rate,
-                      batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd)
+                      batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd, rng=rng)
     n = int(res.num_examples)
     steps = int(res.steps) if cfg.dpsgd else None
     rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from fedprivacy.accounting import epsilon_for
+from fedprivacy.fl.run import read_participation
 from server.engine import flower
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -
     assert "round   1/2" in log and "ε" in log
     results = json.loads((out / "sim" / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2]
-    assert results["population"] == 10 and results["rounds"][-1]["clients_sampled"] == 10
+    assert results["population"] == 10  # central mode: the counts are in the server's private log
+    assert read_participation(out / "sim")[-1]["clients_sampled"] == 10
     # central DP, q = 1 (no sampling), sigma = 1, PLD: the same number `fedprivacy epsilon` gives
     ref = epsilon_for(noise_multiplier=1.0, sample_rate=1.0, steps=2, delta=1e-5)
     assert results["privacy"]["epsilon"] == pytest.approx(ref, abs=1e-6)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fedprivacy.fl.run import read_participation
 from server.engine import FaultPlan, FaultRule, run_flwr, run_inprocess
 from server.engine.appspec import config_string
 from server.engine.cli import simulate
@@ -51,9 +52,12 @@ def _config(tmp_path: Path, name: str, **extra: Any) -> dict[str, Any]:
 
 
 def _rows(results_path: Path | str | None) -> list[dict[str, Any]]:
+    """The published rows, joined with the server's private participation counts (central mode
+    keeps them out of results.json)."""
     assert results_path is not None, "the ServerApp wrote no results.json"
     rows = json.loads(Path(results_path).read_text())["rounds"]
-    return [{k: r.get(k) for k in _COMPARED} for r in rows]
+    counts = {c["round"]: c for c in read_participation(Path(results_path).parent)}
+    return [{k: {**r, **counts.get(r["round"], {})}.get(k) for k in _COMPARED} for r in rows]
 
 
 def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) -> None:

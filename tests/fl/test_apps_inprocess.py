@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedprivacy.fl.run import read_participation
 from server.engine import run_inprocess
 from server.engine.faults import FaultPlan, FaultRule
 
@@ -38,7 +39,9 @@ def test_round_survives_a_crashed_and_a_timed_out_client(tmp_path: Path) -> None
     # Assert
     saved = json.loads((tmp_path / "faults" / "results.json").read_text())
     assert result.results_path is not None
-    rounds = saved["rounds"]
+    # central mode: the counts are in the server's private log, not in the published results
+    assert "clients_sampled" not in saved["rounds"][0] and not saved["privacy"]["participation"]["published"]
+    rounds = read_participation(tmp_path / "faults")
     assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(6, 5), (6, 5)]
     # the fixed denominator makes leaving clients out free: ε is that of 2 full Gaussian rounds
     from fedprivacy.accounting import epsilon_for

@@ -18,7 +18,7 @@ from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
-from fedprivacy.fl.run import run_federated
+from fedprivacy.fl.run import read_participation, run_federated
 from fedprivacy.fl.types import ClientUpdate, ModelHooks
 
 N = 12
@@ -66,6 +66,12 @@ def _cfg(tmp_path: Path, **kw) -> RunConfig:
     return RunConfig.from_mapping(base)
 
 
+def _private(res: dict, run_dir: Path) -> list[dict]:
+    """The published rows joined with the private counts (same rounds, same order)."""
+    counts = {r["round"]: r for r in read_participation(run_dir)}
+    return [{**row, **counts[row["round"]]} for row in res["rounds"]]
+
+
 def _run(cfg: RunConfig, lines: list[str] | None = None, **kw):
     sink = lines if lines is not None else []
     return run_federated(cfg, population=N, exchange=kw.pop("exchange", _exchange()), hooks=_hooks(),
@@ -86,10 +92,18 @@ def test_central_epsilon_equals_epsilon_for_and_outputs_are_written(tmp_path: Pa
     saved = json.loads((run_dir / "results.json").read_text())
     assert saved["privacy"]["epsilon"] == pytest.approx(res["rounds"][-1]["epsilon"], abs=1e-12)
     assert saved["privacy"]["rng_mode"] == "seeded" and saved["config"]["sample-rate"] == 0.5
-    assert set(saved["rounds"][0]) >= {"round", "clients_sampled", "clients_aggregated", "train_loss",
-                                       "test_loss", "test_accuracy", "epsilon", "delta", "seconds"}
+    assert set(saved["rounds"][0]) >= {"round", "train_loss", "test_loss", "test_accuracy", "epsilon",
+                                       "delta", "seconds"}
+    # central mode: participation counts are private (issue 11): not in results.json, rounds.csv or
+    # the console, only in the server's private log (owner-only); the report says so
+    assert not {"clients_sampled", "clients_aggregated"} & set(saved["rounds"][0])
+    assert saved["privacy"]["participation"]["published"] is False
+    assert [r["clients_sampled"] for r in read_participation(run_dir)] == [r["clients_sampled"]
+                                                                          for r in _private(res, run_dir)]
+    assert (run_dir / "private" / "participation.jsonl").stat().st_mode & 0o077 == 0
     rows = list(csv.DictReader((run_dir / "rounds.csv").open()))
-    assert [int(r["round"]) for r in rows] == [1, 2]
+    assert [int(r["round"]) for r in rows] == [1, 2] and "clients_sampled" not in rows[0]
+    assert all("clients (private)" in line for line in lines if line.startswith("round "))
     assert (run_dir / "accuracy_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (run_dir / "privacy_report.md").read_text()
     assert "Seeded research mode" in report and "add-remove" in report and "poisson(q=0.5" in report
@@ -110,8 +124,11 @@ def test_budget_stops_cleanly_before_the_round_that_would_overspend(tmp_path: Pa
 
 def test_nan_update_is_left_out_logged_and_accounting_unchanged(tmp_path: Path) -> None:
     lines: list[str] = []
-    res = _run(_cfg(tmp_path, **{"num-server-rounds": 2}), lines, exchange=_exchange(poison={3}, fail={5}))
-    assert all(r["clients_sampled"] == N and r["clients_aggregated"] == N - 2 for r in res["rounds"])
+    res = _run(_cfg(tmp_path, **{"num-server-rounds": 2, "run-name": "nan"}), lines,
+               exchange=_exchange(poison={3}, fail={5}))
+    counts = read_participation(tmp_path / "nan")
+    assert len(counts) == 2
+    assert all(r["clients_sampled"] == N and r["clients_aggregated"] == N - 2 for r in counts)
     assert any("client 3 left out" in line and "NaN" in line for line in lines)
     assert any("client 5 left out" in line and "boom" in line for line in lines)
     ref = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=2, delta=1e-5, backend="rdp")

@@ -68,11 +68,14 @@ def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: s
     assert list(journal.charged_rounds) == charged
     results = json.loads((tmp_path / "k" / "results.json").read_text())
     eps = results["privacy"]["epsilon"]
-    assert eps == pytest.approx(journal.accountant.epsilon(delta=results["privacy"]["delta"]), rel=1e-12)
+    # The printed figure is the ledger's (central) or above it, slack included (distributed).
+    assert eps >= journal.accountant.epsilon(delta=results["privacy"]["delta"]) * (1 - 1e-9)
     # The printed ε is at least the composition of everything that was released, by either process.
     of_releases = Accountant(backend=journal.accountant.backend, neighbouring=journal.accountant.neighbouring)
     for n in released:
         of_releases.spend(event_from_dict(n["event"]))
-    assert eps >= of_releases.epsilon(delta=results["privacy"]["delta"]) - 1e-12
+    assert eps >= of_releases.epsilon(delta=results["privacy"]["delta"]) * (1 - 1e-9)
     if point == "charged":  # charged, never released: paid all the same
         assert len(charged) == len(released) + 1
+    if mode == "distributed" and point != "checkpointed":  # the cut-off round is re-accounted too
+        assert results["privacy"]["distributed"]["charged_without_record"] == 1

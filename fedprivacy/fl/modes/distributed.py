@@ -148,7 +148,8 @@ class DistributedMode:
         block = privacy_block(cfg, plan, accountant, rng)
         if accountant is not None:
             block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
-                                             records, epsilon=block["epsilon"], plan=plan))
+                                             records, epsilon=block["epsilon"], plan=plan,
+                                             charged=accountant.steps))
             audiences = block["distributed"]["audiences"]
             if audiences is not None:  # the figure with every slack term (the ledger's is below it)
                 block["epsilon"] = audiences[cfg.privacy_audience]["epsilon"]
@@ -157,13 +158,17 @@ class DistributedMode:
 
 
 def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
-                        epsilon: float | None, plan: PrivacyPlan | None = None) -> dict[str, Any]:
+                        epsilon: float | None, plan: PrivacyPlan | None = None,
+                        charged: int | None = None) -> dict[str, Any]:
     """The noise the survivors really left, both audiences' ε, and central DP with the same σ.
 
     Each completed round is re-accounted from its survivor count (and roster) with
     :func:`fedprivacy.accounting.distributed.audience_epsilons`; the central references are the PLD
     of the continuous Gaussian ``σ = z C`` on the same completed rounds, without sampling and with
-    the sampling that ran.
+    the sampling that ran. ``charged`` is the number of releases the ledger holds: a round that was
+    charged and has no completed record (a crash after its charge, issue 11's write-ahead ledger; or
+    an abort after it) may have been released, so it is re-accounted too, as the worst case (``t``
+    survivors of the largest roster the sampling allows): never refunded.
     """
     from fedprivacy.accounting.accountant import epsilon_for
     from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
@@ -182,6 +187,10 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
             exact = ddp.xnoise
             rels = [ddp.release(roster=int(s.roster or s.survivors or t),
                                 survivors=int(s.survivors or t)) for _, s in done]
+            cut_off = max(0, (charged or 0) - len(done))
+            if cut_off:
+                largest = cfg.cohort_size if cfg.sampling == "fixed" else plan.population
+                rels += [ddp.release(roster=max(t, int(largest)), survivors=t)] * cut_off
             sampling = sampling_object(cfg, plan.population)
             eps = audience_epsilons(rels, delta=cfg.target_delta, sampling=sampling,
                                     neighbouring=cfg.neighbouring, backend=cfg.accountant)
@@ -203,6 +212,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
         "survivors_per_round": [int(s.survivors or 0) for _, s in done],
         "noise_std_of_sum_per_round": [s.noise_std_sum for _, s in done],
         "aborted_rounds": [r.round for r in records if r.aborted],
+        "charged_without_record": max(0, (charged or 0) - len(done)),
         "ledger_epsilon": epsilon,
         "audiences": audiences,
         "central_dp_epsilon_same_sigma": central,
