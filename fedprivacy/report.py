@@ -27,7 +27,7 @@ def privacy_report_md(results: dict[str, Any]) -> str:
     if p.get("adaptive_clip"):  # ---- adaptive clipping (fedprivacy/fl/adaptive_clip.py)
         lines += _adaptive_clip_section(p["adaptive_clip"], results.get("rounds", []))
     if dp:  # a run without DP claims nothing: no coverage, trust or accountant boilerplate
-        lines += ["## What ε covers", ""] + _covers(p.get("mode")) + _accounting_section(p)
+        lines += ["## What ε covers", ""] + _covers(p.get("mode"), _colluders(p)) + _accounting_section(p)
     lines += _run_section(results)
     return "\n".join(lines)
 
@@ -65,6 +65,8 @@ def _claim(p: dict[str, Any]) -> list[str]:
         f"| Rounds accounted | {p['rounds']} |",
         f"| Accountant | {p['accountant']} |",
         f"| **ε** | **{_fmt(p['epsilon'], '.6g')}** |",
+        *([f"| Colluding clients assumed | {_colluders(p)} (ε is computed for at most that many clients "
+           "colluding with the server; their noise is not counted) |"] if _colluders(p) is not None else []),
         f"| δ | {_fmt(p['delta'], 'g')} |",
         f"| Budget | {p.get('budget') or 'none'} |",
         f"| Randomness | {p['rng']} |",
@@ -117,8 +119,9 @@ _COVERS: dict[str, list[str]] = {
         "- Covers: the sequence of released global models, against the server and everyone else: "
         "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
         "noise (secure aggregation, threshold t).",
-        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that no "
-        "client colludes with it (corrupted = 0); see docs/SECAGG.md.",
+        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that at "
+        "most {colluders} clients collude with it (the ε above is computed for exactly that many "
+        "colluders, whose noise is not counted); see docs/SECAGG.md.",
         "- Does not cover: who took part or survived in a round, and timing. No amplification by "
         "client sampling is claimed. Aborted rounds release nothing and spend nothing.",
     ],
@@ -131,8 +134,17 @@ _COVERS: dict[str, list[str]] = {
 }
 
 
-def _covers(mode: str | None) -> list[str]:
-    return _COVERS.get(str(mode), ["- Nothing: no differential privacy in this run."]) + [
+def _colluders(p: dict[str, Any]) -> int | None:
+    """The colluder count the distributed ε was computed under (None outside distributed mode)."""
+    aud = (p.get("distributed") or {}).get("audiences") or {}
+    if "server" in aud:
+        return int(aud["server"].get("colluders", 0))
+    return None
+
+
+def _covers(mode: str | None, colluders: int | None = None) -> list[str]:
+    lines = _COVERS.get(str(mode), ["- Nothing: no differential privacy in this run."])
+    return [line.replace("{colluders}", str(colluders or 0)) for line in lines] + [
         "- Assumes: the listed clip norm is enforced (the server re-clips in central mode), the "
         "accountant's composition theorem, and a secure source of randomness (see Randomness).",
         "",
