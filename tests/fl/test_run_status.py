@@ -91,7 +91,11 @@ def test_outputs_are_readable_like_any_file_the_user_writes(tmp_path: Path) -> N
         _run(_cfg(tmp_path, **{"run-name": "m", "num-server-rounds": 1}))
     finally:
         os.umask(old)
-    files = [p for p in (tmp_path / "m").rglob("*") if p.is_file()]
+    run_dir = tmp_path / "m"
+    files = [p for p in run_dir.rglob("*") if p.is_file() and "private" not in p.relative_to(run_dir).parts]
     assert {p.name for p in files} >= {"results.json", "rounds.csv", "privacy_report.md",
                                        "accuracy_epsilon.png", "state.json"}
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o644)}
+    # except the server's private log (central mode: participation counts, issue 11): owner-only
+    private = [p for p in run_dir.rglob("*") if p.is_file() and p not in files]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in private} <= {oct(0o600)}

@@ -1,7 +1,8 @@
 """Write-ahead charging (issue 11): a real run SIGKILLed at each point of a round, then resumed.
 
 Each case runs ``tests/fl/kill_run.py`` (the real ServerApp glue and ClientApp on the in-process
-engine) in a subprocess that kills itself with SIGKILL at one point of round 2: after the charge and
+engine) in a subprocess that kills itself with SIGKILL at one point of round 2 (and once of round 1,
+before any checkpoint exists): after the charge and
 before the release, after the release and before the checkpoint, after the checkpoint. A second
 process resumes the run (``resume = true``) to the end. Every release of both processes is logged by
 the child before it can die; the resumed run's ε must be at least the composition of all of them,
@@ -41,16 +42,21 @@ def _child(run_config: dict[str, Any], log: Path, *fault: str) -> int:
     return proc.returncode
 
 
+CASES = [(mode, point, KILL_ROUND) for mode in sorted(MODES)
+         for point in ("charged", "released", "checkpointed")]
+CASES.append(("central", "charged", 1))  # killed before the first checkpoint: only the journal is left
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["charged", "released", "checkpointed"])
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: str, point: str) -> None:
+@pytest.mark.parametrize(("mode", "point", "kill_round"), CASES)
+def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: str, point: str,
+                                                         kill_round: int) -> None:
     # Arrange
     cfg = {"num-server-rounds": ROUNDS, "seed": 11, "local-epochs": 1, "dataset": "digits",
            "client-timeout": 30.0, "output-dir": str(tmp_path), "run-name": "k", **MODES[mode]}
     log = tmp_path / "releases.jsonl"
     # Act: killed at `point` of round 2, then resumed to the end
-    assert _child(cfg, log, point, str(KILL_ROUND)) == -signal.SIGKILL
+    assert _child(cfg, log, point, str(kill_round)) == -signal.SIGKILL
     assert _child({**cfg, "resume": True}, log) == 0
     # Assert
     notes = [json.loads(line) for line in log.read_text().splitlines()]
@@ -58,12 +64,11 @@ def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: s
     charged = [n["charged"] for n in notes if "charged" in n]
     first = notes[0]["pid"]
     released_first = [n["released"] for n in released if n["pid"] == first]
-    expected_first = {"charged": [1], "released": [1, 2], "checkpointed": [1, 2]}[point]
-    assert released_first == expected_first
+    assert released_first == list(range(1, kill_round)) + ([kill_round] if point != "charged" else [])
     # The resumed run repeats every round after the last checkpoint; nothing charged is refunded.
-    resumed_from = KILL_ROUND if point == "checkpointed" else KILL_ROUND - 1
+    resumed_from = kill_round if point == "checkpointed" else kill_round - 1
     assert [n["released"] for n in released if n["pid"] != first] == list(range(resumed_from + 1, ROUNDS + 1))
-    assert charged == [1, 2] + list(range(resumed_from + 1, ROUNDS + 1))
+    assert charged == list(range(1, kill_round + 1)) + list(range(resumed_from + 1, ROUNDS + 1))
     journal = ChargeJournal.recover(tmp_path / "k" / "privacy-journal.jsonl")
     assert list(journal.charged_rounds) == charged
     results = json.loads((tmp_path / "k" / "results.json").read_text())
