@@ -74,7 +74,8 @@ def secagg_advertise(msg: Message, context: Context) -> Message:
 def secagg_share(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
-    return secagg_handlers.share(msg, context)
+    cfg, _, _ = _node(context)
+    return secagg_handlers.share(msg, context, cfg=cfg, policy=_policy(context))
 
 
 @app.train("secagg_masked")

@@ -1,17 +1,18 @@
 """The ClientApp's secure-aggregation stages: decode -> one :mod:`fedprivacy.fl.secure` step -> encode.
 
-Where the client's secrets live between a round's four exchanges: in the node's ``context.state``
-(a ``secagg-session`` ConfigRecord of :func:`fedprivacy.fl.secure.export_session` fields), through
-:class:`fedprivacy.fl.secure.ExportedSessionStore`. Why not a per-process store keyed by
+Where the client's secrets live between a round's exchanges: in the node's ``context.state`` (one
+``secagg-session/<round>`` ConfigRecord of :func:`fedprivacy.fl.secure.export_session` fields per live
+round, and the encoding the client accepted at its share stage in ``secagg-session-encoding/<round>``),
+through :class:`fedprivacy.fl.secure.ExportedSessionStore`. Why not a per-process store keyed by
 ``(run_id, node_id)``: Flower's simulation runs ClientApps in several Ray actors (processes) and the
-Deployment Engine may start a ClientApp process per message, so a node's four messages of one round
-can reach four different processes (measured: ``flwr run`` with 2 actors fails with a per-process
-store). ``context.state`` is the one piece of client memory every engine carries from one message of
-a node to the next, and it stays on the client side: the SuperNode (or the simulation's node state)
-keeps it and hands it to the node's ClientApp process; it is never sent to the SuperLink/server.
-The record holds private keys, the self-mask seed and held shares until the unmask stage deletes it
-(a new round's advertise stage overwrites it); it is never logged, put in metrics or written to disk
-by fedprivacy (Flower keeps node state in memory).
+Deployment Engine may start a ClientApp process per message, so a node's messages of one round can
+reach different processes (measured: ``flwr run`` with 2 actors fails with a per-process store).
+``context.state`` is the one piece of client memory every engine carries from one message of a node
+to the next, and it stays on the client side: the SuperNode (or the simulation's node state) keeps it
+and hands it to the node's ClientApp process; it is never sent to the SuperLink/server. The record
+holds private keys, the self-mask seed, the XNoise seeds and held shares until the unmask stage
+deletes it (an advertise stage forgets the sessions of rounds before the previous one); it is never
+logged, put in metrics or written to disk by fedprivacy (Flower keeps node state in memory).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fedprivacy.fl.secure import (
     client_share,
     client_unmask,
 )
+from fedprivacy.fl.types import RoundInstructions
 from fedprivacy.secagg.protocol import RoundLog
 from fedprivacy_flwr import codec
 from fedprivacy_flwr.secagg_records import from_records, to_records
@@ -68,9 +70,13 @@ def advertise(msg: Message, context: Context, *, partition_id: int, policy: Clie
     return _reply(msg, "advertise", _advertise(context, setup, partition_id=partition_id, policy=policy))
 
 
-def share(msg: Message, context: Context) -> Message:
+def share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPolicy) -> Message:
+    """Stage 2: the client checks the encoding against its own floor before it shares anything."""
     request = from_records(msg.content, stage="share")
-    return _reply(msg, "share", client_share(_store(context), _key(context), request))
+    encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding", ConfigRecord)))
+    instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config", ConfigRecord)))
+    return _reply(msg, "share", client_share(_store(context), _key(context), request, encoding=encoding,
+                                             instructions=instr, cfg=cfg, policy=policy))
 
 
 def consistency(msg: Message, context: Context) -> Message:
@@ -81,9 +87,8 @@ def consistency(msg: Message, context: Context) -> Message:
 def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int,
            policy: ClientPolicy) -> Message:
     request = from_records(msg.content, stage="masked")
-    encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding", ConfigRecord)))
     instr, weights = codec.decode_train(msg)
-    out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg, encoding=encoding,
+    out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
                                     num_partitions=num_partitions, policy=policy)
     return _reply(msg, "masked", out, metrics=codec.metrics_record(meta))

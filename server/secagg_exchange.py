@@ -6,9 +6,10 @@ Wire format (Message API; ``group_id`` = round, so fault plans and logs see the 
 message type           content (server -> client)                    reply content
 =====================  ============================================  ==================================
 query.secagg_advertise ``secagg`` ConfigRecord (SetupRequest)        ``secagg`` (AdvertiseKeys)
-query.secagg_share     ``secagg`` (ShareKeysRequest)                 ``secagg`` (SharedKeys)
+query.secagg_share     ``secagg`` (ShareKeysRequest), ``config``     ``secagg`` (SharedKeys)
+                       (round instructions), ``encoding``
 train.secagg_masked    ``arrays`` (model), ``config`` (round          ``secagg`` (MaskedInput header),
-                       instructions), ``encoding``, ``secagg``        ``secagg-masked`` ArrayRecord
+                       instructions), ``secagg``                     ``secagg-masked`` ArrayRecord
                        (MaskedInputRequest)                          (uint32 vector), ``metrics``
 query.secagg_unmask    ``secagg`` (UnmaskRequest) and/or             ``secagg`` (UnmaskResponse),
                        ``secagg-next`` (SetupRequest of round r+1)   ``secagg-next`` (AdvertiseKeys r+1)
@@ -43,28 +44,17 @@ class GridSecureTransport:
         self.nodes = dict(nodes)
         self.timeout = timeout
 
-    def _message(self, name: str, pid: int, request: Any, *, instructions: RoundInstructions | None,
-                 weights: Sequence[np.ndarray] | None, encoding: EncodingSpec | None,
-                 shared: dict[str, Any]) -> Message:
+    def _message(self, name: str, pid: int, request: Any, *, shared: dict[str, Any]) -> Message:
         content = to_records(name, request)
-        if name == "masked":
-            if instructions is None or weights is None or encoding is None:
-                raise ValueError("the masked stage needs instructions, weights and encoding")
-            content.update(shared)
-        rnd = request.round
+        content.update(shared)
         return Message(content=RecordDict(content), dst_node_id=self.nodes[pid],
-                       message_type=MESSAGE_TYPES[name], group_id=str(rnd))
+                       message_type=MESSAGE_TYPES[name], group_id=str(request.round))
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
               weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
               ) -> tuple[dict[int, Any], dict[int, str]]:
-        shared: dict[str, Any] = {}
-        if name == "masked" and instructions is not None and weights is not None and encoding is not None:
-            shared = {"arrays": codec.arrays_to_record(weights),
-                      "config": ConfigRecord(instructions.to_record()),
-                      "encoding": ConfigRecord(encoding.to_record())}
-        messages = [self._message(name, pid, req, instructions=instructions, weights=weights,
-                                  encoding=encoding, shared=shared) for pid, req in requests.items()]
+        shared = _stage_records(name, instructions=instructions, weights=weights, encoding=encoding)
+        messages = [self._message(name, pid, req, shared=shared) for pid, req in requests.items()]
         pid_of = {self.nodes[pid]: pid for pid in requests}
         replies = self.grid.send_and_receive(messages, timeout=self.timeout) if messages else []
         out: dict[int, Any] = {}
@@ -93,6 +83,22 @@ class GridSecureTransport:
                              ) -> tuple[dict[int, Any], dict[int, str], dict[int, Any], dict[int, str]]:
         """Round r's unmask stage and round r+1's advertise stage in one exchange."""
         return _unmask_and_advertise(self, unmask, setups)
+
+
+def _stage_records(name: str, *, instructions: RoundInstructions | None,
+                   weights: Sequence[np.ndarray] | None, encoding: EncodingSpec | None) -> dict[str, Any]:
+    """The records every message of a stage shares (built once per stage, not once per client):
+    ``share`` carries the instructions and the encoding, ``masked`` the instructions and the model."""
+    if name == "share":
+        if instructions is None or encoding is None:
+            raise ValueError("the share stage needs the round instructions and the encoding")
+        return {"config": ConfigRecord(instructions.to_record()),
+                "encoding": ConfigRecord(encoding.to_record())}
+    if name == "masked":
+        if instructions is None or weights is None:
+            raise ValueError("the masked stage needs the round instructions and the model")
+        return {"arrays": codec.arrays_to_record(weights), "config": ConfigRecord(instructions.to_record())}
+    return {}
 
 
 def _unmask_and_advertise(transport: GridSecureTransport, unmask: Mapping[int, Any],

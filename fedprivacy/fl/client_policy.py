@@ -17,9 +17,12 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   clipped updates, the relation the local accounting uses): ``ρ = 2/z²``. The client adds *its own*
   noise: ``z = max(requested, min_noise_multiplier)``; a request for less noise is not obeyed.
 * ``distributed``: from the complete encoding the server sent (C, scale, modulus bits, padded dimension,
-  t_min, σ, colluders) and the roster size, the dominating Gaussian of the worst released sum
+  t_min, σ, colluders; checked at the share stage, before any secret leaves the client) and the roster
+  size, the dominating Gaussian of the worst released sum
   (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` at ``t_min`` survivors, colluders' noise not
-  counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one.
+  counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one. Only
+  exact XNoise encodings are accepted (their noise comes from the exact-law sampler of
+  :mod:`fedprivacy.dp.tabulated`); the legacy ``σ²/t`` share is refused.
 
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
 
@@ -255,6 +258,10 @@ class ClientPolicy:
         """
         self.check_mode("distributed")
         self.check_secagg(setup)
+        if not config.xnoise:
+            raise PolicyRefusal("encoding asks for the legacy noise share (each client N_Z(0, sigma^2/t) "
+                                "from the float64 sampler, whose deviation is not bounded in the claim); "
+                                "this client adds only exact XNoise components (xnoise=true)")
         if config.colluders < self.colluders:
             raise PolicyRefusal(f"encoding assumes {config.colluders} colluders, this client assumes "
                                 f"{self.colluders}")

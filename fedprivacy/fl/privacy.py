@@ -61,8 +61,8 @@ class PrivacyPlan:
         where = {
             "central": "server adds it to the sum",
             "local": "each client adds it",
-            # Kairouz, Liu & Steinke 2021: per-client share sized so any t survivors reach the target.
-            "distributed": "on the sum of >= t survivors; each client adds a discrete Gaussian share",
+            # KLS 2021 + XNoise (Dordis): each client over-provides, the survivors' excess is removed.
+            "distributed": "on the sum, whatever the survivors: exact XNoise components (excess removed)",
         }.get(self.mode, "each client adds it")
         return (
             f"privacy: {self.mode} DP, unit={self.unit}, {self.adjacency_label}, C={self.clip_norm:g}, "

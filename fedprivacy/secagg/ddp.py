@@ -50,7 +50,12 @@ from fedprivacy.secagg.quantize import (
 from fedprivacy.secagg.rotation import inverse_rotate, padded_dim, rotate
 from fedprivacy.secagg.xnoise import ComponentSeeds, client_noise
 
-__all__ = ["DistributedDPConfig", "decode_sum", "encode_update"]
+__all__ = ["MAX_COMPONENT_VARIANCE", "DistributedDPConfig", "decode_sum", "encode_update"]
+
+#: Largest variance of one XNoise component an encoding may use: the exact sampler's table for it has
+#: ~620k entries (its build time and memory grow with the std). Far above what 20 bits leave room for;
+#: at 32 bits it bounds the scale (the rounding then costs <= ~0.1% of sensitivity at d = 2^20, z = 1).
+MAX_COMPONENT_VARIANCE = 2.0**30
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,7 +104,18 @@ class DistributedDPConfig:
                              f"got {self.colluders}")
         if not 0 <= self.beta < 1:
             raise ValueError(f"beta must be in [0, 1), got {self.beta}")
+        if self.xnoise and self.largest_component_variance > MAX_COMPONENT_VARIANCE:
+            raise ValueError(
+                f"scale {self.scale:g} makes XNoise components of variance up to "
+                f"{self.largest_component_variance:.4g} > {MAX_COMPONENT_VARIANCE:g} (the exact sampler's "
+                f"tables); use a smaller scale")
         self.headroom()  # refuses configurations whose sum could wrap
+
+    @property
+    def largest_component_variance(self) -> float:
+        """Bound on every XNoise component's variance for any roster: ``sigma^2/(t - c)`` (base
+        ``sigma^2/n``; binary components ``<= sigma^2 (n-1)/(n t)``; levels ``sigma^2/(h (h+1))``)."""
+        return self.target_variance / (self.min_survivors - self.colluders)
 
     @property
     def padded_dim(self) -> int:

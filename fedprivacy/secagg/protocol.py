@@ -590,6 +590,17 @@ class ClientSession:
         return len(self._roster_ids)
 
     @property
+    def components(self) -> ComponentSeeds | None:
+        """This client's XNoise seeds of the round (stage 2 on; None without XNoise), for the encoder:
+        it must add exactly the components whose seeds it shared."""
+        if self._design is None:
+            return None
+        from fedprivacy.secagg.xnoise import ComponentSeeds
+
+        return ComponentSeeds(design=self._design, round=self.setup.round, node_id=self.node_id,
+                              seeds=self._components)
+
+    @property
     def revealed(self) -> dict[int, str]:
         """Peer -> kind of share revealed ("seed" or "key"); a copy."""
         return dict(self._revealed)

@@ -13,7 +13,7 @@ from fedprivacy.secagg.protocol import SetupRequest
 
 def _encoding(**kw) -> DistributedDPConfig:
     base = dict(dim=1000, clip_norm=1.0, noise_multiplier=1.0, min_survivors=6, scale=2.0**10,
-                modulus_bits=32, max_clients=40)
+                modulus_bits=32, max_clients=40, xnoise=True)
     return DistributedDPConfig(**{**base, **kw})
 
 
@@ -71,6 +71,14 @@ def test_tampered_encodings_are_refused(tamper) -> None:
         return
     with pytest.raises(PolicyRefusal):
         policy.check_distributed(bad, setup=_setup(bad, colluders=1), roster=10)
+
+
+def test_the_legacy_share_is_refused() -> None:
+    # the legacy σ²/t share draws from the float64 rejection sampler, whose deviation the claim
+    # cannot bound: a server that asks for it (xnoise=false) is refused, whatever its noise
+    legacy = _encoding(xnoise=False, noise_multiplier=5.0)
+    with pytest.raises(PolicyRefusal, match="legacy noise share"):
+        ClientPolicy().check_distributed(legacy, setup=_setup(legacy), roster=10)
 
 
 def test_secagg_setup_must_meet_the_schedule_and_colluders_floor() -> None:

@@ -34,11 +34,24 @@ def test_the_plan_event_is_the_dominating_gaussian_of_t_survivors() -> None:
     assert plan.target_delta <= cfg.target_delta and plan.target_epsilon == 0.0
 
 
-def test_observers_get_no_amplification_from_the_legacy_share() -> None:
-    plan = get_mode("distributed").plan(_cfg(privacy_audience="observers", sample_rate=0.5),
-                                        population=20, dim=DIM)
-    assert isinstance(plan.event.sampling, NoSampling)  # its noise level depends on the survivors
-    assert "no amplification claimed" in plan.sampling_description
+def test_observers_get_the_amplification_of_the_sampling_that_ran() -> None:
+    # runs use exact XNoise: the released noise does not depend on who survived, so for observers
+    # (who do not see the cohort) the round is central DP's Poisson-sampled Gaussian
+    observers = get_mode("distributed").plan(_cfg(privacy_audience="observers", sample_rate=0.5),
+                                             population=20, dim=DIM)
+    server = get_mode("distributed").plan(_cfg(privacy_audience="server", sample_rate=0.5),
+                                          population=20, dim=DIM)
+    assert observers.event.sampling == PoissonSampling(rate=0.5)
+    assert isinstance(server.event.sampling, NoSampling)
+    assert observers.event.mechanism == server.event.mechanism
+    assert "exact XNoise" in observers.mechanism and "legacy" not in observers.mechanism
+
+
+def test_calibration_for_observers_needs_less_noise_under_sampling() -> None:
+    kw = dict(noise_multiplier=0.0, target_epsilon=6.0, sample_rate=0.3, num_server_rounds=20)
+    z = {a: get_mode("distributed").plan(_cfg(privacy_audience=a, **kw), population=30,
+                                          dim=DIM).noise_multiplier for a in ("server", "observers")}
+    assert z["observers"] < 0.8 * z["server"]
 
 
 @pytest.mark.parametrize("audience", ["server", "observers"])

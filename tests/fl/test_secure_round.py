@@ -76,12 +76,12 @@ class DirectTransport:
             if name == "advertise":
                 out[pid] = client_advertise(store, key, req, partition_id=pid, policy=self.policy)
             elif name == "share":
-                out[pid] = client_share(store, key, req)
+                assert encoding is not None and instructions is not None
+                out[pid] = client_share(store, key, req, encoding=encoding, instructions=instructions,
+                                        cfg=self.cfg, policy=self.policy)
             elif name == "masked":
-                assert encoding is not None
                 upd = ClientUpdate(partition_id=pid, delta=tuple(self.updates[pid]))
-                msg = client_masked(store, key, req, upd, cfg=self.cfg, encoding=encoding,
-                                    rng=RandomSource.seeded(pid), policy=self.policy)
+                msg = client_masked(store, key, req, upd, rng=RandomSource.seeded(pid))
                 out[pid] = (msg, ClientUpdate(partition_id=pid, delta=()))
             elif name == "consistency":
                 out[pid] = client_consistency(store, key, req)
@@ -90,9 +90,9 @@ class DirectTransport:
         return out, failures
 
 
-def _instr(round_: int = 1) -> RoundInstructions:
-    return RoundInstructions(round=round_, privacy="none", clip_norm=0.5, local_noise_std=0.0,
-                             learning_rate=0.1, local_epochs=1, batch_size=32, num_classes=10, seed=0)
+def _instr(round_: int = 1, privacy: str = "none") -> RoundInstructions:
+    return RoundInstructions(round=round_, privacy=privacy, clip_norm=0.5, local_noise_std=0.0,
+                             learning_rate=0.1, local_epochs=1, batch_size=32, num_classes=10, seed=-1)
 
 
 def _updates(n: int, like: Sequence[np.ndarray], seed: int = 0) -> dict[int, list[np.ndarray]]:
@@ -132,8 +132,9 @@ def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stag
     assert outcome.secagg.exchanges == (5 if schedule == "active" else 4)  # + the consistency stage
     # the unmask stage deletes the secrets from the state of every node that completed it
     states = rnd.transport.states  # type: ignore[attr-defined]
-    assert all("secagg-session" not in states[pid] for pid in (0, 5, 6, 7, 8, 9))
-    assert "secagg-session" in states[3] and 1 not in states  # 3 stopped after sharing; 1 never started
+    assert all(not states[pid] for pid in (0, 5, 6, 7, 8, 9))
+    assert set(states[3]) == {"secagg-session/1", "secagg-session-encoding/1"}  # 3 stopped after sharing
+    assert 1 not in states  # 1 never started
 
 
 def test_below_threshold_round_aborts_releasing_nothing() -> None:
@@ -145,7 +146,7 @@ def test_below_threshold_round_aborts_releasing_nothing() -> None:
     transport = DirectTransport(cfg, updates, {"share": {0, 1, 2}})
     rnd = SecureRound(cfg, transport, population=6, log=lambda _: None)
     # Act
-    outcome = rnd(_instr(), list(range(6)), like, RandomSource.seeded(0))
+    outcome = rnd(_instr(privacy="distributed"), list(range(6)), like, RandomSource.seeded(0))
     # Assert
     assert rnd.threshold == 4
     assert outcome.aborted is not None and "aborted" in outcome.aborted
@@ -157,30 +158,33 @@ def test_distributed_round_accounts_the_survivors_noise() -> None:
     # Arrange: 8 clients, t = 5; one drops before the masked stage -> 7 noisy survivors
     cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", clip_norm=1.0,
                     noise_multiplier=0.8, target_delta=1e-3)
-    like = [np.zeros(100, np.float32)]
+    like = [np.zeros(4000, np.float32)]
     updates = _updates(8, like, seed=3)
     rnd = SecureRound(cfg, DirectTransport(cfg, updates, {"masked": {5}}), population=8,
                       log=lambda _: None)
     # Act
-    outcome = rnd(_instr(), list(range(8)), like, RandomSource.seeded(1))
-    # Assert: the ledger gets the dominating Gaussian of the noise the 7 survivors left,
-    # std sqrt(7 σ_c² − w) over Δ₂ (fedprivacy.accounting.distributed, Proposition)
+    outcome = rnd(_instr(privacy="distributed"), list(range(8)), like, RandomSource.seeded(1))
+    # Assert: exact XNoise — the 7 survivors' sum keeps exactly σ² = (zCs)² (not 7/5 of it, as the
+    # legacy share did); the ledger gets its dominating Gaussian, std sqrt(σ² − w) over Δ₂
+    # (fedprivacy.accounting.distributed, Proposition)
     from fedprivacy.accounting.distributed import SMOOTHING_VARIANCE
     from fedprivacy.accounting.events import GaussianEvent, NoSampling
 
-    enc = make_encoding(cfg, population=8, dim=100, threshold=5)
+    enc = make_encoding(cfg, population=8, dim=4000, threshold=5)
     ddp = enc.ddp()
-    z_ref = math.sqrt(7 * ddp.local_sigma**2 - SMOOTHING_VARIANCE) / ddp.norm_bound
+    assert enc.xnoise and ddp.design(roster=8).num_seeded == 1
+    z_ref = math.sqrt(ddp.target_variance - SMOOTHING_VARIANCE) / ddp.norm_bound
     assert outcome.secagg.survivors == 7 and outcome.secagg.roster == 8
     assert isinstance(outcome.event.mechanism, GaussianEvent)
     assert isinstance(outcome.event.sampling, NoSampling)  # the server's audience: no amplification
     assert outcome.event.mechanism.noise_multiplier == pytest.approx(z_ref, rel=1e-12)
-    assert outcome.aggregate.noise_std == pytest.approx(math.sqrt(7 / 5) * 0.8 * 1.0, rel=1e-9)
-    # the released sum is the survivors' clipped sum plus noise of that std (100 coordinates)
+    assert outcome.aggregate.noise_std == pytest.approx(0.8 * 1.0, rel=1e-9)
+    # measured from outside: the released sum is the survivors' clipped sum plus noise of std z·C
+    # (4000 coordinates, padded 4096: the estimate's own sd is ~1.1%; the legacy share gave sqrt(7/5))
     got = outcome.aggregate.mean_update[0].astype(np.float64) * 8
     ref = _clipped_sum(updates, [p for p in range(8) if p != 5], 1.0)
-    z = (got - ref) / outcome.aggregate.noise_std
-    assert abs(float(np.mean(z))) < 0.5 and 0.6 < float(np.std(z)) < 1.4
+    ratio = float(np.std(got - ref)) / outcome.aggregate.noise_std
+    assert abs(float(np.mean(got - ref))) < 0.1 and 0.96 < ratio < 1.04
 
 
 def test_the_plan_budgets_for_the_worst_case_of_t_survivors() -> None:
@@ -230,11 +234,12 @@ def test_client_refuses_an_encoding_with_less_noise_than_its_config() -> None:
 
 
 # ----------------------------------------------------------------------------- real engine
-def _run(tmp_path: Path, name: str, faults: FaultPlan | None = None, **overrides: Any) -> dict[str, Any]:
+def _run(tmp_path: Path, name: str, faults: FaultPlan | None = None, *, num_supernodes: int = 6,
+         **overrides: Any) -> dict[str, Any]:
     run_config = {"num-server-rounds": 1, "seed": 4, "output-dir": str(tmp_path), "run-name": name,
                   "local-epochs": 1, "client-timeout": 30.0, **overrides}
-    result = run_inprocess(run_config=run_config, num_supernodes=6, app_dir=APP_DIR, faults=faults,
-                           node_id_seed=7)
+    result = run_inprocess(run_config=run_config, num_supernodes=num_supernodes, app_dir=APP_DIR,
+                           faults=faults, node_id_seed=7)
     saved = json.loads((tmp_path / name / "results.json").read_text())
     saved["_weights"] = load_checkpoint(tmp_path / name / "checkpoint").weights
     saved["_by_type"] = dict(result.stats.by_type)
@@ -280,21 +285,66 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
     d = res["privacy"]["distributed"]
     assert d["survivors_per_round"] == [6, 5] and d["aborted_rounds"] == [2] and d["threshold"] == 4
     assert res["privacy"]["rounds"] == 2  # two events spent, none for the aborted round
-    # noise of the sum: sqrt(n/t) z C, and ρ scales as 1/n
-    assert d["noise_std_of_sum_per_round"] == pytest.approx([math.sqrt(6 / 4) * 0.5, math.sqrt(5 / 4) * 0.5])
+    # exact XNoise: the sum carries z C whatever the survivors (the legacy share left sqrt(n/t) z C)
+    assert d["noise_std_of_sum_per_round"] == pytest.approx([0.5, 0.5], rel=1e-12)
+    assert d["noise"].startswith("exact XNoise")
     aud = d["audiences"]
     assert aud["server"]["epsilon"] == res["privacy"]["epsilon"]
     # the ledger composes the dominating Gaussians; the figure is the smaller of that plus its slack
     # and the RDP cross-check (both valid): they agree to within the slack here
     assert aud["server"]["epsilon"] == pytest.approx(d["ledger_epsilon"], rel=1e-6)
     assert aud["observers"]["epsilon"] == aud["server"]["epsilon"]  # q = 1: nothing to amplify
-    assert d["central_dp_epsilon_same_sigma"] > 0
-    assert aud["server"]["epsilon"] < d["central_dp_epsilon_same_sigma"]  # more noise than σ here
+    # the same σ as central DP: never below the continuous Gaussian's PLD (rounding only enlarges the
+    # sensitivity); the rdp ledger is RDP's composition of z_eff ~ 1 (dp-accounting, independently)
+    import dp_accounting
+
+    assert d["central_dp_epsilon_same_sigma"] <= aud["server"]["epsilon"]
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.GaussianDpEvent(noise_multiplier=1.0), 2)
+    assert aud["server"]["epsilon"] == pytest.approx(rdp.get_epsilon(1e-3), rel=1e-4)
     report = (tmp_path / "ddp" / "privacy_report.md").read_text()
     assert "noise the survivors left" in report and "| 3 | 5 |" in report and "central DP" in report
     assert "| the server |" in report and "| observers of the released models |" in report
     # the claim names the adjacency KLS 2021 covers, not plain add-remove
     assert res["privacy"]["adjacency"].startswith("zero-out") and "| Adjacency | zero-out" in report
+
+
+def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_does(tmp_path: Path) -> None:
+    # Arrange: 12 clients, Poisson q = 0.5, exact XNoise; dropouts at the masked stage of round 3
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,),
+                                        partition_ids=(3, 8)),))
+    # Act
+    res = _run(tmp_path, "ddp-sampled", faults, num_supernodes=12, privacy="distributed", secagg=True,
+               accountant="pld", **{"sample-rate": 0.5, "num-server-rounds": 3, "target-delta": 1e-4,
+                                    "privacy-audience": "observers"})
+    # Assert: each completed round's dominating Gaussian, z_r = sqrt((zCs)^2 - w)/Δ₂ (the survivors
+    # kept exactly (zCs)^2 of noise), composed by dp-accounting's own PLD accountant: without
+    # sampling for the server, Poisson(q) for observers — the two figures must differ
+    import dp_accounting
+
+    from fedprivacy.accounting.distributed import SMOOTHING_VARIANCE, rounded_l2_norm_bound
+
+    cfg = RunConfig.from_mapping({"privacy": "distributed", "secagg": True, "sample-rate": 0.5})
+    t, _ = secagg_parameters(cfg, population=12)
+    rows = [r for r in res["rounds"] if not r.get("aborted")]
+    assert rows and all(r["secagg_survivors"] <= r["secagg_roster"] for r in rows)
+    enc = make_encoding(cfg, population=12, dim=64 * 32 + 32 + 32 * 10 + 10, threshold=t)
+    sigma2 = (cfg.noise_multiplier * enc.clip_norm * enc.scale) ** 2
+    server = dp_accounting.pld.PLDAccountant()
+    observers = dp_accounting.pld.PLDAccountant()
+    for r in rows:
+        d2 = rounded_l2_norm_bound(l2_norm=enc.clip_norm * enc.scale, dim=r["secagg_dim"], beta=math.exp(-0.5))
+        z = math.sqrt(sigma2 - SMOOTHING_VARIANCE) / d2
+        server.compose(dp_accounting.GaussianDpEvent(noise_multiplier=z))
+        observers.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)))
+    aud = res["privacy"]["distributed"]["audiences"]
+    assert aud["server"]["epsilon"] == pytest.approx(server.get_epsilon(1e-4), rel=2e-3)
+    assert aud["observers"]["epsilon"] == pytest.approx(observers.get_epsilon(1e-4), rel=2e-3)
+    assert aud["observers"]["epsilon"] < 0.8 * aud["server"]["epsilon"]
+    assert any(r["secagg_survivors"] < r["secagg_roster"] for r in rows)  # a round with dropouts
+    assert res["privacy"]["epsilon"] == aud["observers"]["epsilon"]  # the ledger's audience
+    assert res["privacy"]["distributed"]["noise_std_of_sum_per_round"] == pytest.approx(
+        [0.5] * len(rows), rel=1e-12)
 
 
 def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:

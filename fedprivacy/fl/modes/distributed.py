@@ -1,12 +1,18 @@
 """``distributed``: secure aggregation with distributed discrete Gaussian noise (Kairouz, Liu & Steinke
 2021), the mode whose server only ever unmasks a sum that already carries the survivors' noise.
 
-Plan: each client adds ``N_Z(0, (zCs)^2/t)`` (:mod:`fedprivacy.secagg.ddp`), so any ``t`` or more
-survivors carry at least the target noise; the budget check before a round uses the worst case,
-``t`` survivors, with the encoding sized for the model dimension the run really sends (``dim``). The
-round (:class:`fedprivacy.fl.secure.SecureRound`) reports the event of the survivors that really
-completed it. The summary states the noise they added, round by round, and ε against central DP with
-the same σ.
+Noise: exact XNoise (:class:`fedprivacy.accounting.distributed.XNoiseDesign`, after Dordis): each
+client adds a base component from its own source and seeded components; the server removes the
+survivors' excess from seeds revealed under the certified survivor view, so the released sum carries
+exactly ``(zCs)^2`` of honest noise for every survivor count, all drawn by the exact-law sampler
+(:mod:`fedprivacy.dp.tabulated`). The legacy ``(zCs)^2/t`` share is not run (clients refuse it).
+
+Plan: the budget check before a round uses the worst case, ``t`` survivors (the same noise, the
+largest sampler slack), with the encoding sized for the model dimension the run really sends
+(``dim``); the ledger's event is the round's dominating Gaussian for ``privacy-audience`` (observers
+get the amplification of the sampling that ran). The round (:class:`fedprivacy.fl.secure.SecureRound`)
+reports the event of the survivors that really completed it. The summary states the noise they left,
+round by round, both audiences' ε and central DP with the same σ.
 """
 
 from __future__ import annotations
@@ -72,13 +78,11 @@ def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, ros
                             threshold=threshold)
         return enc.clip_norm * enc.scale, enc.ddp().norm_bound
 
-    exact = make_encoding(cfg.replace(noise_multiplier=1.0), population=population, dim=dim,
-                          threshold=threshold).ddp().xnoise
     max_slack = 1e-6
     for _ in range(8):
         z = calibrate_distributed(
             target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
-            steps=cfg.num_server_rounds, audience=cfg.privacy_audience if exact else "server",
+            steps=cfg.num_server_rounds, audience=cfg.privacy_audience,
             sampling=sampling_object(cfg, population), neighbouring=cfg.neighbouring,
             encoding_for=encoding_for, max_slack=max_slack)
         enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim,
@@ -121,8 +125,7 @@ class DistributedMode:
         slack = _run_slack(ddp, roster=roster, rounds=cfg.num_server_rounds)
         desc = sampling_description(cfg, population=population, replacement_note=False)
         amplified = "" if sampling.rate < 1.0 else "; no amplification claimed"
-        how = ("exact XNoise components (the released sum carries (zCs)^2 for every survivor count)"
-               if ddp.xnoise else f"each client adds N_Z(0, (zCs)^2/t), t={t} (legacy share)")
+        how = "exact XNoise components (the released sum carries (zCs)^2 for every survivor count)"
         return PrivacyPlan(
             mode="distributed", population=population, denominator=denominator_of(cfg, population=population),
             clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
@@ -205,9 +208,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     return {"distributed": {
         "threshold": threshold,
         "noise": ("exact XNoise: the released sum carries σ = z·C for every survivor count" if exact
-                  else "legacy share: each client adds (z·C)^2/t, the sum carries n/t times the target"),
-        "per_client_noise_std": (cfg.clip_norm * cfg.noise_multiplier / math.sqrt(threshold)
-                                 if threshold and not exact else None),
+                  else "legacy share (not run by clients): the sum carries n/t times the target"),
         "completed_rounds": [r.round for r, _ in done],
         "survivors_per_round": [int(s.survivors or 0) for _, s in done],
         "noise_std_of_sum_per_round": [s.noise_std_sum for _, s in done],

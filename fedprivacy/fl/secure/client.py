@@ -1,5 +1,5 @@
-"""The client side of a secure-aggregation round: where a client keeps its session between exchanges,
-and its four protocol steps (each: load the session, one :class:`ClientSession` call, store it).
+"""The client side of a secure-aggregation round: where a client keeps its sessions between exchanges,
+and its five protocol steps (each: load the session, one :class:`ClientSession` call, store it).
 
 Client secrets: between exchanges a client's :class:`ClientSession` lives in a :class:`SessionStore`;
 the ClientApp uses :class:`ExportedSessionStore` over the node's ``context.state`` (client side only,
@@ -33,6 +33,7 @@ from fedprivacy.secagg.protocol import (
     UnmaskRequest,
     UnmaskResponse,
 )
+from fedprivacy.secagg.xnoise import ComponentSeeds
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
@@ -52,52 +53,95 @@ __all__ = [
 
 
 class SessionStore:
-    """Where a client keeps its live :class:`ClientSession` between a round's exchanges.
+    """Where a client keeps its live :class:`ClientSession` (and the round's encoding) between exchanges.
 
-    This base class keeps the objects in process memory, keyed by ``(run_id, node_id)`` (one live
-    round per node): fast, but only correct when an engine delivers all of a node's messages to the
-    same process. :class:`ExportedSessionStore` keeps :func:`export_session` fields in a mutable
-    mapping instead (the ClientApp uses the node's ``context.state``), which works on every engine.
+    Sessions are kept per round: a node may hold two live rounds at once when a later round's key
+    stages ride on the current round's exchanges (``docs/SECAGG.md``, "Exchanges per round"). This
+    base class keeps the objects in process memory, keyed by ``(run_id, node_id)`` and round: fast, but
+    only correct when an engine delivers all of a node's messages to the same process.
+    :class:`ExportedSessionStore` keeps :func:`export_session` fields in a mutable mapping instead (the
+    ClientApp uses the node's ``context.state``), which works on every engine.
     """
 
     def __init__(self) -> None:
-        self._sessions: dict[tuple[int, int], ClientSession] = {}
+        self._sessions: dict[tuple[int, int], dict[int, ClientSession]] = {}
+        self._encodings: dict[tuple[int, int], dict[int, EncodingSpec]] = {}
 
     def put(self, key: tuple[int, int], session: ClientSession) -> None:
-        self._sessions[key] = session
+        self._sessions.setdefault(key, {})[session.setup.round] = session
 
-    def _load(self, key: tuple[int, int]) -> ClientSession | None:
-        return self._sessions.get(key)
+    def put_encoding(self, key: tuple[int, int], round: int, encoding: EncodingSpec) -> None:
+        self._encodings.setdefault(key, {})[round] = encoding
+
+    def _load(self, key: tuple[int, int], round: int) -> ClientSession | None:
+        return self._sessions.get(key, {}).get(round)
+
+    def _load_encoding(self, key: tuple[int, int], round: int) -> EncodingSpec | None:
+        return self._encodings.get(key, {}).get(round)
+
+    def rounds(self, key: tuple[int, int]) -> list[int]:
+        """The rounds with a live session."""
+        return sorted(self._sessions.get(key, {}))
 
     def get(self, key: tuple[int, int], *, round: int) -> ClientSession:
-        session = self._load(key)
+        session = self._load(key, round)
         if session is None or session.setup.round != round:
             raise LookupError(f"no secure-aggregation session for round {round} (node {key[1]}); "
                               "the client has not advertised keys for this round")
         return session
 
-    def finish(self, key: tuple[int, int]) -> None:
-        self._sessions.pop(key, None)
+    def encoding(self, key: tuple[int, int], *, round: int) -> EncodingSpec:
+        """The encoding this client checked and accepted for ``round`` at its share stage."""
+        enc = self._load_encoding(key, round)
+        if enc is None:
+            raise LookupError(f"no accepted encoding for round {round} (node {key[1]}): the client "
+                              "checks the encoding at its share stage")
+        return enc
+
+    def finish(self, key: tuple[int, int], *, round: int) -> None:
+        self._sessions.get(key, {}).pop(round, None)
+        self._encodings.get(key, {}).pop(round, None)
+
+    def prune(self, key: tuple[int, int], *, before: int) -> None:
+        """Forget the sessions of rounds before ``before`` (rounds that never reached their unmask)."""
+        for r in [r for r in self.rounds(key) if r < before]:
+            self.finish(key, round=r)
 
 
 class ExportedSessionStore(SessionStore):
-    """Sessions as :func:`export_session` fields in ``holder[field_name]`` (e.g. a node's state)."""
+    """Sessions as :func:`export_session` fields in ``holder[f"{field_name}/{round}"]`` (e.g. a node's
+    state) and the accepted encoding in ``holder[f"{field_name}-encoding/{round}"]``."""
 
     def __init__(self, holder: Any, *, field_name: str = "secagg-session",
                  wrap: Callable[[dict[str, Any]], Any] = dict) -> None:
         super().__init__()
         self.holder, self.field_name, self.wrap = holder, field_name, wrap
 
-    def put(self, key: tuple[int, int], session: ClientSession) -> None:
-        self.holder[self.field_name] = self.wrap(export_session(session))
+    def _name(self, round: int, what: str = "") -> str:
+        return f"{self.field_name}{what}/{round}"
 
-    def _load(self, key: tuple[int, int]) -> ClientSession | None:
-        fields = self.holder.get(self.field_name)
+    def put(self, key: tuple[int, int], session: ClientSession) -> None:
+        self.holder[self._name(session.setup.round)] = self.wrap(export_session(session))
+
+    def put_encoding(self, key: tuple[int, int], round: int, encoding: EncodingSpec) -> None:
+        self.holder[self._name(round, "-encoding")] = self.wrap(encoding.to_record())
+
+    def _load(self, key: tuple[int, int], round: int) -> ClientSession | None:
+        fields = self.holder.get(self._name(round))
         return None if fields is None else import_session(dict(fields))
 
-    def finish(self, key: tuple[int, int]) -> None:
-        if self.field_name in self.holder:
-            del self.holder[self.field_name]
+    def _load_encoding(self, key: tuple[int, int], round: int) -> EncodingSpec | None:
+        fields = self.holder.get(self._name(round, "-encoding"))
+        return None if fields is None else EncodingSpec.from_record(dict(fields))
+
+    def rounds(self, key: tuple[int, int]) -> list[int]:
+        prefix = self.field_name + "/"
+        return sorted(int(k[len(prefix):]) for k in list(self.holder.keys()) if k.startswith(prefix))
+
+    def finish(self, key: tuple[int, int], *, round: int) -> None:
+        for name in (self._name(round), self._name(round, "-encoding")):
+            if name in self.holder:
+                del self.holder[name]
 
 
 def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequest, *,
@@ -105,21 +149,51 @@ def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequ
                      log: RoundLog | None = None) -> AdvertiseKeys:
     """Stage 1: a fresh session (fresh keys and self-mask seed) for this round, if the setup meets
     the client's own floor (``policy``, default :class:`ClientPolicy`'s safe defaults) and ``log`` (the
-    node's record of rounds taken part in) has not seen this round."""
+    node's record of rounds taken part in) has not seen this round. Sessions of rounds before the
+    previous one are forgotten (they can no longer complete)."""
     policy = policy if policy is not None else ClientPolicy()
     policy.check_secagg(setup)
     session = ClientSession(node_id=partition_id, setup=setup, colluders=policy.colluders,
                             require_active=policy.schedule == "active")
     reply = session.advertise_keys(log=log)
+    store.prune(key, before=setup.round - 1)
     store.put(key, session)
     return reply
 
 
-def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRequest) -> SharedKeys:
-    """Stage 2: Shamir-share the self-mask seed and the mask key among the graph neighbours."""
+def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRequest, *,
+                 encoding: EncodingSpec, instructions: RoundInstructions, cfg: RunConfig,
+                 policy: ClientPolicy | None = None) -> SharedKeys:
+    """Stage 2: check the round's encoding against the client's own floor, then Shamir-share the
+    self-mask seed, the mask key and (distributed DP) the client's XNoise seeds.
+
+    Everything about the noise is fixed here, before any secret leaves the client: the encoding
+    (C, scale, bits, dimension, t, z, colluders) is checked against ``policy`` for the roster this
+    client was shown (the ρ of the worst released sum), the XNoise design is built from it by the
+    client itself, and the component seeds come from the client's own source (its seed rule:
+    ``policy.seed``). The masked stage encodes with exactly this encoding and these seeds.
+    """
+    policy = policy if policy is not None else ClientPolicy()
     session = store.get(key, round=request.round)
-    reply = session.share_keys(request)
+    if instructions.round != request.round:
+        raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
+                         f"{request.round}")
+    instructions = policy.apply(instructions)  # its mode floor and seed rule
+    check_encoding(cfg, encoding, session.setup)
+    components = None
+    if encoding.kind == "ddgauss":
+        roster = len(request.node_ids)
+        ddp = encoding.ddp()
+        policy.check_distributed(ddp, setup=session.setup, roster=roster)
+        rng = client_rng(seed=instructions.seed, partition_id=session.node_id,
+                         round=request.round).child("xnoise-seeds")
+        components = ComponentSeeds.fresh(ddp.design(roster=roster), round=request.round,
+                                          node_id=session.node_id, rng=rng)
+    else:
+        policy.check_mode("none")
+    reply = session.share_keys(request, components=components)
     store.put(key, session)
+    store.put_encoding(key, request.round, encoding)
     return reply
 
 
@@ -143,21 +217,15 @@ def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) 
 
 
 def client_masked(store: SessionStore, key: tuple[int, int], request: MaskedInputRequest,
-                  update: ClientUpdate, *, cfg: RunConfig, encoding: EncodingSpec,
-                  rng: RandomSource, policy: ClientPolicy | None = None) -> MaskedInput:
-    """Stage 3: encode the (clipped) update and mask it, if the encoding meets the client's floor
-    (the ρ of the worst released sum is computed from the complete encoding the server sent)."""
+                  update: ClientUpdate, *, rng: RandomSource) -> MaskedInput:
+    """Stage 3: encode the (clipped) update with the encoding and XNoise seeds this client accepted
+    at its share stage, and mask it."""
     from fedprivacy.dp.clipping import flatten
 
-    policy = policy if policy is not None else ClientPolicy()
     session = store.get(key, round=request.round)
-    check_encoding(cfg, encoding, session.setup)
-    if encoding.kind == "ddgauss":
-        policy.check_distributed(encoding.ddp(), setup=session.setup, roster=session.roster_size)
-    else:
-        policy.check_mode("none")
+    encoding = store.encoding(key, round=request.round)
     flat = flatten([np.asarray(a, dtype=np.float64) for a in update.delta], dtype=np.float64)
-    vector = encoding.encode(flat, rng=rng)
+    vector = encoding.encode(flat, rng=rng, components=session.components)
     reply = session.masked_input(request, vector)
     store.put(key, session)
     return reply
@@ -175,19 +243,19 @@ def client_consistency(store: SessionStore, key: tuple[int, int],
 def client_unmask(store: SessionStore, key: tuple[int, int], request: UnmaskRequest) -> UnmaskResponse:
     """Stage 5: reveal one kind of share per peer, then forget the session."""
     reply = store.get(key, round=request.round).unmask(request)
-    store.finish(key)
+    store.finish(key, round=request.round)
     return reply
 
 
 def client_masked_round(store: SessionStore, key: tuple[int, int], request: MaskedInputRequest, *,
-                        cfg: RunConfig, encoding: EncodingSpec, instructions: RoundInstructions,
+                        cfg: RunConfig, instructions: RoundInstructions,
                         weights: Sequence[np.ndarray], partition_id: int, num_partitions: int,
                         train: Callable[..., ClientUpdate] | None = None,
                         policy: ClientPolicy | None = None) -> tuple[MaskedInput, ClientUpdate]:
     """Stage 3 as the ClientApp runs it: the client pipeline (train, Δ, clip), then encode and mask.
 
-    The client's own floor (``policy``) decides the seed rule, the mode and the encoding it accepts,
-    and what metadata it discloses. Returns the masked input and the update's metadata (``delta=()``;
+    The client's own floor (``policy``) decides the seed rule and the mode (the encoding was checked
+    at the share stage), and what metadata it discloses. Returns the masked input and the update's metadata (``delta=()``;
     the wire codec encodes it like a plain train reply).
     """
     policy = policy if policy is not None else ClientPolicy()
@@ -199,7 +267,7 @@ def client_masked_round(store: SessionStore, key: tuple[int, int], request: Mask
                                      weights=weights, instructions=instructions)
     rng = client_rng(seed=instructions.seed, partition_id=partition_id,
                      round=instructions.round).child("secagg")
-    masked = client_masked(store, key, request, update, cfg=cfg, encoding=encoding, rng=rng, policy=policy)
+    masked = client_masked(store, key, request, update, rng=rng)
     meta = policy.filter_update(ClientUpdate(partition_id=update.partition_id, delta=(),
                                              num_examples=update.num_examples, train_loss=update.train_loss,
                                              metrics=dict(update.metrics)))

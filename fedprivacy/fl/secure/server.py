@@ -24,9 +24,14 @@ the first on the active schedule, three on the semi-honest one (``SecureRoundInf
 protocol's minimum is three and two (``docs/SECAGG.md``, "Exchanges per round"); reaching it needs
 the shares of round r+1 to ride on round r's exchanges too (two live sessions per client).
 
-Privacy (``distributed``): the round's event is :func:`fedprivacy.accounting.distributed.round_event`
-for the number of clients whose masked input is in the released sum (``ServerSession.u3``), never the
-plan; the budget check before the round uses the worst case, ``t`` survivors. A round that aborts
+Privacy (``distributed``): every client adds exact XNoise components (:mod:`fedprivacy.secagg.xnoise`,
+all from the exact-law sampler) for the design it builds itself from the encoding it checked at its
+share stage; the server removes the survivors' excess from the seeds revealed under the certified
+view, so the released sum carries exactly ``(zCs)^2`` of honest noise for every survivor count. The
+round's event is the dominating Gaussian of that sum
+(:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` for the survivors in the sum,
+``ServerSession.u3``, and the roster), never the plan; the budget check before the round uses the
+worst case, ``t`` survivors. A round that aborts
 (fewer than ``t`` clients at any stage, a disconnected survivor graph, a protocol violation) releases
 nothing, spends nothing and leaves the global model unchanged (``RoundOutcome.aborted``).
 """
@@ -63,6 +68,7 @@ from fedprivacy.secagg.protocol import (
 )
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.distributed import XNoiseDesign
     from fedprivacy.accounting.events import PrivacyEvent
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
@@ -78,9 +84,11 @@ Replies = tuple[dict[int, Any], dict[int, str]]
 class SecureTransport(Protocol):
     """Sends one stage's requests (partition id -> protocol message) and returns the replies.
 
-    ``stage("masked", ...)`` also carries the model, the round instructions and the encoding; its
-    replies are ``(MaskedInput, ClientUpdate)`` pairs (the ClientUpdate holds only the metadata the
-    privacy mode lets a client disclose, ``delta=()``). Missing or failed replies go to ``failures``.
+    ``stage("share", ...)`` also carries the round instructions and the encoding (the client checks
+    both against its own floor before it shares anything); ``stage("masked", ...)`` the model and the
+    instructions, and its replies are ``(MaskedInput, ClientUpdate)`` pairs (the ClientUpdate holds
+    only the metadata the privacy mode lets a client disclose, ``delta=()``). Missing or failed
+    replies go to ``failures``.
     """
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
@@ -211,10 +219,10 @@ class SecureRound:
         adv = self._advertise(server.setup, cohort, progress)
         roster = server.receive_keys(list(adv.values()))
         progress.roster = len(roster.node_ids)
-        shared = self._stage("share", {pid: roster for pid in roster.node_ids}, progress, round=rnd)
+        shared = self._stage("share", {pid: roster for pid in roster.node_ids}, progress, round=rnd,
+                             instructions=instr, encoding=enc)
         mreqs = server.receive_shares(list(shared.values()))
-        masked = self._stage("masked", mreqs, progress, round=rnd, instructions=instr, weights=weights,
-                             encoding=enc)
+        masked = self._stage("masked", mreqs, progress, round=rnd, instructions=instr, weights=weights)
         updates = {pid: upd for pid, (_, upd) in masked.items()}
         ureqs = server.receive_masked([m for m, _ in masked.values()])
         if server.setup.active:  # every survivor signs the one view before anyone reveals a share
@@ -260,7 +268,8 @@ class SecureRound:
                                        colluders=cfg.secagg_colluders)
         enc = make_encoding(cfg, population=self.population, dim=int(sum(np.size(w) for w in weights)),
                             threshold=t, rotation_seed=rng.child("rotation").random_bytes(32))
-        server = ServerSession(self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim))
+        server = ServerSession(self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim),
+                               noise_design=_noise_design(enc))
         try:
             total, updates = self._protocol(server, instr, cohort, weights, enc, progress)
         except (RoundAborted, ProtocolViolation) as exc:
@@ -290,6 +299,15 @@ class SecureRound:
         kept = tuple(updates[p] for p in survivors if p in updates)
         dropped = {pid: reason for pid, reason in failures.items() if pid not in survivors}
         return RoundOutcome(aggregate=agg, failures=dropped, updates=kept, event=event, secagg=info)
+
+
+def _noise_design(enc: EncodingSpec) -> Callable[[int], XNoiseDesign] | None:
+    """The XNoise design of a round of ``n`` clients under ``enc`` (None without distributed DP): the
+    server removes the survivors' excess components, revealed only under the certified view."""
+    if enc.kind != "ddgauss" or not enc.xnoise:
+        return None
+    ddp = enc.ddp()
+    return lambda n: ddp.design(roster=n)
 
 
 @dataclasses.dataclass(slots=True)
