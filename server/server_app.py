@@ -7,6 +7,7 @@ ended in the status file a launcher names with ``$FEDPRIVACY_STATUS_FILE``
 
 from __future__ import annotations
 
+import logging
 from logging import INFO
 from pathlib import Path
 
@@ -20,6 +21,14 @@ from fedprivacy_flwr.codec import RESULTS_RECORD, results_record
 from server.loop import NoClientsError, run_server
 
 app = ServerApp()
+
+# One console line per line: dp-accounting logs through absl, whose first message calls
+# logging.basicConfig() when the root logger has no handler; from then on every line of Flower's "flwr"
+# logger (which propagates) was printed twice (once by Flower's handler, once by the root's). Flower's
+# logger keeps its own handler; absl's warnings (a Rényi order dropped, which only loosens the bound)
+# are not for the console.
+logging.getLogger("flwr").propagate = False
+logging.getLogger("absl").setLevel(logging.ERROR)
 
 
 def _log(line: str) -> None:

@@ -55,6 +55,9 @@ def plot_png(rows: Sequence[dict[str, Any]], *, title: str) -> bytes:
     acc = [r.get("test_accuracy") for r in rows]
     ax.plot(rounds, [a if a is not None else float("nan") for a in acc], "o-", color="tab:blue",
             label="test accuracy")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers: no 1.5 tick
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy", color="tab:blue")
     ax.set_ylim(0.0, 1.0)
