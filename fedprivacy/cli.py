@@ -41,7 +41,7 @@ __all__ = ["app", "main", "new_app"]
 def new_app(*, help: str) -> typer.Typer:  # noqa: A002 - Typer's own parameter name
     """A ``fedprivacy`` Typer app with the accounting commands' settings (plain errors, no completion)."""
     return typer.Typer(name="fedprivacy", help=help, add_completion=False, no_args_is_help=True,
-                       pretty_exceptions_enable=False, rich_markup_mode=None)
+                       pretty_exceptions_enable=False, rich_markup_mode="rich")
 
 
 app = new_app(help="fedprivacy: federated learning with differential privacy. Privacy accounting commands.")

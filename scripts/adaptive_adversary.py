@@ -96,7 +96,7 @@ def _figures(case: tuple[str, float, int, int, int, float], grid: float) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--grid", type=float, default=2e-4, help="adversary loss grid")
     parser.add_argument("--quick", action="store_true", help="only the README's example")

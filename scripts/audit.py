@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer trials (looser bounds)")
     parser.add_argument("--trials", type=int, default=None, help="Gaussian-mechanism trials")

@@ -28,7 +28,7 @@ Q, SIGMA, STEPS, DELTA = 256 / 60000, 1.1, 14062, 1e-5
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument(
         "--rounds", type=int, default=50, help="rounds for the incremental ledger timing"

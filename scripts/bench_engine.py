@@ -379,7 +379,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--population", type=int, default=1000)

@@ -39,7 +39,7 @@ def _time(fn: Callable[[], Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--exact-draws", type=int, default=2000)

@@ -141,7 +141,7 @@ def run(setup: Setup, *, mode: str, bits: int, seed: int, z: float, clip: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="digits", help="a registered data set (digits, fashion-mnist)")
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=sorted(SETUPS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

@@ -54,7 +54,7 @@ def _plot(scores: list, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None, help="log-log ROC plot")
     parser.add_argument("--quick", action="store_true", help="3 models, 5 rounds, one DP setting")

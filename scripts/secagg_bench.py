@@ -364,7 +364,7 @@ def measure_flower(p: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--dim", type=int, default=100_000)
     ap.add_argument("--neighbours", type=int, default=0, help="degree k (0: the engine's automatic rule)")

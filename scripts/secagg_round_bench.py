@@ -97,7 +97,7 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--model", default="mlp")

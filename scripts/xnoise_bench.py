@@ -54,7 +54,7 @@ def _measure(*, n: int, t: int, m: int, sigma: float, repeats: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", nargs="+", type=int, default=[17, 20], help="log2 of m")
     p.add_argument("--rosters", nargs="+", default=["10:6", "100:51"], help="n:t pairs")
     p.add_argument("--sigma", type=float, default=16384.0, help="target std of the sum (integer units)")

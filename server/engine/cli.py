@@ -165,7 +165,8 @@ def simulate_command(
         str,
         typer.Option(
             "--faults",
-            help="Fault plan (inprocess engine), e.g. 'drop:type=train,rounds=2,fraction=0.3;raise:partitions=1'.",
+            help="Fault plan (inprocess engine): rules 'action:key=value,...' joined by ';', e.g. "
+                 "'raise:partitions=1' (docs/ENGINE.md).",
         ),
     ] = "",
     fault_seed: Annotated[int, typer.Option("--fault-seed", help="Seed of the fault plan.")] = 0,
@@ -234,9 +235,23 @@ def _checked_options(engine: EngineName, *, num_supernodes: int, workers: int, f
         usage_error(f"--faults: {exc}")
 
 
-app = new_app(help="fedprivacy: federated learning with differential privacy. Privacy accounting and simulation.")
+def _config_keys_epilog() -> str:
+    """The run-config keys, for ``simulate --help`` (the flat fields of the one typed config)."""
+    import dataclasses
+
+    from fedprivacy.config import RunConfig
+
+    keys = ", ".join(f.name.replace("_", "-") for f in dataclasses.fields(RunConfig))
+    return ("Run-config keys for --run-config (defaults: pyproject.toml, table tool.flwr.app.config; meanings: "
+            "README, "
+            f"Configuration): {keys}.")
+
+
+app = new_app(help="fedprivacy: federated learning with differential privacy. `epsilon` and `noise`: "
+                   "privacy accounting from the shell; `simulate`: a federated run on the in-process "
+                   "engine or on Flower's.")
 app.registered_commands.extend(accounting_app.registered_commands)
-app.command(name="simulate")(simulate_command)
+app.command(name="simulate", epilog=_config_keys_epilog())(simulate_command)
 
 
 def main(argv: list[str] | None = None) -> int:
