@@ -73,8 +73,12 @@ def _check_pairs(run_config: str) -> None:
         words = shlex.split(run_config)
     except ValueError as exc:
         raise ValueError(f"run_config {run_config!r}: {exc}") from exc
+    seen: set[str] = set()
     for word in words:
         key, eq, value = word.partition("=")
+        if eq and key in seen:
+            raise ValueError(f"run_config: key {key!r} is given twice; give each key once")
+        seen.add(key)
         if not eq or not key.strip() or (not value and f"{key}=''" not in run_config
                                            and f'{key}=""' not in run_config):
             raise ValueError(

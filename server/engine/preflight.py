@@ -8,7 +8,8 @@ line that names the key, the rule, the value and the fix:
   instead of Flower's ``Key 'foo' is not present in the main dictionary`` or ``[code: 15]``;
 * a value :class:`fedprivacy.config.RunConfig` refuses (types, ranges, non-finite numbers,
   combinations such as ``privacy='central'`` under ``secagg=true``);
-* what the number of clients decides (``target-delta`` < 1/N, ``cohort-size`` <= N);
+* what the number of clients decides (``target-delta`` < 1/N, ``cohort-size`` <= N, a secure
+  aggregation cohort of at least 3 with its threshold and degree);
 * a resumption that cannot be honoured: ``resume=true`` with no checkpoint under ``run-name``, or a
   checkpoint whose population or accounting inputs differ (:func:`fedprivacy.fl.run.resume_checkpoint`).
 """
@@ -64,6 +65,14 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
         from fedprivacy.fl.run import resume_checkpoint
 
         check_population(cfg, population=num_supernodes)
+        if cfg.secagg:
+            from fedprivacy.fl.secure.params import secagg_parameters
+
+            try:
+                secagg_parameters(cfg, population=num_supernodes)
+            except ValueError as exc:
+                raise ConfigError(f"{exc}; use more clients, or secagg=false with privacy='central' "
+                                  "or 'none'") from exc
         if cfg.run_name:
             resume_checkpoint(cfg, Path(cfg.output_dir) / cfg.run_name, population=num_supernodes)
     return Preflight(spec=spec, overrides=overrides, fused=fused, config=cfg)
