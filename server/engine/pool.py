@@ -154,7 +154,9 @@ _WORKER_APP: ClientApp | None = None
 def _init_worker() -> None:
     # A worker dies with the engine's process, even when that is SIGKILLed, and leaves Ctrl-C to it
     # (the parent stops the pool once, instead of every worker printing a KeyboardInterrupt).
-    die_with_parent()
+    # SIGKILL: the worker inherits the parent's signal handlers (Flower's, the CLI's), which must not
+    # get a chance to keep an orphan alive; a worker has nothing to flush.
+    die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Several workers on few cores: one native thread each avoids oversubscription.
     torch = sys.modules.get("torch")
