@@ -46,13 +46,43 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     return data[: len(data) - int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
 
 
+@functools.lru_cache(maxsize=512)
+def _layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...], bytes, int] | None:
+    """(dtype, shape, ``np.save`` header, element count) of a record's declared dtype and shape, or None
+    when they are not a plain C-ordered numpy array this codec reads itself (then Flower's path)."""
+    try:
+        dt = np.dtype(dtype)
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+    if dt.hasobject or dt.fields is not None or not dims:
+        return None
+    return dt, dims, _npy_header(dt.str, dims), int(np.prod(dims, dtype=np.int64))
+
+
+def _new_array(*, dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
+    """``Array(dtype=..., shape=..., stype=SType.NUMPY, data=...)`` without its generic argument
+    parsing (~20 µs a call, most of a small model's encoding): the four fields set as its constructor
+    sets them, so the object is equal to Flower's (same fields, ``object_id``, dirty flag; tested)."""
+    arr = Array.__new__(Array)
+    arr.__dict__.update(dtype=dtype, shape=shape, stype=SType.NUMPY, data=data)
+    return arr
+
+
 def _to_array(a: np.ndarray) -> Array:
     """``Array.from_numpy_ndarray(a)``, byte for byte, without ``np.save``'s per-call work."""
     a = np.ascontiguousarray(a)
     if a.dtype.hasobject or a.dtype.fields is not None or a.ndim == 0:
         return Array.from_numpy_ndarray(a)
-    data = b"".join((_npy_header(a.dtype.str, a.shape), a.data))  # one copy of the payload
-    return Array(dtype=str(a.dtype), shape=tuple(int(d) for d in a.shape), stype=SType.NUMPY, data=data)
+    shape = tuple(int(d) for d in a.shape)
+    data = b"".join((_npy_header(a.dtype.str, shape), a.data))  # one copy of the payload
+    return _new_array(dtype=_dtype_name(a.dtype), shape=shape, data=data)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)`` (what Flower records as an Array's dtype; ~2 µs uncached)."""
+    return str(dtype)
 
 
 def _from_array(arr: Array) -> np.ndarray:
@@ -63,15 +93,13 @@ def _from_array(arr: Array) -> np.ndarray:
     order — takes Flower's own ``np.load`` path with its checks.
     """
     try:
-        dtype = np.dtype(arr.dtype)
-        shape = tuple(int(d) for d in arr.shape)
-    except (TypeError, ValueError):
+        layout = _layout(arr.dtype, tuple(arr.shape)) if arr.stype == SType.NUMPY else None
+    except TypeError:  # an unhashable or non-iterable shape: let Flower complain
+        layout = None
+    if layout is None:
         return arr.numpy()
-    if arr.stype != SType.NUMPY or dtype.hasobject or dtype.fields is not None or not shape:
-        return arr.numpy()
-    header = _npy_header(dtype.str, shape)
+    dtype, shape, header, count = layout
     data = arr.data
-    count = int(np.prod(shape, dtype=np.int64))
     if len(data) != len(header) + count * dtype.itemsize or data[: len(header)] != header:
         return arr.numpy()
     return np.frombuffer(data, dtype=dtype, count=count, offset=len(header)).reshape(shape)
@@ -90,10 +118,19 @@ def record_to_arrays(record: ArrayRecord) -> list[np.ndarray]:
     return [_from_array(a) for a in record.values()]
 
 
-def train_message(node_id: int, instr: RoundInstructions, weights: ArrayRecord) -> Message:
+def instructions_record(instr: RoundInstructions) -> ConfigRecord:
+    """The ``config`` record of a train instruction (:meth:`RoundInstructions.to_record`)."""
+    return ConfigRecord(instr.to_record())
+
+
+def train_message(node_id: int, instr: RoundInstructions, weights: ArrayRecord, *,
+                  config: ConfigRecord | None = None) -> Message:
     """One client's train instruction. ``weights`` is encoded once per round and shared by the cohort's
-    messages (as Flower's own strategies share one record); clients only read it."""
-    content = RecordDict({"arrays": weights, "config": ConfigRecord(instr.to_record())})
+    messages (as Flower's own strategies share one record); clients only read it. So may ``config``,
+    :func:`instructions_record` of ``instr`` built once per round (the cohort gets the same
+    instructions); built here when omitted."""
+    content = RecordDict({"arrays": weights, "config": config if config is not None
+                          else instructions_record(instr)})
     return Message(content=content, dst_node_id=node_id, message_type=MessageType.TRAIN,
                    group_id=str(instr.round))
 

@@ -81,7 +81,8 @@ def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> Ex
                  ) -> tuple[list[ClientUpdate], dict[int, str]]:
         pid_of = {nodes[pid]: pid for pid in cohort}
         arrays = codec.arrays_to_record(weights)  # once per round, not once per client
-        messages = [codec.train_message(nodes[pid], instr, arrays) for pid in cohort]
+        config = codec.instructions_record(instr)  # likewise: the cohort gets the same instructions
+        messages = [codec.train_message(nodes[pid], instr, arrays, config=config) for pid in cohort]
         replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
         updates: list[ClientUpdate] = []
         failures: dict[int, str] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 
 import numpy as np
 import pytest
@@ -27,6 +28,10 @@ def test_encoding_is_byte_identical_to_flowers_and_decodes_both_ways(shape: list
     for k in ours:
         x, y = ours[k], theirs[k]
         assert (x.dtype, tuple(x.shape), x.stype, x.data) == (y.dtype, tuple(y.shape), y.stype, y.data)
+        # the same Flower object (built without Array's constructor): equal, same content id and
+        # dirty flag, and it survives the pickling of the engine's worker pool
+        assert pickle.loads(pickle.dumps(x)) == y
+        assert x == y and x.is_dirty == y.is_dirty and x.object_id == y.object_id
     for got, want in zip(codec.record_to_arrays(theirs), theirs.to_numpy_ndarrays(), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 
