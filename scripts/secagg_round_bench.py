@@ -7,7 +7,8 @@ Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure
 secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP), both on
 the default actively secure schedule, and ``secure-semi`` / ``distributed-semi`` on the semi-honest one.
 
-Issue 16's ratios, printed as JSON at the end (from the rows of this one run):
+Issue 16's ratios, printed as JSON at the end (from the rows of this one run), each from wall seconds
+and, load-robust, from CPU seconds per round (this process: the server and every client):
 
 * ``distributed_over_central``: distributed DP + SecAgg round over the central-DP round (goal <= 2 on
   digits);
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,12 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> 
 
     cfg = {"num-server-rounds": rounds, "seed": 0, "output-dir": str(out), "run-name": mode,
            "model": model, "target-delta": min(1e-5, 0.1 / clients), **MODES[mode]}
-    res = run_inprocess(run_config=cfg, num_supernodes=clients, app_dir=REPO, node_id_seed=1)
+    marks = _RoundCpu()
+    logging.getLogger("flwr").addHandler(marks)
+    try:
+        res = run_inprocess(run_config=cfg, num_supernodes=clients, app_dir=REPO, node_id_seed=1)
+    finally:
+        logging.getLogger("flwr").removeHandler(marks)
     saved = json.loads((out / mode / "results.json").read_text())
     from fedprivacy.fl.checkpoint import load_checkpoint
 
@@ -52,6 +61,7 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> 
     dim = int(sum(int(w.size) for w in ckpt.weights)) if ckpt is not None else None
     secs = [r["seconds"] for r in saved["rounds"]]
     steady = secs[1:] or secs
+    cpu = [b - a for a, b in zip(marks.at, marks.at[1:], strict=False)]
     exch = [(t, n, s) for t, n, s in res.stats.exchanges]
     return {
         "mode": mode, "seconds_per_round": statistics.median(steady), "round_seconds": secs,
@@ -59,7 +69,25 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> 
         "exchanges_per_round": saved["rounds"][-1].get("secagg_exchanges", 1),
         "exchange_seconds": exch[-8:], "dim": dim,
         "client_cpu_seconds": res.stats.client_cpu_seconds,
+        "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(cpu[1:] or cpu) if cpu else None,
     }
+
+
+_ROUND_LINE = re.compile(r"\s*round\s+\d+/\d+")  # a round's log line ("round   1/4  accuracy ...")
+
+
+class _RoundCpu(logging.Handler):
+    """This process's CPU seconds at the start and at every round's log line: one worker runs the
+    server and every client here, so their differences are a round's whole CPU cost, which other
+    processes on a shared machine do not inflate (unlike its wall time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = [time.process_time()]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _ROUND_LINE.match(record.getMessage()):
+            self.at.append(time.process_time())
 
 
 def _floor(mode: str, *, clients: int, dim: int) -> dict[str, Any]:
@@ -79,9 +107,12 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
     """Issue 16's ratios from this run's rows (None where a mode did not run)."""
     by = {r["mode"]: r for r in rows}
     sec = {m: by[m]["seconds_per_round"] for m in by}
+    cpu = {m: by[m].get("cpu_seconds_per_round") for m in by}
     out: dict[str, Any] = {}
     if "distributed" in sec and "central" in sec:
         out["distributed_over_central (goal <= 2 on digits)"] = sec["distributed"] / sec["central"]
+        if cpu["distributed"] and cpu["central"]:
+            out["distributed_over_central_cpu (load-robust)"] = cpu["distributed"] / cpu["central"]
     for secure, base, kind in (("secure", "plain", "none"), ("distributed", "central", "distributed"),
                                ("secure-semi", "plain", "none"),
                                ("distributed-semi", "central", "distributed")):
@@ -93,6 +124,12 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
                            "protocol_floor_per_client_seconds": floor["protocol_floor"],
                            "overhead_over_floor (goal <= 1.5)": per_client / floor["floor"],
                            "overhead_over_protocol_floor": per_client / floor["protocol_floor"]}
+            c_secure, c_base = cpu[secure], cpu[base]
+            if c_secure and c_base:  # the floor is CPU time too
+                per_client_cpu = (c_secure - c_base) / clients
+                out[secure]["overhead_per_client_cpu_seconds"] = per_client_cpu
+                out[secure]["overhead_cpu_over_floor (load-robust)"] = per_client_cpu / floor["floor"]
+                out[secure]["overhead_cpu_over_protocol_floor"] = per_client_cpu / floor["protocol_floor"]
     return out
 
 
@@ -108,18 +145,24 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     rows = []
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
             row = run_mode(mode, clients=args.clients, rounds=args.rounds, model=args.model, out=Path(tmp))
             rows.append(row)
-            print(f"{mode:12s} {row['seconds_per_round']:.3f} s/round  accuracy {row['accuracy']:.4f}  "
+            print(f"{mode:12s} {row['seconds_per_round']:.3f} s/round  "
+                  f"{row['cpu_seconds_per_round'] or float('nan'):.3f} CPU s/round  accuracy {row['accuracy']:.4f}  "
                   f"ε {row['epsilon']}  exchanges/round {row['exchanges_per_round']}", flush=True)
     base = next((r["seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
+    base_cpu = next((r["cpu_seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
     summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model,
-               "load_at_end": os.getloadavg(), "rows": rows,
+               "load_at_start": load_start, "load_at_end": os.getloadavg(), "rows": rows,
                "ratio_to_plain": {r["mode"]: (r["seconds_per_round"] / base if base else None) for r in rows},
+               "cpu_ratio_to_plain": {r["mode"]: (r["cpu_seconds_per_round"] / base_cpu
+                                                  if base_cpu and r["cpu_seconds_per_round"] else None)
+                                      for r in rows},
                "goals": goals(rows, clients=args.clients)}
-    print(json.dumps({"ratio_to_plain": summary["ratio_to_plain"], "goals": summary["goals"]}, indent=1))
+    print(json.dumps({k: summary[k] for k in ("ratio_to_plain", "cpu_ratio_to_plain", "goals")}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     return 0
