@@ -59,7 +59,8 @@ def simulate(  # pylint: disable=too-many-arguments
     summary: dict[str, Any] = {"engine": engine, "num_supernodes": num_supernodes}
     if engine == "inprocess":
         summary.update(_on_inprocess(pre.overrides, num_supernodes=num_supernodes, workers=workers,
-                                     faults=faults, app_dir=app_dir))
+                                     faults=faults, app_dir=app_dir,
+                                     rounds=int(pre.config.num_server_rounds)))
     else:
         if faults is not None or workers != 1:
             raise ValueError("faults and workers apply to the inprocess engine only")
@@ -74,11 +75,13 @@ def simulate(  # pylint: disable=too-many-arguments
 
 
 def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers: int,
-                  faults: FaultPlan | None, app_dir: str | Path) -> dict[str, Any]:
+                  faults: FaultPlan | None, app_dir: str | Path, rounds: int) -> dict[str, Any]:
+    from server.engine.console import round_progress
     from server.engine.run import run_inprocess
 
-    res = run_inprocess(run_config=overrides, num_supernodes=num_supernodes, workers=workers,
-                        faults=faults, app_dir=app_dir)
+    with round_progress(rounds):  # a live bar on a terminal; plain lines otherwise
+        res = run_inprocess(run_config=overrides, num_supernodes=num_supernodes, workers=workers,
+                            faults=faults, app_dir=app_dir)
     return {"workers": res.workers, "seconds": res.seconds, "startup_seconds": res.startup_seconds,
             "messages": res.stats.messages, "replies": res.stats.replies, "errors": res.stats.errors,
             "dropped": res.stats.dropped,

@@ -1,0 +1,41 @@
+"""``fedprivacy simulate``'s console: a rich progress bar on a terminal, the plain lines kept, nothing
+changed when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import flwr.common.logger  # noqa: F401 - installs Flower's console handler on the "flwr" logger
+from rich.console import Console
+
+from server.engine.console import round_progress
+
+LOG = logging.getLogger("flwr")
+LINE = "round {k:3d}/3  accuracy 0.{k}000  loss 1.0000  ε {eps}  clients 4/4  0.10s"
+
+
+def test_on_a_terminal_the_bar_follows_the_round_lines_which_are_all_kept() -> None:
+    # Arrange
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    # Act
+    with round_progress(3, console=console) as progress:
+        assert progress is not None
+        LOG.info(LINE.format(k=1, eps="1.250"))
+        LOG.info(LINE.format(k=2, eps="2.500"))
+        (task,) = progress.tasks
+        state = (task.completed, task.total, task.fields["figures"])
+    # Assert
+    assert state == (2, 3, "accuracy 0.2000  ε 2.500")
+    text = out.getvalue()
+    assert "round   1/3" in text and "round   2/3" in text  # printed above the bar, once each
+    assert text.count("round   2/3  accuracy") == 1
+    assert not LOG.filters  # the bar's filter is gone afterwards
+
+
+def test_without_a_terminal_there_is_no_bar() -> None:
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with round_progress(3, console=console) as progress:
+        LOG.info(LINE.format(k=1, eps="n/a (no DP)"))
+    assert progress is None and console.file.getvalue() == ""  # type: ignore[attr-defined]
