@@ -118,7 +118,10 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], *, log: Callable[[str]
     from server.secagg_exchange import GridSecureTransport
 
     cfg = RunConfig.from_mapping(run_config)
-    nodes = discover_partitions(grid, timeout=cfg.client_timeout, log=log)
+    # Every partition must have answered within client-timeout (at most NODE_WAIT_SECONDS): a run whose
+    # SuperNodes never come fails in the time the user set for a reply, not in a fixed minute.
+    nodes = discover_partitions(grid, timeout=cfg.client_timeout,
+                                wait=min(NODE_WAIT_SECONDS, cfg.client_timeout), log=log)
     transport = Transport(exchange=make_exchange(grid, nodes, timeout=cfg.client_timeout),
                           secure=GridSecureTransport(grid, nodes, timeout=cfg.client_timeout))
     return run_federated(cfg, population=len(nodes), transport=transport, log=log, **seams)

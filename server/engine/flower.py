@@ -46,7 +46,7 @@ from server.engine.appspec import load_app_spec, parse_overrides
 from server.engine.processes import Watchdog, die_with_parent, stop_processes, stop_started_by
 from server.engine.run import make_run, server_context
 
-__all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr",
+__all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr", "status_path",
            "stop_processes", "stop_started_by"]
 
 
@@ -110,6 +110,15 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+def status_path(flwr_home: Path) -> Path:
+    """Where the ServerApp of a run under ``flwr_home`` writes its status (``$FEDPRIVACY_STATUS_FILE``).
+
+    A SuperLink started by hand (the Deployment Engine) must carry the variable too: its ServerApp
+    process inherits the SuperLink's environment, not ``flwr run``'s.
+    """
+    return flwr_home / "fedprivacy-status.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,7 +206,7 @@ def run_flwr(  # pylint: disable=too-many-arguments
     temporary = flwr_home is None
     home = flwr_home or Path(tempfile.mkdtemp(prefix="fedprivacy-flwr-"))
     home.mkdir(parents=True, exist_ok=True)
-    status_file = home / "fedprivacy-status.json"
+    status_file = status_path(home)
     status_file.unlink(missing_ok=True)
     cmd = flwr_command(app_dir=app, num_supernodes=num_supernodes, run_config=run_config,
                        federation_config=federation_config, connection=connection)

@@ -7,10 +7,8 @@ process started here is stopped by process id afterwards (``server.engine.flower
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -59,73 +57,48 @@ def test_flwr_run_simulation_prints_epsilon_and_writes_results(tmp_path: Path) -
     assert _leftovers(home) == []
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    fh = log.open("wb")
-    return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=log.parent)
+def _carries(proc: psutil.Process, home: str) -> bool:
+    try:
+        return proc.environ().get("FLWR_HOME") == home or home in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
-def _wait_port(port: int, timeout: float = 60.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+def _run_deployment(*args: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+    """``scripts/deployment_local.py`` (the README's recipe) as a user runs it; the processes of its
+    private FLWR_HOME still alive afterwards (none expected), and that FLWR_HOME must be gone."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "deployment_local.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=1500, check=False)
+    homes = [line.rsplit("FLWR_HOME=", 1)[1] for line in proc.stdout.splitlines() if "FLWR_HOME=" in line]
+    assert len(homes) == 1, (proc.stdout + proc.stderr)[-3000:]
+    left = [p.pid for p in psutil.process_iter() if _carries(p, homes[0])
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert not Path(homes[0]).exists(), f"temporary folder left behind: {homes[0]}"
+    return proc, left
 
 
 def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
     # Arrange: one SuperLink and three SuperNodes, each on its own port, insecure, loopback only
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    env = flower.flwr_env(home)
-    bindir = Path(sys.executable).parent
-    link_port = flower.free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\n'
-        "insecure = true\n"
-    )
-    procs: list[subprocess.Popen[bytes]] = []
     out = tmp_path / "runs"
-    try:
-        procs.append(_spawn([str(bindir / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
-                             "--port", str(link_port), "--database", str(tmp_path / "state.db")],
-                            env, tmp_path / "superlink.log"))
-        _wait_port(link_port)
-        for i in range(3):
-            procs.append(_spawn([str(bindir / "flower-supernode"), "--insecure", "--superlink",
-                                 f"127.0.0.1:{link_port}", "--port", str(flower.free_port()),
-                                 # the operator's own floor: this seeded research run needs its consent
-                                 "--node-config", f"partition-id={i} num-partitions=3 client-allow-seeded=true"],
-                                env, tmp_path / f"supernode{i}.log"))
-        run_config = (f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 "
-                      "accountant='rdp'")
-        # Act
-        proc = subprocess.run([str(bindir / "flwr"), "run", str(REPO), "deploy", "--stream",
-                               "--run-config", run_config], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=1200, check=False)
-        # Assert
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log[-3000:]
-        assert (out / "deploy" / "results.json").exists(), log[-5000:]
-        results = json.loads((out / "deploy" / "results.json").read_text())
-        assert results["population"] == 3
-        assert [(r["round"], r["clients_aggregated"]) for r in results["rounds"]] == [(1, 3), (2, 3)]
-        assert results["privacy"]["epsilon"] > 0
-    finally:
-        tree: list[psutil.Process] = []
-        for p in procs:
-            try:
-                root = psutil.Process(p.pid)
-                tree += [*root.children(recursive=True), root]
-            except psutil.NoSuchProcess:
-                pass
-        victims = flower.stop_processes(tree)
-        for p in procs:
-            p.wait(timeout=30)
-    alive = [p for p in victims if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"processes still running: {alive}"
-    assert os.environ.get("FLWR_HOME") != str(home)  # the test never touched the caller's FLWR_HOME
+    run_config = f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 accountant='rdp'"
+    # Act (the operator's own floor: this seeded research run needs its consent)
+    proc, left = _run_deployment("--supernodes", "3", "--node-config", "client-allow-seeded=true",
+                                 "--run-config", run_config, "--timeout", "1200")
+    # Assert
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "deployment_local: completed (exit code 0)" in proc.stdout
+    results = json.loads((out / "deploy" / "results.json").read_text())
+    assert results["population"] == 3
+    assert [(r["round"], r["clients_aggregated"]) for r in results["rounds"]] == [(1, 3), (2, 3)]
+    assert results["privacy"]["epsilon"] > 0
+    assert left == []
+
+
+def test_deployment_run_that_no_supernode_answers_exits_5(tmp_path: Path) -> None:
+    # flwr run itself exits 0 here; the ServerApp gives up after client-timeout (10 s) without a node
+    proc, left = _run_deployment("--supernodes", "3", "--start", "0", "--run-config",
+                                 f"num-server-rounds=1 client-timeout=10 output-dir='{tmp_path}'",
+                                 "--timeout", "600")
+    assert proc.returncode == 5, (proc.stdout + proc.stderr)[-3000:]
+    assert "no-clients: only partitions [] answered" in proc.stderr and left == []
