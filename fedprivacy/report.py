@@ -122,8 +122,10 @@ _COVERS: dict[str, list[str]] = {
         "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that at "
         "most {colluders} clients collude with it (the ε above is computed for exactly that many "
         "colluders, whose noise is not counted); see docs/SECAGG.md.",
-        "- Does not cover: who took part or survived in a round, and timing. No amplification by "
-        "client sampling is claimed. Aborted rounds release nothing and spend nothing.",
+        "- Does not cover: who took part or survived in a round, and timing. Amplification by "
+        "client sampling is claimed only in the public's figure (parties that take part in no "
+        "round; participating clients see rosters and survivors), see the audiences table. Aborted "
+        "rounds release nothing and spend nothing.",
     ],
     "local": [
         "- Covers: each client's released update, against the server and everyone else; no trust in "
@@ -187,7 +189,7 @@ def _run_section(results: dict[str, Any]) -> list[str]:
 
 
 def _distributed_section(p: dict[str, Any]) -> list[str]:
-    """The noise the survivors really left, round by round, and ε for both audiences."""
+    """The noise the survivors really left, round by round, and ε for each audience."""
     d = p["distributed"]
     surv = d.get("survivors_per_round") or []
     stds = d.get("noise_std_of_sum_per_round") or []
@@ -195,25 +197,34 @@ def _distributed_section(p: dict[str, Any]) -> list[str]:
         "## Distributed DP: the noise the survivors left, and who ε is against",
         "",
         f"Noise: {d.get('noise', '')} (σ = z·C = {_fmt(p.get('noise_std'))}, t = {d.get('threshold')}). "
-        "Per completed round (accounted from these survivors, not from the plan):",
+        "Per completed round (each is charged the run's one worst-case release: the largest roster "
+        "and the supremum of the slack over survivor counts, so ε does not depend on the counts):",
         "",
         "| round | survivors in the sum | noise std of the sum |",
         "|---|---|---|",
     ]
-    numbers = d.get("completed_rounds") or list(range(1, len(surv) + 1))
-    for i, n, std in zip(numbers, surv, stds, strict=False):
-        lines.append(f"| {i} | {n} | {_fmt(std)} |")
-    aborted = d.get("aborted_rounds") or []
-    lines += ["", f"Aborted rounds (nothing released, no ε spent, model unchanged): {aborted or 'none'}.", ""]
+    if isinstance(surv, str):  # counts kept private (the public's amplified ε needs them secret)
+        lines += [f"| {i} | private | private |" for i in d.get("completed_rounds") or []]
+        lines += ["", f"Counts: {d.get('counts', '')}; aborted rounds: private.", ""]
+    else:
+        numbers = d.get("completed_rounds") or list(range(1, len(surv) + 1))
+        for i, n, std in zip(numbers, surv, stds, strict=False):
+            lines.append(f"| {i} | {n} | {_fmt(std)} |")
+        aborted = d.get("aborted_rounds") or []
+        lines += ["", f"Aborted rounds (nothing released, no ε spent, model unchanged): "
+                  f"{aborted or 'none'}.", ""]
     aud = d.get("audiences")
     delta = _fmt(p.get("delta"), "g")
     if aud:
         srv, obs = aud["server"], aud["observers"]
+        part = aud.get("participants") or {}
         lines += [
             f"| audience | ε at δ = {delta} | amplification | threat model |",
             "|---|---|---|---|",
             f"| the server | {_fmt(srv['epsilon'], '.6g')} | none | {srv['threat_model']} |",
-            f"| observers of the released models | {_fmt(obs['epsilon'], '.6g')} | {obs['sampling']} | "
+            f"| participating clients | {_fmt(part.get('epsilon'), '.6g')} | none | "
+            f"{part.get('threat_model', '')} |",
+            f"| the public (takes part in no round) | {_fmt(obs['epsilon'], '.6g')} | {obs['sampling']} | "
             f"{obs['threat_model']} |",
             "",
             f"Accountant: {srv['accountant']}; RDP cross-check for the server: "

@@ -95,11 +95,19 @@ such term: truncation is a conditioning on an event of probability ``>= 1 - G``)
 uses the float64 rejection sampler, whose deviation is not bounded: its releases carry
 ``exact_sampler=False`` and the report says so.
 
-Two audiences (:func:`audience_epsilons`). The *server* sees who takes part: no amplification,
-adaptive choice of survivors, malicious up to the protocol's guarantees. *Observers* of the released
-models (other clients, the public) see only the models, which are a post-processing of the server's
-view, so their epsilon is at most the server's; if the server follows the protocol and keeps the
-cohort secret, sampling amplifies exactly as in central DP (the same dominating pair).
+Three audiences (:func:`audience_epsilons`). The *server* sees who takes part: no amplification,
+adaptive choice of survivors, malicious up to the protocol's guarantees. *Participants* (clients
+that take part in rounds) are sent each round's roster and survivor list, which XNoise needs (every
+survivor must know ``|U3|`` and its rank), so against them sampling does not amplify either, and
+each knows its own kept noise: their figure is unamplified with that noise left out (review F1).
+*Observers* are the public: parties that take part in no round and see only the models, which are
+a post-processing of the server's view, so their epsilon is at most the server's; if the server
+follows the protocol and keeps the cohort secret, sampling amplifies exactly as in central DP (the
+same dominating pair). That needs the per-round counts kept private too (a known count ``n`` makes
+the round a uniform ``n``-subset, whose rate fluctuates, review F2) and nothing published may depend
+on them: runs charge every completed round the same :func:`worst_case_release` (the supremum of the
+slack over rosters and survivor counts, review F6), so the figure depends only on how many rounds
+completed.
 
 Legacy (:func:`distributed_round`): each client adds ``sigma^2/t``; the sum of ``n`` iid discrete
 Gaussians is bounded by KLS 2021 (Theorem 1 with Proposition 14, Eq. 17): with
@@ -156,6 +164,7 @@ __all__ = [
     "audience_claim",
     "audience_epsilons",
     "calibrate_distributed",
+    "worst_case_release",
     "gaussian_domination",
     "legacy_release",
     "release_privacy",
@@ -595,9 +604,12 @@ def release_privacy(design: XNoiseDesign, *, survivors: int, clip_norm: float, s
         clip_norm: ``C``; scale: ``s`` (integer units per unit); dim: padded dimension ``m``.
         beta: conditional rounding parameter (0: unconditional, trivial norm bound).
     """
+    # exact (review F2): the released noise does not depend on s only without colluders; with c > 0
+    # the levels design releases sigma^2 s/(s - c) (colluders' kept noise included)
     return _release(design.honest_kept_variances(survivors=survivors), survivors=survivors,
                     colluders=design.colluders,
-                    released_variance=design.released_variance(survivors=survivors), exact=True,
+                    released_variance=design.released_variance(survivors=survivors),
+                    exact=design.colluders == 0,
                     clip_norm=clip_norm, scale=scale, dim=dim, beta=beta,
                     smoothing_variance=smoothing_variance, tabulated=True)
 
@@ -647,6 +659,103 @@ def _release(variances: Sequence[float], *, survivors: int, colluders: int,
         exact=exact, sampler_ratio=ratio, sampler_tv=tv, exact_sampler=tabulated)
 
 
+# ============================================================================ worst case over rounds
+#: Relative margin below ``sigma^2`` at which exact designs are accounted: the component variances are
+#: floats, so the honest kept sum equals ``sigma^2`` only up to rounding (``<= ~1e-12`` relative, from
+#: ``sigma^2/h - sigma^2/(h+1)``); every round checks that its realised sum is above the accounted one.
+VARIANCE_MARGIN = 1e-9
+
+
+def _design_extent(*, min_survivors: int, colluders: int, max_roster: int) -> tuple[int, int]:
+    """``(largest roster a design can have, most honest kept components per coordinate)``.
+
+    ``binary`` (``c = 0``): at ``s`` survivors the kept components number ``s + sum_r popcount(k_r)
+    <= s + sum_r k_r = n``, so ``K <= n <= R``. ``levels``: a client keeps ``n - s + 1`` components
+    and ``s - c`` honest survivors count, ``K = max_s (s - c)(n - s + 1)``, increasing in ``n``; its
+    roster is capped by :data:`MAX_SEEDED_COMPONENTS` (``n - t`` seeded components).
+    """
+    t, c, r = min_survivors, colluders, max_roster
+    if c == 0:
+        return r, r
+    r = min(r, t + MAX_SEEDED_COMPONENTS)
+    return r, max((s - c) * (r - s + 1) for s in range(t, r + 1))
+
+
+def _smallest_component(total_variance: float, *, min_survivors: int, colluders: int,
+                        roster: int) -> float:
+    """Smallest component variance of any design with roster ``<= roster`` (default kinds)."""
+    s2, t, c = total_variance, min_survivors, colluders
+    if c == 0:
+        return s2 / roster  # binary: unit sigma^2/n, components b 2^j >= b
+    top = roster - c
+    return s2 / (top * (top - 1)) if roster > t else s2 / top  # levels: sigma^2/(h(h+1)), h <= top-1
+
+
+def _largest_share(*, min_survivors: int, roster: int) -> float:
+    """Largest fraction of ``sigma^2`` one survivor keeps (binary, ``c = 0``), any ``n <= roster``,
+    ``s >= t``: rank 0 keeps ``(1 + ceil((n - s)/s)) sigma^2/n``, largest at ``s = t``."""
+    t = min_survivors
+    return max((1 + -(-(n - t) // t)) / n for n in range(t, roster + 1))
+
+
+def worst_case_release(*, total_variance: float, min_survivors: int, colluders: int, max_roster: int,
+                       clip_norm: float, scale: float, dim: int, beta: float,
+                       participant: bool = False,
+                       smoothing_variance: float = SMOOTHING_VARIANCE) -> DistributedRelease:
+    """One release that dominates every completed round of the exact XNoise designs (default kinds)
+    with roster ``<= max_roster`` and any survivor count ``s`` in ``[t, roster]``.
+
+    Why (review F6 and F2): the amplified argument mixes rounds of different survivor counts, so its
+    slack must be the supremum over them, not the realised one; and a figure computed from the
+    realised counts (even its last digits) would publish them. This release depends on the run's
+    parameters only: every completed round is charged the same event and the same slack.
+
+    * Noise: ``V = sigma^2 (1 - VARIANCE_MARGIN)`` (exact designs keep ``sigma^2`` of honest noise for
+      every ``s``; a smaller variance is a valid domination: the real noise is ``V`` plus independent
+      noise). With ``participant=True`` and no colluders, the noise one participating client does
+      not know: ``V - sigma^2 share`` (:func:`_largest_share`), since it knows its own kept noise.
+      (With ``c >= 1`` the server's figure already removes ``c`` clients' noise.)
+    * Slack, per coordinate, with ``K`` components (:func:`_design_extent`), smallest variance
+      ``v_-`` and ``u_k >= v_-/2`` in Lemma 1's induction: ``log U <= K log(1 + e(v_-/2))``,
+      ``-log L <= K log(1 + e(v_-)) - K log(1 - e(v_-/2))``, so ``eta <= m max(up, down)`` as in
+      :func:`gaussian_domination`; the sampler's ratio and tail at their suprema over
+      ``[v_-, sigma^2/(t - c)]`` (:func:`fedprivacy.dp.tabulated.law_bounds_sup`), ``K`` times.
+    """
+    from fedprivacy.dp.tabulated import law_bounds_sup
+
+    t = _int_arg("min_survivors", min_survivors, 1)
+    c = _int_arg("colluders", colluders, 0)
+    r = _int_arg("max_roster", max_roster, t)
+    m = _int_arg("dim", dim, 1)
+    s2, w = float(total_variance), float(smoothing_variance)
+    if not c < t:
+        raise ValueError(f"colluders must be < min_survivors={t}, got {c}")
+    r, k = _design_extent(min_survivors=t, colluders=c, max_roster=r)
+    v_min = _smallest_component(s2, min_survivors=t, colluders=c, roster=r)
+    honest = s2 * (1.0 - VARIANCE_MARGIN)
+    if participant and c == 0:
+        honest -= s2 * _largest_share(min_survivors=t, roster=r)
+    if not honest > w:
+        raise ValueError(f"no noise is left against {'a participant' if participant else 'the server'} "
+                         f"(min_survivors={t}): the honest variance {honest:g} is below the smoothing "
+                         f"variance {w:g}")
+    e_half, e_min, e_w = theta_excess(v_min / 2.0), theta_excess(v_min), theta_excess(w)
+    if not (e_half < 1.0 and e_w < 1.0):
+        raise ValueError(f"noise components of variance {v_min:g} are too small to analyse; raise the scale")
+    up = k * math.log1p(e_half)
+    down = k * (math.log1p(e_min) - math.log1p(-e_half))
+    r_sup, tail_sup = law_bounds_sup(min_variance=v_min, max_variance=s2 / (t - c))
+    l2 = rounded_l2_norm_bound(l2_norm=clip_norm * scale, dim=m, beta=beta)
+    return DistributedRelease(
+        survivors=t, honest_survivors=t - c, l2_sensitivity=l2, dim=m,
+        released_variance=s2 * t / (t - c), honest_variance=honest, min_component_variance=v_min,
+        continuous_std=math.sqrt(honest - w),
+        eta=m * max(up + math.log1p(e_w), down - math.log1p(-e_w)),
+        rdp_log_upper=m * (up + math.log1p(e_min)), rdp_log_lower=-m * down,
+        exact=c == 0, sampler_ratio=m * k * -math.log1p(-r_sup), sampler_tv=m * k * tail_sup,
+        exact_sampler=True)
+
+
 # ============================================================================ two audiences
 AUDIENCES = ("server", "observers")
 #: RDP orders of the cross-check (dp-accounting's defaults above 1).
@@ -658,11 +767,14 @@ class AudienceEpsilons:
     """Epsilon of a sequence of released rounds for each audience, at ``delta``.
 
     ``server``: no amplification (the server sees who takes part and picks the survivors);
-    ``observers``: only the released models, amplified by the sampling that ran, never above
-    ``server`` (the models are a post-processing of the server's view). ``slack`` is ``H``.
-    ``server_rdp`` is the RDP cross-check (``server`` is the smaller of it and the PLD bound).
-    ``amplified`` says whether the observers' figure claims amplification (only when every round
-    is ``exact``: with the legacy share the noise level reveals the survivor count).
+    ``observers``: *the public*, parties that take part in no round and see only the released
+    models, amplified by the sampling that ran, never above ``server`` (the models are a
+    post-processing of the server's view). ``participants``: a participating client (or a coalition
+    of ``max(c, 1)`` of them, without the server): it is sent each round's roster and survivors, so
+    no amplification, and it knows its own kept noise (review F1); None when not computed.
+    ``slack`` is ``H'``. ``server_rdp`` is the RDP cross-check (``server`` is the smaller of it and
+    the PLD bound only when the sampler has no truncation term, review F5). ``amplified`` says
+    whether the observers' figure claims amplification (only when every round is ``exact``).
     """
 
     server: float
@@ -675,6 +787,7 @@ class AudienceEpsilons:
     rounds: int
     amplified: bool = False
     sampler_bounded: bool = True  # False: some round used the float64 sampler (deviation unbounded)
+    participants: float | None = None
 
 
 def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling, *,
@@ -694,51 +807,87 @@ def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling
     return acc.epsilon(delta=delta)
 
 
+@dataclass(frozen=True, slots=True)
+class _Composed:
+    """The slack terms of a sequence of releases and its Gaussian epsilon under a sampling."""
+
+    releases: Sequence[DistributedRelease]
+    delta: float
+    neighbouring: Neighbouring
+    backend: str
+
+    @property
+    def tv(self) -> float:
+        return math.fsum(r.sampler_tv for r in self.releases)
+
+    @property
+    def slack(self) -> float:
+        """``H' = sum (eta + A) - log(1 - sum G)`` (module docstring, "Sampler")."""
+        rs = self.releases
+        h = math.fsum(r.eta for r in rs) + math.fsum(r.sampler_ratio for r in rs) - math.log1p(-self.tv)
+        if not h <= 1e-3:
+            raise ValueError(f"the accounting slack H={h:g} is too large (noise components of "
+                             "variance below ~1 integer unit, or a huge model); raise the scale or noise")
+        return h
+
+    def pld(self, sampling: Sampling) -> float:
+        slack, tv = self.slack, self.tv
+        d_eff = self.delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
+        eps = _gaussian_epsilon(self.releases, sampling, delta=d_eff, neighbouring=self.neighbouring,
+                                backend=self.backend) + 2.0 * slack
+        if tv and eps > math.log(_TV_SHARE * self.delta / tv):  # e^eps * TV must stay <= share * delta
+            return math.inf  # not certified this way (epsilon > ~150)
+        return eps
+
+    def rdp(self) -> float:
+        orders = list(RDP_ORDERS)
+        curve = [math.fsum(v) for v in zip(*(r.rdp(orders, neighbouring=self.neighbouring)
+                                              for r in self.releases), strict=True)]
+        return float(rdp_lib.compute_epsilon(orders, curve, self.delta)[0])
+
+    def unamplified(self) -> tuple[float, float, float]:
+        """``(figure, pld, rdp)`` without sampling. The RDP curve counts the sampler's truncation as
+        a conditioning, which is not sound (the truncated law's support differs between datasets,
+        review F5): it is the figure only when there is no truncation term."""
+        pld, rdp = self.pld(NoSampling()), self.rdp()
+        return (min(pld, rdp) if not self.tv else pld), pld, rdp
+
+
 def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
                       sampling: Sampling | None = None,
                       neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
-                      backend: str = "pld") -> AudienceEpsilons:
-    """Both audiences' epsilon: ``eps_Gauss(delta (1 - 1e-6) e^-H') + 2H'`` (Proposition, "Sampler").
+                      backend: str = "pld",
+                      participant_releases: Sequence[DistributedRelease] | None = None,
+                      ) -> AudienceEpsilons:
+    """Every audience's epsilon: ``eps_Gauss(delta (1 - 1e-6) e^-H') + 2H'`` (Proposition, "Sampler").
 
-    ``sampling`` is the client sampling that ran (None: every client every round). The observers'
-    figure uses the same accountant and event as central DP for that sampling.
+    ``sampling`` is the client sampling that ran as the public sees it (None: no amplification,
+    e.g. every client every round, or per-round counts published). The observers' figure uses the
+    same accountant and event as central DP for that sampling. ``participant_releases``: the same
+    rounds against a participating client (:func:`worst_case_release` with ``participant=True``),
+    unamplified.
     """
     nb = Neighbouring.parse(neighbouring)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not releases:
         return AudienceEpsilons(server=0.0, observers=0.0, server_pld=0.0, observers_pld=0.0,
-                                server_rdp=0.0, slack=0.0, delta=delta, rounds=0)
-    dom = math.fsum(r.eta for r in releases)
-    ratio = math.fsum(r.sampler_ratio for r in releases)
-    tv = math.fsum(r.sampler_tv for r in releases)
-    slack = dom + ratio - math.log1p(-tv)  # H' (module docstring, "Sampler")
-    if not slack <= 1e-3:
-        raise ValueError(f"the accounting slack H={slack:g} is too large (noise components of "
-                         "variance below ~1 integer unit, or a huge model); raise the scale or noise")
-    d_eff = delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
-
-    def gauss(sampling: Sampling) -> float:
-        eps = _gaussian_epsilon(releases, sampling, delta=d_eff, neighbouring=nb,
-                                backend=backend) + 2.0 * slack
-        if tv and eps > math.log(_TV_SHARE * delta / tv):  # e^eps * TV must stay <= share * delta
-            return math.inf  # not certified this way (epsilon > ~150); the RDP figure still is
-        return eps
-
-    server_pld = gauss(NoSampling())
-    orders = list(RDP_ORDERS)
-    curve = [math.fsum(v) for v in zip(*(r.rdp(orders, neighbouring=nb) for r in releases),
-                                        strict=True)]
-    server_rdp = float(rdp_lib.compute_epsilon(orders, curve, delta)[0])
-    server = min(server_pld, server_rdp)
+                                server_rdp=0.0, slack=0.0, delta=delta, rounds=0,
+                                participants=0.0 if participant_releases is not None else None)
+    comp = _Composed(releases, delta, nb, backend)
+    server, server_pld, server_rdp = comp.unamplified()
     if sampling is None or isinstance(sampling, NoSampling) or not all(r.exact for r in releases):
         obs_pld = server_pld  # no amplification claimed (nothing sampled, or noise tied to s)
     else:
-        obs_pld = gauss(sampling)
+        obs_pld = comp.pld(sampling)
+    participants = None
+    if participant_releases is not None:
+        participants = max(_Composed(participant_releases, delta, nb, backend).unamplified()[0], server)
     return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
-                            observers_pld=obs_pld, server_rdp=server_rdp, slack=slack,
+                            observers_pld=obs_pld, server_rdp=server_rdp, slack=comp.slack,
                             delta=delta, rounds=len(releases), amplified=obs_pld is not server_pld,
-                            sampler_bounded=all(r.exact_sampler for r in releases))
+                            sampler_bounded=all(r.exact_sampler for r in releases),
+                            participants=participants)
 
 
 #: Share of delta reserved for the tabulated sampler's truncation (``e^eps TV <= share delta``).
@@ -748,8 +897,9 @@ _TV_SHARE = 1e-6
 # ============================================================================ calibration
 def accounted_noise_multiplier(*, noise_multiplier: float, clip_scale: float, l2_sensitivity: float,
                                smoothing_variance: float = SMOOTHING_VARIANCE) -> float:
-    """``sqrt((z C s)^2 - w) / Delta_2``: the Gaussian the ledger composes for a run of noise ``z``."""
-    v = (noise_multiplier * clip_scale) ** 2 - smoothing_variance
+    """``sqrt((z C s)^2 (1 - VARIANCE_MARGIN) - w) / Delta_2``: the Gaussian the ledger composes for a
+    run of noise ``z`` (:func:`worst_case_release`)."""
+    v = (noise_multiplier * clip_scale) ** 2 * (1.0 - VARIANCE_MARGIN) - smoothing_variance
     if not v > 0:
         raise ValueError(f"noise variance (z C s)^2 = {(noise_multiplier * clip_scale) ** 2:g} must "
                          f"exceed the smoothing variance {smoothing_variance:g}; raise the scale")
@@ -788,11 +938,12 @@ def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: 
     z = z_acc
     for _ in range(64):
         clip_scale, l2 = encoding_for(z)
-        if (z * clip_scale) ** 2 > smoothing_variance and accounted_noise_multiplier(
+        if (z * clip_scale) ** 2 * (1.0 - VARIANCE_MARGIN) > smoothing_variance and accounted_noise_multiplier(
                 noise_multiplier=z, clip_scale=clip_scale, l2_sensitivity=l2,
                 smoothing_variance=smoothing_variance) >= z_acc:
             return z
-        z = max(z * (1 + 1e-12), math.sqrt((z_acc * l2) ** 2 + smoothing_variance) / clip_scale)
+        z = max(z * (1 + 1e-12), math.sqrt(((z_acc * l2) ** 2 + smoothing_variance)
+                                           / (1.0 - VARIANCE_MARGIN)) / clip_scale)
     raise ValueError("calibration did not converge: the encoding's scale keeps shrinking with the "
                      "noise; raise secagg-bits")
 
@@ -804,26 +955,39 @@ SERVER_THREAT_MODEL = (
     "the honest survivors' kept noise (the secure-aggregation guarantee), so no amplification by "
     "sampling is claimed")
 OBSERVERS_THREAT_MODEL = (
-    "anyone who sees only the released models (other clients, the public): the server follows the "
-    "protocol and keeps the cohort secret (including the per-round participation and survivor counts "
-    "of the run's outputs: they are for the operator, not for publication); the models are a "
+    "the public: parties that take part in no round of the run and see only the released models "
+    "(a participating client is NOT in this audience: it is sent each round's roster and survivor "
+    "list, see the participants' figure); the server follows the protocol and keeps the cohort "
+    "secret; the per-round counts (clients sampled, roster, survivors, graph degree) are not "
+    "published (they are in the server's private log) and every completed round is charged the "
+    "same worst-case release, so nothing published depends on them; the models are a "
     "post-processing of the server's view, so this epsilon is never above the server's; "
     "amplification by the sampling that ran is claimed only when the released noise does not depend "
-    "on the survivors (exact XNoise)")
+    "on the survivors (exact XNoise without colluders) and the counts stay private")
+PARTICIPANTS_THREAT_MODEL = (
+    "a client that takes part in rounds (or a coalition of max(c, 1) such clients, without the "
+    "server): each round it takes part in tells it the roster and the survivors, so no amplification "
+    "by sampling is claimed; it knows its own kept noise, which is not counted (with c = 0 this makes "
+    "its figure larger than the server's; with c >= 1 the server's figure already leaves c clients' "
+    "noise out and this figure is the server's)")
 
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
-                   exact_noise: bool, sampled: bool = True) -> dict[str, Any]:
+                   exact_noise: bool, sampled: bool = True,
+                   counts_published: bool = False) -> dict[str, Any]:
     """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
     if eps.amplified:
-        why = f"amplified by {sampling_description}"
+        why = f"amplified by {sampling_description} (the public only; counts kept private)"
     elif not sampled:
         why = "not amplified: every client takes part in every round"
     elif not exact_noise:
-        why = ("not amplified: the survivors' noise depends on how many survived (legacy share), "
-               "so its level could reveal whether a client was in the sum")
+        why = ("not amplified: the released noise depends on how many survived (colluders > 0, or "
+               "the legacy share), so its level could reveal whether a client was in the sum")
+    elif counts_published:
+        why = ("not amplified: the per-round client counts are published (publish-participation), and "
+               "a known count changes the sampling the public faces (review F2)")
     else:
-        why = "not amplified: every client takes part in every round"
+        why = "not amplified"
     sampler = ("tabulated discrete Gaussian: exact integer law, its deviation charged (slack H')"
                if eps.sampler_bounded else
                "float64 rejection sampler (legacy share): its deviation from N_Z (~2^-53 per "
@@ -832,11 +996,16 @@ def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluder
         "server": {"epsilon": eps.server, "delta": eps.delta, "amplification": False,
                    "threat_model": SERVER_THREAT_MODEL, "colluders": colluders,
                    "accountant": ("pld of the dominating continuous Gaussian "
-                                  "(fedprivacy.accounting.distributed, Proposition), min with the "
-                                  "RDP cross-check"),
+                                  "(fedprivacy.accounting.distributed, Proposition), one worst-case "
+                                  "release per completed round; the RDP cross-check is reported, and "
+                                  "used only when the sampler has no truncation term"),
                    "pld": eps.server_pld, "rdp_cross_check": eps.server_rdp},
         "observers": {"epsilon": eps.observers, "delta": eps.delta, "amplification": eps.amplified,
+                      "who": "the public (takes part in no round)",
                       "sampling": why, "threat_model": OBSERVERS_THREAT_MODEL,
                       "colluders": colluders, "pld": eps.observers_pld},
+        "participants": {"epsilon": eps.participants, "delta": eps.delta, "amplification": False,
+                         "who": f"a participating client (or up to {max(colluders, 1)} of them)",
+                         "threat_model": PARTICIPANTS_THREAT_MODEL, "colluders": colluders},
         "slack": eps.slack, "rounds": eps.rounds, "noise_sampler": sampler,
     }

@@ -30,6 +30,7 @@ additive delta term (:func:`fedprivacy.accounting.distributed.sampler_slack`).
 
 from __future__ import annotations
 
+import decimal
 import functools
 import itertools
 import math
@@ -38,8 +39,8 @@ import numpy as np
 
 from fedprivacy.dp.rng import RandomSource
 
-__all__ = ["EXP_ERROR", "PRECISION_BITS", "TAIL_BITS", "TabulatedDiscreteGaussian", "law_bounds",
-           "sample_tabulated_discrete_gaussian"]
+__all__ = ["EXP_ERROR", "PRECISION_BITS", "TAIL_BITS", "TabulatedDiscreteGaussian", "check_exp_accuracy",
+           "law_bounds", "law_bounds_sup", "sample_tabulated_discrete_gaussian"]
 
 #: Assumed bound on the relative error of numpy's float64 ``exp`` (4 ULP = 2^-50; checked in tests).
 EXP_ERROR = 2.0**-50
@@ -67,6 +68,8 @@ class TabulatedDiscreteGaussian:
         xs = np.arange(-k, k + 1, dtype=np.float64)
         arg = (xs * xs) / (2.0 * v)  # x^2 exact (|x| < 2^26), one rounding in the division
         w = np.exp(-arg)
+        check_exp_accuracy()  # this platform's exp, once per process (review F7)
+        _spot_check(arg, w)  # and the very weights of this table, at a few entries
         # scaled just below 1 so that the exact integer total stays below 2^S (rejection ~2^-40)
         frac = w / (math.fsum(w.tolist()) * (1.0 + 2.0**-40))
         s = PRECISION_BITS
@@ -154,6 +157,47 @@ class TabulatedDiscreteGaussian:
                 return i - self.k
 
 
+#: Arguments of the platform check: the range the tables use (``x^2/2v <= ~178``), dense and uneven.
+_CHECK_ARGS = 4097
+
+
+@functools.lru_cache(maxsize=1)
+def check_exp_accuracy() -> float:
+    """The largest relative error of this platform's numpy float64 ``exp`` on ``_CHECK_ARGS``
+    arguments in ``[-180, 0]``, against ``decimal`` (34 digits); raises ArithmeticError above
+    :data:`EXP_ERROR`, the bound the sampler's law (:func:`law_bounds`) assumes.
+
+    Why here (review F7): the client's platform draws the noise, so the client checks its own ``exp``
+    before it builds a table (cached once per process: ~0.2 s), instead of trusting a test run on the
+    developers' machine. A failing platform refuses to encode rather than add noise whose law is
+    outside the charged bound.
+    """
+    args = -np.linspace(0.0, 180.0, _CHECK_ARGS) * (1.0 + np.sin(np.arange(_CHECK_ARGS)) * 1e-3)
+    args = np.maximum(args, -180.0)
+    worst = _worst_relative_error(args, np.exp(args))
+    if not worst <= EXP_ERROR:
+        raise ArithmeticError(f"numpy exp has relative error {worst:.3g} > {EXP_ERROR:.3g} on this "
+                              "platform; the exact sampler's bound does not hold, refusing to sample")
+    return worst
+
+
+def _worst_relative_error(args: np.ndarray, got: np.ndarray) -> float:
+    with decimal.localcontext() as ctx:
+        ctx.prec = 34
+        worst = max(abs(decimal.Decimal(float(g)) / decimal.Decimal(float(a)).exp() - 1)
+                    for a, g in zip(args.tolist(), got.tolist(), strict=True))
+    return float(worst)
+
+
+def _spot_check(arg: np.ndarray, w: np.ndarray, *, points: int = 64) -> None:
+    """``exp`` of a table's own arguments, at ``points`` evenly spaced entries, against ``decimal``."""
+    idx = np.unique(np.linspace(0, arg.shape[0] - 1, points).astype(np.int64))
+    worst = _worst_relative_error(-arg[idx], w[idx])
+    if not worst <= EXP_ERROR:
+        raise ArithmeticError(f"numpy exp has relative error {worst:.3g} > {EXP_ERROR:.3g} on this "
+                              "table's weights; refusing to sample")
+
+
 def _support(v: float) -> int:
     return math.ceil(math.sqrt(2.0 * v * TAIL_BITS * math.log(2.0)))
 
@@ -176,6 +220,25 @@ def law_bounds(variance: float) -> tuple[float, float]:
     r = (2.0 * e_w + 3.0 * _U) * 1.01
     a = (k + 1.0) ** 2 / (2.0 * v)
     return r, 2.0 * math.exp(-a) / -math.expm1(-(k + 1.0) / v)
+
+
+def law_bounds_sup(*, min_variance: float, max_variance: float) -> tuple[float, float]:
+    """``(r, tail)`` valid for every table of variance in ``[min_variance, max_variance]``.
+
+    ``r`` grows with ``a_max = K^2/(2v)``, and ``K = ceil(sqrt(2 v T ln 2)) < sqrt(2 v T ln 2) + 1``
+    gives ``a_max < (sqrt(T ln 2) + 1/sqrt(2v))^2``, decreasing in ``v``: its value at ``min_variance``.
+    ``tail``: ``(K+1)^2/(2v) > T ln 2`` and ``(K+1)/v > sqrt(2 T ln 2/v)``, decreasing in ``v``: at
+    ``max_variance`` (``T = TAIL_BITS``).
+    """
+    lo, hi = float(min_variance), float(max_variance)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        raise ValueError(f"need 0 < min_variance <= max_variance (finite), got {min_variance!r}, "
+                         f"{max_variance!r}")
+    tl = TAIL_BITS * math.log(2.0)
+    a_max = (math.sqrt(tl) + 1.0 / math.sqrt(2.0 * lo)) ** 2 * (1.0 + _U) ** 2
+    e_w = EXP_ERROR + a_max * _U * 1.01
+    r = (2.0 * e_w + 3.0 * _U) * 1.01
+    return r, 2.0 * 2.0**-TAIL_BITS / -math.expm1(-math.sqrt(2.0 * tl / hi))
 
 
 @functools.lru_cache(maxsize=32)

@@ -63,9 +63,16 @@ class ConsoleCallback(RunCallback):
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         acc = f"{result.records[-1].test_accuracy:.4f}" if result.records else "n/a"
         where = run.run_dir / "results.json" if run.run_dir is not None else "memory (no run folder)"
+        privacy = result.results["privacy"]
         self.log(f"{'done' if result.status == 'completed' else result.status}: {len(result.records)} "
-                 f"rounds, accuracy {acc}, ε {_fmt_eps(result.results['privacy'].get('epsilon'))}; "
+                 f"rounds, accuracy {acc}, ε {_fmt_eps(privacy.get('epsilon'))}; "
                  f"results in {where}")
+        aud = (privacy.get("distributed") or {}).get("audiences")
+        if aud:  # distributed DP: who each figure is against (the public's alone may be amplified)
+            self.log(f"ε by audience: server {_fmt_eps(aud['server']['epsilon'])}, participating "
+                     f"clients {_fmt_eps(aud['participants']['epsilon'])} (no amplification), the public "
+                     f"(takes part in no round) {_fmt_eps(aud['observers']['epsilon'])} "
+                     f"({aud['observers']['sampling']})")
 
 
 class CheckpointCallback(RunCallback):

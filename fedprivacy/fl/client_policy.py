@@ -262,6 +262,12 @@ class ClientPolicy:
             raise PolicyRefusal("encoding asks for the legacy noise share (each client N_Z(0, sigma^2/t) "
                                 "from the float64 sampler, whose deviation is not bounded in the claim); "
                                 "this client adds only exact XNoise components (xnoise=true)")
+        from fedprivacy.dp.tabulated import check_exp_accuracy
+
+        try:  # the exact sampler's bound assumes this platform's exp (review F7): check before sharing
+            check_exp_accuracy()
+        except ArithmeticError as exc:
+            raise PolicyRefusal(str(exc)) from None
         if config.colluders < self.colluders:
             raise PolicyRefusal(f"encoding assumes {config.colluders} colluders, this client assumes "
                                 f"{self.colluders}")

@@ -73,6 +73,8 @@ JOURNAL_NAME = "privacy-journal.jsonl"
 #: The private server log of per-round client counts, in ``<run dir>/private/`` (issue 11).
 PARTICIPATION_LOG = "participation.jsonl"
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
+#: Row keys of a secure round that depend on its counts (distributed runs with private counts, review F2).
+SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted")
 
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
@@ -562,6 +564,10 @@ class FederatedRun:
         the ε does not cover. The counts then go only to the private server log
         (:data:`PARTICIPATION_LOG`). ``publish-participation = true`` publishes them, uncovered.
         """
+        if self.cfg.privacy == "distributed":  # the public's amplified ε needs them private (F2)
+            from fedprivacy.fl.secure.params import counts_private
+
+            return not counts_private(self.cfg)
         return self.cfg.privacy != "central" or self.cfg.publish_participation
 
     def _log_participation(self, record: RoundRecord) -> None:
@@ -570,8 +576,11 @@ class FederatedRun:
             return
         folder = self.run_dir / "private"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        line = json.dumps({"round": record.round, "clients_sampled": record.clients_sampled,
-                           "clients_aggregated": record.clients_aggregated}) + "\n"
+        counts = {"round": record.round, "clients_sampled": record.clients_sampled,
+                  "clients_aggregated": record.clients_aggregated}
+        row = record.to_json()
+        counts.update({k: row[k] for k in SECURE_COUNT_KEYS if k in row})
+        line = json.dumps(counts) + "\n"
         fd = os.open(folder / PARTICIPATION_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             os.write(fd, line.encode("utf-8"))
@@ -582,11 +591,17 @@ class FederatedRun:
         rows = [r.to_json() for r in self.records]
         if not self.publishes_participation:
             for row in rows:
-                for key in PARTICIPATION_KEYS:
+                for key in PARTICIPATION_KEYS + SECURE_COUNT_KEYS:
                     row.pop(key, None)
         return rows
 
     def _participation_block(self) -> dict[str, Any]:
+        if self.cfg.privacy == "distributed" and not self.publishes_participation:
+            return {"published": False, "covered_by_epsilon": False,
+                    "private_log": f"private/{PARTICIPATION_LOG}",
+                    "note": "per-round client counts, rosters, survivors, graph degrees, noise levels and "
+                            "abort reasons are left out of the published outputs (the public's amplified ε "
+                            "needs them secret); the server keeps them in its private log"}
         if self.cfg.privacy != "central":
             return {"published": True, "covered_by_epsilon": False,
                     "note": "who takes part is seen by the server in this mode and not covered by ε"}

@@ -37,6 +37,7 @@ from fedprivacy.accounting.distributed import (
     legacy_release,
     release_privacy,
     rounded_l2_norm_bound,
+    worst_case_release,
 )
 from fedprivacy.dp.clipping import l2_norm
 from fedprivacy.dp.discrete import sample_discrete_gaussian
@@ -148,13 +149,23 @@ class DistributedDPConfig:
                               colluders=self.colluders, clip_norm=self.clip_norm, scale=self.scale,
                               dim=self.padded_dim, beta=self.beta)
 
+    def worst_release(self, *, max_roster: int, participant: bool = False) -> DistributedRelease:
+        """One release dominating every completed XNoise round with roster ``<= max_roster`` and any
+        survivor count (:func:`~fedprivacy.accounting.distributed.worst_case_release`): the event and
+        the slack a run charges for each completed round, whatever its counts."""
+        if not self.xnoise:
+            raise ValueError("worst_release needs exact XNoise components (xnoise=True)")
+        return worst_case_release(total_variance=self.target_variance, min_survivors=self.min_survivors,
+                                  colluders=self.colluders, max_roster=max_roster,
+                                  clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+                                  beta=self.beta, participant=participant)
+
     def slack_bound(self, *, roster: int) -> tuple[float, float]:
-        """Worst per-round accounting slack over every survivor count ``t..roster``: ``(h, g)`` with
-        ``h = eta + sampler ratio`` and ``g`` the sampler's truncation TV (the ``H'`` and ``G`` of
-        :mod:`fedprivacy.accounting.distributed`); a budget check that charges ``h`` and ``g`` per
-        round is never below the final figure."""
-        rels = [self.release(roster=roster, survivors=s) for s in range(self.min_survivors, roster + 1)]
-        return (max(r.eta + r.sampler_ratio for r in rels), max(r.sampler_tv for r in rels))
+        """Per-round accounting slack ``(h, g)`` (``h = eta + sampler ratio``, ``g`` the sampler's
+        truncation TV; the ``H'`` and ``G`` of :mod:`fedprivacy.accounting.distributed`) of
+        :meth:`worst_release`: a bound for every roster ``<= roster`` and every survivor count."""
+        r = self.worst_release(max_roster=roster)
+        return r.eta + r.sampler_ratio, r.sampler_tv
 
     @property
     def released_variance_bound(self) -> float:

@@ -92,3 +92,46 @@ def test_ties_and_rejections_resolve_on_exact_integers() -> None:
     # the exact law is what it says: q(x) = M_x / M, as a rational
     assert Fraction(cum[t.k + 1] - cum[t.k], t._total) == Fraction(
         int(math.ldexp(float(t._frac[t.k]), PRECISION_BITS)), t._total)
+
+
+def test_a_platform_whose_exp_is_off_refuses_to_build_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # review F7: the client checks its own exp before sampling; a 2^-40 error (beyond the assumed
+    # 4 ULP) must stop the table build and the client's share stage, not bias the noise silently
+    from fedprivacy.dp import tabulated
+
+    assert tabulated.check_exp_accuracy() <= EXP_ERROR  # this platform passes
+    real_exp = np.exp
+    monkeypatch.setattr(tabulated.np, "exp", lambda x: real_exp(x) * (1.0 + 2.0**-40))
+    tabulated.check_exp_accuracy.cache_clear()
+    tabulated._table.cache_clear()
+    try:
+        with pytest.raises(ArithmeticError, match="relative error"):
+            tabulated.check_exp_accuracy()
+        with pytest.raises(ArithmeticError, match="relative error"):
+            TabulatedDiscreteGaussian(12.5)
+    finally:
+        monkeypatch.undo()
+        tabulated.check_exp_accuracy.cache_clear()
+        tabulated._table.cache_clear()
+    assert TabulatedDiscreteGaussian(12.5).ratio_bound > 0
+
+
+def test_the_spot_check_catches_a_wrong_weight_in_one_table() -> None:
+    # the platform check passed, but one table's own weights are computed by a path that is off
+    from fedprivacy.dp import tabulated
+
+    arg = np.linspace(0.0, 100.0, 1001)
+    w = np.exp(-arg)
+    tabulated._spot_check(arg, w)  # fine
+    w[-1] *= 1.0 + 2.0**-45  # the last entry is always among the checked ones
+    with pytest.raises(ArithmeticError, match="this table"):
+        tabulated._spot_check(arg, w)
+
+
+def test_law_bounds_sup_covers_every_variance_in_its_range() -> None:
+    from fedprivacy.dp.tabulated import law_bounds, law_bounds_sup
+
+    r_sup, tail_sup = law_bounds_sup(min_variance=0.8, max_variance=4e9)
+    for v in np.geomspace(0.8, 4e9, 400):
+        r, tail = law_bounds(float(v))
+        assert r <= r_sup and tail <= tail_sup

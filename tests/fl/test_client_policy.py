@@ -4,6 +4,7 @@ the server sends; the policy comes from node_config keys with safe defaults in c
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from fedprivacy.fl.client_policy import NODE_CONFIG_KEYS, ClientPolicy, PolicyRefusal
@@ -137,3 +138,20 @@ def test_simulation_policy_is_what_the_user_asked_for() -> None:
 
     env = {ENV_VAR: json.dumps(p.to_node_config())}
     assert ClientPolicy.resolve({}, env) == p
+
+
+def test_a_client_whose_exp_is_off_refuses_before_sharing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # review F7: the client checks its own platform's exp at the share stage, before any secret leaves
+    from fedprivacy.dp import tabulated
+
+    cfg = _encoding()
+    real_exp = np.exp
+    monkeypatch.setattr(tabulated.np, "exp", lambda x: real_exp(x) * (1.0 + 2.0**-40))
+    tabulated.check_exp_accuracy.cache_clear()
+    try:
+        with pytest.raises(PolicyRefusal, match="exp"):
+            ClientPolicy().check_distributed(cfg, setup=_setup(cfg), roster=10)
+    finally:
+        monkeypatch.undo()
+        tabulated.check_exp_accuracy.cache_clear()
+    ClientPolicy().check_distributed(cfg, setup=_setup(cfg), roster=10)

@@ -17,6 +17,7 @@ round by round, both audiences' ε and central DP with the same σ.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,12 @@ from fedprivacy.accounting.events import Neighbouring
 from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
-from fedprivacy.fl.secure.params import expected_cohort_size, make_encoding, secagg_parameters
+from fedprivacy.fl.secure.params import (
+    counts_private,
+    largest_roster,
+    make_encoding,
+    secagg_parameters,
+)
 from fedprivacy.fl.types import RoundFn, RoundRecord
 
 if TYPE_CHECKING:
@@ -48,12 +54,20 @@ def _adjacency(cfg: RunConfig) -> str:
             "noise share present (KLS 2021)")
 
 
-def _audience_sampling(cfg: RunConfig, *, population: int, exact: bool) -> Sampling:
-    """The sampling the ledger's event carries: the run's (observers, exact noise only) or none."""
+def public_sampling(cfg: RunConfig, *, population: int) -> Sampling:
+    """The sampling the public's figure may claim: the run's when the noise is exact and the counts
+    stay private (:func:`fedprivacy.fl.secure.params.counts_private`), else none."""
     from fedprivacy.accounting.events import NoSampling
 
-    if cfg.privacy_audience == "observers" and exact:
-        return sampling_object(cfg, population)
+    return sampling_object(cfg, population) if counts_private(cfg) else NoSampling()
+
+
+def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling:
+    """The sampling the ledger's event carries: the public's (``privacy-audience=observers``) or none."""
+    from fedprivacy.accounting.events import NoSampling
+
+    if cfg.privacy_audience == "observers":
+        return public_sampling(cfg, population=population)
     return NoSampling()
 
 
@@ -83,7 +97,7 @@ def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, ros
         z = calibrate_distributed(
             target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
             steps=cfg.num_server_rounds, audience=cfg.privacy_audience,
-            sampling=sampling_object(cfg, population), neighbouring=cfg.neighbouring,
+            sampling=public_sampling(cfg, population=population), neighbouring=cfg.neighbouring,
             encoding_for=encoding_for, max_slack=max_slack)
         enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim,
                             threshold=threshold)
@@ -92,6 +106,13 @@ def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, ros
             return z
         max_slack = 2.0 * slack
     raise ValueError("calibration did not converge (accounting slack keeps growing)")
+
+
+_AUDIENCE_LABEL = {
+    "server": "server (no amplification)",
+    "observers": ("observers = the public, which takes part in no round (participating clients see "
+                  "rosters and survivors: their figure is unamplified, in the report)"),
+}
 
 
 class DistributedMode:
@@ -113,15 +134,15 @@ class DistributedMode:
             raise ValueError(f"dim (the model's number of parameters) must be >= 1 for "
                              f"privacy='distributed', got {dim}")
         t, _ = secagg_parameters(cfg, population=population)
-        roster = max(t, expected_cohort_size(cfg, population=population))
+        roster = max(t, largest_roster(cfg, population=population))
         z, calibrated = cfg.noise_multiplier, False
         if z == 0:
             z = _calibrate(cfg, population=population, dim=dim, threshold=t, roster=roster)
             calibrated = True
         run_cfg = cfg.replace(noise_multiplier=z)
         ddp = make_encoding(run_cfg, population=population, dim=dim, threshold=t).ddp()
-        worst = ddp.release(roster=roster, survivors=t)
-        sampling = _audience_sampling(cfg, population=population, exact=worst.exact)
+        worst = ddp.worst_release(max_roster=roster)  # every completed round is charged this
+        sampling = _audience_sampling(cfg, population=population)
         slack = _run_slack(ddp, roster=roster, rounds=cfg.num_server_rounds)
         desc = sampling_description(cfg, population=population, replacement_note=False)
         amplified = "" if sampling.rate < 1.0 else "; no amplification claimed"
@@ -131,8 +152,8 @@ class DistributedMode:
             clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
             central_noise_std=0.0, local_noise_std=0.0, unit="user (all data of one client)",
             neighbouring=cfg.neighbouring, adjacency=_adjacency(cfg),
-            sampling_description=(desc + f"{amplified}; ledger audience: {cfg.privacy_audience}; "
-                                  f"secagg threshold t={t}"),
+            sampling_description=(desc + f"{amplified}; ledger audience: "
+                                  f"{_AUDIENCE_LABEL[cfg.privacy_audience]}; secagg threshold t={t}"),
             event=worst.event(sampling),
             target_delta=cfg.target_delta * _tv_reserve(ddp, roster=roster) * math.exp(-slack),
             target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
@@ -163,62 +184,78 @@ class DistributedMode:
 def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
                         epsilon: float | None, plan: PrivacyPlan | None = None,
                         charged: int | None = None) -> dict[str, Any]:
-    """The noise the survivors really left, both audiences' ε, and central DP with the same σ.
+    """The noise the survivors really left, every audience's ε, and central DP with the same σ.
 
-    Each completed round is re-accounted from its survivor count (and roster) with
-    :func:`fedprivacy.accounting.distributed.audience_epsilons`; the central references are the PLD
-    of the continuous Gaussian ``σ = z C`` on the same completed rounds, without sampling and with
-    the sampling that ran. ``charged`` is the number of releases the ledger holds: a round that was
-    charged and has no completed record (a crash after its charge, issue 11's write-ahead ledger; or
-    an abort after it) may have been released, so it is re-accounted too, as the worst case (``t``
-    survivors of the largest roster the sampling allows): never refunded.
+    Every completed round is accounted as the run's one worst-case release
+    (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.worst_release`: largest roster, supremum of the
+    slack over survivor counts, review F6), so the figures depend on the number of completed rounds
+    only, never on their counts (review F2). ``charged`` is the number of releases the ledger holds:
+    a round that was charged and has no completed record (a crash after its charge, issue 11's
+    write-ahead ledger; or an abort after it) may have been released, so it is accounted too: never
+    refunded. The central references are the PLD of the continuous Gaussian ``σ = z C`` on the same
+    rounds, without sampling and with the sampling that ran. With :func:`counts_private` the per-round
+    counts are left out (they are in the server's private participation log).
     """
     from fedprivacy.accounting.accountant import epsilon_for
-    from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
 
     done = [(r, r.secagg) for r in records if r.secagg is not None and r.secagg.survivors
             and r.aborted is None]
     threshold = done[0][1].threshold if done else None
+    cut_off = max(0, (charged or 0) - len(done))
     audiences = central = central_sampled = None
     exact = False
-    if done and plan is not None:
-        t, _ = secagg_parameters(cfg, population=plan.population)
-        dims = [s.dim for _, s in done if s.dim]
-        dim = dims[0] if dims else None
-        if dim:
-            ddp = make_encoding(cfg, population=plan.population, dim=dim, threshold=t).ddp()
-            exact = ddp.xnoise
-            rels = [ddp.release(roster=int(s.roster or s.survivors or t),
-                                survivors=int(s.survivors or t)) for _, s in done]
-            cut_off = max(0, (charged or 0) - len(done))
-            if cut_off:
-                largest = cfg.cohort_size if cfg.sampling == "fixed" else plan.population
-                rels += [ddp.release(roster=max(t, int(largest)), survivors=t)] * cut_off
-            sampling = sampling_object(cfg, plan.population)
-            eps = audience_epsilons(rels, delta=cfg.target_delta, sampling=sampling,
-                                    neighbouring=cfg.neighbouring, backend=cfg.accountant)
-            audiences = audience_claim(eps, sampling_description=sampling.describe(),
-                                       colluders=int(getattr(cfg, "secagg_colluders", 0)),
-                                       exact_noise=exact, sampled=sampling.rate < 1.0)
-            central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier, sampling=sampling,
-                                          steps=len(done), delta=cfg.target_delta, backend="pld",
-                                          neighbouring=cfg.neighbouring)
+    dims = [s.dim for _, s in done if s.dim]
+    if (done or cut_off) and plan is not None and dims:
+        exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off)
+    if plan is not None:
+        central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
+                                      sampling=sampling_object(cfg, plan.population), steps=len(done),
+                                      delta=cfg.target_delta, backend="pld", neighbouring=cfg.neighbouring)
         central = epsilon_for(noise_multiplier=cfg.noise_multiplier, sample_rate=1.0, steps=len(done),
                               delta=cfg.target_delta, backend="pld", neighbouring=cfg.neighbouring)
+    private = counts_private(cfg)
+    hidden = "private (server's participation log)"
     return {"distributed": {
         "threshold": threshold,
         "noise": ("exact XNoise: the released sum carries σ = z·C for every survivor count" if exact
                   else "legacy share (not run by clients): the sum carries n/t times the target"),
         "completed_rounds": [r.round for r, _ in done],
-        "survivors_per_round": [int(s.survivors or 0) for _, s in done],
-        "noise_std_of_sum_per_round": [s.noise_std_sum for _, s in done],
-        "aborted_rounds": [r.round for r in records if r.aborted],
-        "charged_without_record": max(0, (charged or 0) - len(done)),
+        "counts": ("private: per-round rosters, survivors, degrees, noise levels and aborts are not "
+                   "published (the public's amplified ε needs them secret)" if private else "published"),
+        "survivors_per_round": hidden if private else [int(s.survivors or 0) for _, s in done],
+        "noise_std_of_sum_per_round": hidden if private else [s.noise_std_sum for _, s in done],
+        "aborted_rounds": hidden if private else [r.round for r in records if r.aborted],
+        "charged_without_record": cut_off,
         "ledger_epsilon": epsilon,
         "audiences": audiences,
         "central_dp_epsilon_same_sigma": central,
         "central_dp_epsilon_same_sigma_and_sampling": central_sampled,
         "central_dp_reference": ("continuous Gaussian of σ = z·C on the sum, same completed rounds and "
                                  "δ, PLD accountant: without sampling (the server's reference) and "
-                                 "with the sampling that ran (the observers' reference)"),
+                                 "with the sampling that ran (the public's reference)"),
     }}
+
+
+def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int) -> tuple[bool, dict[str, Any]]:
+    """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case."""
+    from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
+
+    t, _ = secagg_parameters(cfg, population=plan.population)
+    ddp = make_encoding(cfg, population=plan.population, dim=dim, threshold=t).ddp()
+    roster = max(t, largest_roster(cfg, population=plan.population))
+    worst = ddp.worst_release(max_roster=roster)
+    try:
+        participant: list[Any] | None = [ddp.worst_release(max_roster=roster, participant=True)] * rounds
+    except ValueError:  # no noise is left against a participant (t = 1): no finite figure
+        participant = None
+    sampling = sampling_object(cfg, plan.population)
+    eps = audience_epsilons([worst] * rounds, delta=cfg.target_delta,
+                            sampling=public_sampling(cfg, population=plan.population),
+                            neighbouring=cfg.neighbouring, backend=cfg.accountant,
+                            participant_releases=participant)
+    if participant is None:
+        eps = dataclasses.replace(eps, participants=math.inf)
+    block = audience_claim(eps, sampling_description=sampling.describe(), colluders=cfg.secagg_colluders,
+                           exact_noise=worst.exact, sampled=sampling.rate < 1.0,
+                           counts_published=cfg.publish_participation)
+    return worst.exact, block

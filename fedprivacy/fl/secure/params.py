@@ -10,7 +10,8 @@ from fedprivacy.secagg.encoding import EncodingSpec, largest_scale_encoding, rou
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
 
-__all__ = ["encoding_kind", "expected_cohort_size", "make_encoding", "secagg_parameters"]
+__all__ = ["counts_private", "encoding_kind", "expected_cohort_size", "largest_roster", "make_encoding",
+           "secagg_parameters"]
 
 
 def expected_cohort_size(cfg: RunConfig, *, population: int) -> int:
@@ -18,6 +19,23 @@ def expected_cohort_size(cfg: RunConfig, *, population: int) -> int:
     if cfg.sampling == "fixed":
         return int(cfg.cohort_size)
     return max(1, int(round(cfg.sample_rate * population)))
+
+
+def largest_roster(cfg: RunConfig, *, population: int) -> int:
+    """The largest roster a round can have: ``cohort-size`` (fixed cohorts), else the population
+    (Poisson sampling may pick everyone). Runs account every round at this worst case (review F6)."""
+    if cfg.sampling == "fixed":
+        return int(cfg.cohort_size)
+    return int(population)
+
+
+def counts_private(cfg: RunConfig) -> bool:
+    """Whether a distributed run keeps its per-round counts out of the published outputs (review F2):
+    when the public's figure claims amplification, i.e. clients are sampled, the noise is exact
+    (no colluders) and ``publish-participation`` is off."""
+    sampled = cfg.sampling == "fixed" or cfg.sample_rate < 1.0
+    return (cfg.privacy == "distributed" and sampled and cfg.secagg_colluders == 0
+            and not cfg.publish_participation)
 
 
 def secagg_parameters(cfg: RunConfig, *, population: int) -> tuple[int, int]:

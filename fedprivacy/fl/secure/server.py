@@ -46,7 +46,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from fedprivacy.fl.charging import before_release
-from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+from fedprivacy.fl.secure.params import (
+    counts_private,
+    largest_roster,
+    make_encoding,
+    secagg_parameters,
+)
 from fedprivacy.fl.types import (
     AggregateResult,
     ClientUpdate,
@@ -250,9 +255,19 @@ class SecureRound:
         from fedprivacy.accounting.events import NoSampling
         from fedprivacy.fl.privacy import sampling_object
 
-        rel = enc.ddp().release(roster=info.roster or survivors, survivors=survivors)
-        observers = self.cfg.privacy_audience == "observers" and rel.exact
-        event = rel.event(sampling_object(self.cfg, self.population) if observers else NoSampling())
+        ddp = enc.ddp()
+        rel = ddp.release(roster=info.roster or survivors, survivors=survivors)
+        # charged: the run's one worst case (largest roster, slack sup over survivor counts), so that
+        # nothing published depends on this round's counts (review F2, F6); it must dominate the
+        # realised release, which carries at least its honest noise
+        largest = largest_roster(self.cfg, population=self.population)
+        worst = ddp.worst_release(max_roster=max(self.threshold, largest))
+        if not (rel.honest_variance >= worst.honest_variance and rel.eta + rel.sampler_ratio
+                <= worst.eta + worst.sampler_ratio and rel.sampler_tv <= worst.sampler_tv):
+            raise ProtocolViolation(f"the round's noise ({rel.honest_variance:.17g}) is not covered by "
+                                    f"the run's worst case ({worst.honest_variance:.17g})")
+        public = self.cfg.privacy_audience == "observers" and counts_private(self.cfg)
+        event = worst.event(sampling_object(self.cfg, self.population) if public else NoSampling())
         noise_std = math.sqrt(rel.released_variance) / enc.scale
         return event, noise_std, dataclasses.replace(info, noise_std_sum=noise_std, dim=enc.padded_dim)
 

@@ -1,0 +1,165 @@
+"""Who each distributed-DP figure is against (review F1, F2, F6), checked by playing each adversary.
+
+The setting is the review's: N = 100 clients, Poisson q = 0.1, T = 100 rounds, z = 1, δ = 1e-5, the
+digits MLP (the public's printed ε ~7.05). Lower bounds come from dp-accounting PLDs with the
+*optimistic* discretisation, built from what the named party sees.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy import stats
+
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.modes import get_mode
+from fedprivacy.fl.modes.distributed import distributed_summary
+from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+from fedprivacy.fl.types import RoundRecord, SecureRoundInfo
+
+DIM = 64 * 32 + 32 + 32 * 10 + 10  # the digits MLP
+N, Q, T, DELTA = 100, 0.1, 100, 1e-5
+GRID = 2e-3
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base = dict(privacy="distributed", secagg=True, accountant="pld", noise_multiplier=1.0,
+                target_delta=DELTA, num_server_rounds=T, sample_rate=Q, clip_norm=0.5,
+                privacy_audience="observers")
+    base.update(kw)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def _records(cfg: RunConfig, counts: list[tuple[int, int]]) -> list[RoundRecord]:
+    """Completed rounds with the given (roster, survivors) counts, as a run records them."""
+    t, _ = secagg_parameters(cfg, population=N)
+    dim = make_encoding(cfg, population=N, dim=DIM, threshold=t).padded_dim
+    return [RoundRecord(round=i + 1, clients_sampled=n, clients_aggregated=s, train_loss=None,
+                        test_loss=1.0, test_accuracy=0.5, epsilon=None, delta=DELTA, seconds=0.0,
+                        secagg=SecureRoundInfo(threshold=t, survivors=s, roster=n, dim=dim,
+                                               noise_std_sum=0.5))
+            for i, (n, s) in enumerate(counts)]
+
+
+def _summary(cfg: RunConfig, counts: list[tuple[int, int]]) -> dict:
+    plan = get_mode("distributed").plan(cfg, population=N, dim=DIM)
+    return distributed_summary(cfg, _records(cfg, counts), epsilon=None, plan=plan)["distributed"]
+
+
+def _mixture(parts: list[tuple[float, pld_lib.PrivacyLossDistribution | None]]
+             ) -> pld_lib.PrivacyLossDistribution:
+    """The PLD of a view that *observes* which part ran (weights independent of the data): the
+    mixture of the parts' loss distributions (None: the round tells nothing, loss 0)."""
+    sides = []
+    for side in ("_pmf_remove", "_pmf_add"):
+        pieces = []
+        for w, p in parts:
+            if p is None:
+                pieces.append((w, 0, np.array([1.0]), 0.0))
+                continue
+            d = getattr(p, side)
+            d = d if isinstance(d, pld_pmf.DensePLDPmf) else d.to_dense_pmf()
+            pieces.append((w, d._lower_loss, d._probs, d._infinity_mass))
+        lo = min(lo for _, lo, _, _ in pieces)
+        probs = np.zeros(max(lo_ + len(pr) for _, lo_, pr, _ in pieces) - lo)
+        for w, lo_, pr, _ in pieces:
+            probs[lo_ - lo: lo_ - lo + len(pr)] += w * pr
+        sides.append(pld_pmf.DensePLDPmf(GRID, lo, probs, sum(w * m for w, _, _, m in pieces), False))
+    return pld_lib.PrivacyLossDistribution(sides[0], sides[1])
+
+
+def _gauss(rate: float, z: float) -> pld_lib.PrivacyLossDistribution:
+    return pld_lib.from_gaussian_mechanism(standard_deviation=z, sampling_prob=rate,
+                                           value_discretization_interval=GRID,
+                                           pessimistic_estimate=False)
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict:
+    cfg = _cfg()
+    summary = _summary(cfg, [(10, 10)] * T)
+    z = get_mode("distributed").plan(cfg, population=N, dim=DIM).event.mechanism.noise_multiplier
+    return {"summary": summary, "z": z}
+
+
+def test_a_participating_client_gets_no_amplification(figures: dict) -> None:
+    # Adversary: one client j. In each round it takes part in (prob q) it is sent the roster and the
+    # survivors, so it knows whether the target i is in the sum: the round is the plain Gaussian
+    # (i in) or tells nothing (i out); in the other rounds it is the public. Its view's exact PLD,
+    # ignoring that j also knows its own noise (which only helps j), is a lower bound.
+    aud, z = figures["summary"]["audiences"], figures["z"]
+    one = _mixture([(Q * Q, _gauss(1.0, z)), (Q * (1 - Q), None), (1 - Q, _gauss(Q, z))])
+    lower = one.self_compose(T).get_epsilon_for_delta(DELTA)
+    assert aud["observers"]["amplification"] and aud["observers"]["epsilon"] == pytest.approx(7.047, abs=0.01)
+    assert lower > 1.4 * aud["observers"]["epsilon"]  # the public's figure would be far too low for j
+    assert aud["participants"]["epsilon"] >= lower
+    assert aud["participants"]["amplification"] is False
+    assert aud["participants"]["epsilon"] >= aud["server"]["epsilon"]
+    assert "takes part in no round" in aud["observers"]["who"]
+
+
+def test_a_participant_knows_its_own_kept_noise_and_its_figure_leaves_it_out() -> None:
+    # Adversary: a participating client subtracts its own kept noise from the released sum; what is
+    # left is the other survivors' kept noise. For every roster, survivor count and rank, that is at
+    # least the noise the participants' figure accounts (and the bound is attained up to the margin).
+    cfg = _cfg(num_server_rounds=1)
+    t, _ = secagg_parameters(cfg, population=N)
+    ddp = make_encoding(cfg, population=N, dim=DIM, threshold=t).ddp()
+    accounted = ddp.worst_release(max_roster=30, participant=True).honest_variance
+    left = []
+    for n in range(t, 31):
+        design = ddp.design(roster=n)
+        var = design.variances
+        for s in range(t, n + 1):
+            for rank in range(s):
+                own = math.fsum(var[j] for j in design.kept(survivors=s, rank=rank))
+                left.append(design.honest_variance(survivors=s) - own)
+    assert min(left) >= accounted
+    assert min(left) <= accounted * (1 + 1e-8)
+    assert accounted < ddp.target_variance * 0.9  # the server's figure (all sigma^2) would be too low
+
+
+def test_published_outputs_do_not_depend_on_the_counts(figures: dict) -> None:
+    # Adversary: the public reads the published privacy block. Two runs with the same number of
+    # completed rounds but different rosters and survivors publish the identical block: nothing in
+    # it (ε, slack, per-round lists) carries the counts.
+    cfg = _cfg(num_server_rounds=5)
+    rng = np.random.default_rng(3)
+    t, _ = secagg_parameters(cfg, population=N)
+    histories = []
+    for _ in range(3):
+        rosters = rng.integers(t, 30, size=5)
+        histories.append([(int(n), int(rng.integers(t, n + 1))) for n in rosters])
+    blocks = [_summary(cfg, h) for h in histories]
+    assert blocks[0] == blocks[1] == blocks[2]
+    assert "private" in blocks[0]["survivors_per_round"] and "private" in blocks[0]["aborted_rounds"]
+    assert "private" in blocks[0]["noise_std_of_sum_per_round"]
+
+
+def test_published_counts_lose_the_amplification(figures: dict) -> None:
+    # Adversary: the public knows each round's count n ~ Bin(N, q); given n the cohort is a uniform
+    # n-subset, so the round is a mixture over n of Gaussians sampled at rate n/N (review F2). With
+    # publish-participation the figure must not claim the count-unknown Poisson amplification.
+    z = figures["z"]
+    pn = stats.binom.pmf(np.arange(N + 1), N, Q)
+    parts = [(float(pn[n]), _gauss(n / N, z) if n else None) for n in range(N + 1) if pn[n] > 1e-12]
+    total = sum(w for w, _ in parts)
+    lower = _mixture([(w / total, p) for w, p in parts]).self_compose(T).get_epsilon_for_delta(DELTA)
+    amplified = figures["summary"]["audiences"]["observers"]["epsilon"]
+    assert lower > amplified  # the count-known view is worse than the printed Poisson figure
+    published = _summary(_cfg(publish_participation=True), [(10, 10)] * T)
+    obs = published["audiences"]["observers"]
+    assert obs["amplification"] is False and "publish-participation" in obs["sampling"]
+    assert obs["epsilon"] >= lower and published["survivors_per_round"] == [10] * T
+
+
+def test_colluders_make_the_noise_depend_on_the_survivors_so_no_amplification() -> None:
+    # levels design, c = 1: the released noise is sigma^2 s/(s - 1), which an observer can estimate
+    summary = _summary(_cfg(secagg_colluders=1, num_server_rounds=3), [(10, 9), (12, 7), (10, 10)])
+    obs = summary["audiences"]["observers"]
+    assert obs["amplification"] is False and "colluders" in obs["sampling"]
+    assert summary["survivors_per_round"] == [9, 7, 10]  # not amplified: the counts may be published
