@@ -1,6 +1,7 @@
 """Seconds per round on the in-process engine: plain FedAvg vs secure aggregation vs distributed DP.
 
-Usage: ``python scripts/secagg_round_bench.py --clients 10 --rounds 4 [--model mlp-large] --json out.json``.
+Usage: ``python scripts/secagg_round_bench.py --clients 10 --rounds 4 [--model mlp-large]
+[--set 'dataset="fashion-mnist"' ...] --json out.json``.
 Each mode runs the real ServerApp/ClientApp (``server.engine.run_inprocess``, one worker) with the
 same seed; "seconds per round" is the median over rounds 2..R (round 1 carries one-off warm-up).
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
@@ -43,11 +44,12 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path) -> dict[str, Any]:
+def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     from server.engine import run_inprocess
 
     cfg = {"num-server-rounds": rounds, "seed": 0, "output-dir": str(out), "run-name": mode,
-           "model": model, "target-delta": min(1e-5, 0.1 / clients), **MODES[mode]}
+           "model": model, "target-delta": min(1e-5, 0.1 / clients), **(extra or {}), **MODES[mode]}
     marks = _RoundCpu()
     logging.getLogger("flwr").addHandler(marks)
     try:
@@ -139,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help='a run-config override for every mode (repeatable, flwr syntax), e.g. dataset="fashion-mnist"')
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    from server.engine.appspec import parse_overrides
+
+    extra = parse_overrides(" ".join(args.set))
     import torch
 
     torch.set_num_threads(1)
@@ -148,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
-            row = run_mode(mode, clients=args.clients, rounds=args.rounds, model=args.model, out=Path(tmp))
+            row = run_mode(mode, clients=args.clients, rounds=args.rounds, model=args.model, out=Path(tmp),
+                           extra=extra)
             rows.append(row)
             print(f"{mode:12s} {row['seconds_per_round']:.3f} s/round  "
                   f"{row['cpu_seconds_per_round'] or float('nan'):.3f} CPU s/round  accuracy {row['accuracy']:.4f}  "
                   f"ε {row['epsilon']}  exchanges/round {row['exchanges_per_round']}", flush=True)
     base = next((r["seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
     base_cpu = next((r["cpu_seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
-    summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model,
+    summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model, "overrides": extra,
                "load_at_start": load_start, "load_at_end": os.getloadavg(), "rows": rows,
                "ratio_to_plain": {r["mode"]: (r["seconds_per_round"] / base if base else None) for r in rows},
                "cpu_ratio_to_plain": {r["mode"]: (r["cpu_seconds_per_round"] / base_cpu
