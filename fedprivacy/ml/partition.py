@@ -99,69 +99,83 @@ def _partition_indices(
     classes_per_partition: int,
     min_partition_size: int,
 ) -> list[np.ndarray]:
-    n = len(y)
     if partitioner == "natural":
         return _natural_partition(groups, num_partitions)
-
-    rng = np.random.Generator(np.random.PCG64(seed))
     if partitioner == "iid":
         # IidPartitioner gives partition i the i-th contiguous shard (``Dataset.shard(contiguous=True)``)
         # of the permuted indices, which is ``np.array_split`` (tests/ml/test_partition.py checks it
         # against IidPartitioner); done in numpy because one ``shard`` per partition costs ~5 ms, 14 s
         # for Fashion-MNIST's 3000 clients in every process of a simulation.
-        return list(np.array_split(rng.permutation(n).astype(np.int64), num_partitions))
-    # imported here, not above: flwr_datasets (datasets, pandas, matplotlib) costs ~2.7 s of CPU, which
-    # the default IID partitioning never needs (issue 16: command to the end of round 1)
-    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
-
-    p: Any
+        rng = np.random.Generator(np.random.PCG64(seed))
+        return list(np.array_split(rng.permutation(len(y)).astype(np.int64), num_partitions))
     if partitioner == "dirichlet":
-        if not alpha > 0:
-            raise ValueError(f"alpha must be > 0 for partitioner 'dirichlet', got {alpha}")
-        p = DirichletPartitioner(
-            num_partitions=num_partitions,
-            partition_by="label",
-            alpha=float(alpha),
-            min_partition_size=min_partition_size,
-            self_balancing=False,
-            shuffle=True,
-            seed=seed % (2**32),
-        )
-        p.dataset = _label_dataset(y)
+        p = _dirichlet(num_partitions=num_partitions, alpha=alpha, min_partition_size=min_partition_size,
+                       seed=seed)
     elif partitioner == "pathological":
-        num_classes = len(np.unique(y))
-        if not 1 <= classes_per_partition <= num_classes:
-            raise ValueError(
-                f"classes_per_partition must be in [1, {num_classes}], got {classes_per_partition}"
-            )
-        if num_partitions >= num_classes:
-            mode = "first-deterministic"
-        elif num_partitions + classes_per_partition - 1 >= num_classes:
-            mode = "deterministic"
-        else:
-            raise ValueError(
-                f"pathological partitioning of {num_classes} classes into {num_partitions} partitions "
-                f"of {classes_per_partition} classes would drop classes: need num_partitions + "
-                f"classes_per_partition - 1 >= {num_classes}"
-            )
-        p = PathologicalPartitioner(
-            num_partitions=num_partitions,
-            partition_by="label",
-            num_classes_per_partition=classes_per_partition,
-            class_assignment_mode=mode,
-            shuffle=True,
-            seed=seed % (2**32),
-        )
-        p.dataset = _label_dataset(y)
+        p = _pathological(y, num_partitions=num_partitions, classes_per_partition=classes_per_partition,
+                          seed=seed)
     else:
         raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {partitioner!r}")
+    p.dataset = _label_dataset(y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # flwr-datasets' resampling chatter
         parts = _collect(p, num_partitions)
+    _check_covers(parts, n=len(y), partitioner=partitioner)
+    return parts
+
+
+# flwr_datasets is imported inside the two builders, not above: it (datasets, pandas, matplotlib) costs
+# ~2.7 s of CPU, which the default IID partitioning never needs (issue 16: command to the end of round 1)
+def _dirichlet(*, num_partitions: int, alpha: float, min_partition_size: int, seed: int) -> Any:
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0 for partitioner 'dirichlet', got {alpha}")
+    return DirichletPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=min_partition_size,
+        self_balancing=False,
+        shuffle=True,
+        seed=seed % (2**32),
+    )
+
+
+def _pathological(y: np.ndarray, *, num_partitions: int, classes_per_partition: int, seed: int) -> Any:
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    num_classes = len(np.unique(y))
+    if not 1 <= classes_per_partition <= num_classes:
+        raise ValueError(
+            f"classes_per_partition must be in [1, {num_classes}], got {classes_per_partition}"
+        )
+    if num_partitions >= num_classes:
+        mode = "first-deterministic"
+    elif num_partitions + classes_per_partition - 1 >= num_classes:
+        mode = "deterministic"
+    else:
+        raise ValueError(
+            f"pathological partitioning of {num_classes} classes into {num_partitions} partitions "
+            f"of {classes_per_partition} classes would drop classes: need num_partitions + "
+            f"classes_per_partition - 1 >= {num_classes}"
+        )
+    return PathologicalPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        num_classes_per_partition=classes_per_partition,
+        class_assignment_mode=mode,
+        shuffle=True,
+        seed=seed % (2**32),
+    )
+
+
+def _check_covers(parts: list[np.ndarray], *, n: int, partitioner: str) -> None:
+    """Every partition non-empty and every one of the ``n`` examples in exactly one partition."""
     sizes = np.array([len(q) for q in parts])
     if sizes.min(initial=1) < 1:
         raise ValueError(
-            f"partitioner {partitioner!r} left {int((sizes == 0).sum())} of {num_partitions} "
+            f"partitioner {partitioner!r} left {int((sizes == 0).sum())} of {len(parts)} "
             "partitions empty; use fewer partitions or a larger alpha / classes_per_partition"
         )
     covered = np.concatenate(parts) if parts else np.empty(0, np.int64)
@@ -169,7 +183,6 @@ def _partition_indices(
         raise ValueError(
             f"partitioner {partitioner!r} covered {len(np.unique(covered))} of {n} training examples"
         )
-    return parts
 
 
 def partition(

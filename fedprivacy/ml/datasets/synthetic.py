@@ -73,6 +73,29 @@ def make_synthetic(
         ``(train, test)``; x is ``(N, 60)`` float32, y int64 in [0, 10), ``groups`` the client id.
         Every client has at least one training and one test example.
     """
+    _check_arguments(num_clients=num_clients, test_fraction=test_fraction, alpha=alpha, beta=beta,
+                     min_samples=min_samples, max_samples=max_samples)
+    rng = np.random.Generator(np.random.PCG64(seed))  # one stream, drawn in the authors' order
+    sizes = (
+        rng.lognormal(lognormal_mean, lognormal_sigma, num_clients).astype(np.int64) + min_samples
+    )
+    if max_samples is not None:
+        sizes = np.minimum(sizes, max_samples)
+    shared = (rng.normal(0.0, 1.0, (SYNTHETIC_CLASSES, SYNTHETIC_DIM)),
+              rng.normal(0.0, 1.0, SYNTHETIC_CLASSES)) if iid else None
+    train_parts, test_parts = [], []
+    for k in range(num_clients):
+        x, y = _client_samples(rng, n=int(sizes[k]), alpha=alpha, beta=beta, shared=shared)
+        n_test = min(max(1, int(round(test_fraction * len(y)))), len(y) - 1)
+        perm = rng.permutation(len(y))
+        te, tr = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+        train_parts.append((x[tr], y[tr], k))
+        test_parts.append((x[te], y[te], k))
+    return _pooled(train_parts), _pooled(test_parts)
+
+
+def _check_arguments(*, num_clients: int, test_fraction: float, alpha: float, beta: float,
+                     min_samples: int, max_samples: int | None) -> None:
     if isinstance(num_clients, bool) or not isinstance(num_clients, int):
         raise TypeError(f"num_clients must be an int, got {type(num_clients).__name__}")
     if num_clients < 1:
@@ -85,54 +108,35 @@ def make_synthetic(
     if max_samples is not None and max_samples < min_samples:
         raise ValueError(f"max_samples must be >= min_samples, got {max_samples}")
 
-    rng = np.random.Generator(np.random.PCG64(seed))
-    dim, classes = SYNTHETIC_DIM, SYNTHETIC_CLASSES
-    sizes = (
-        rng.lognormal(lognormal_mean, lognormal_sigma, num_clients).astype(np.int64) + min_samples
-    )
-    if max_samples is not None:
-        sizes = np.minimum(sizes, max_samples)
-    cov_sqrt = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2 / 2.0)  # sqrt(Sigma_jj)
 
-    if iid:
-        w_shared = rng.normal(0.0, 1.0, (classes, dim))
-        b_shared = rng.normal(0.0, 1.0, classes)
-    xs_tr, ys_tr, gs_tr, xs_te, ys_te, gs_te = [], [], [], [], [], []
-    for k in range(num_clients):
-        if iid:
-            w, b, v = w_shared, b_shared, np.zeros(dim)
-        else:
-            u_k = rng.normal(0.0, alpha)
-            w = rng.normal(u_k, 1.0, (classes, dim))
-            b = rng.normal(u_k, 1.0, classes)
-            b_k = rng.normal(0.0, beta)
-            v = rng.normal(b_k, 1.0, dim)
-        n_k = int(sizes[k])
-        x = v + rng.standard_normal((n_k, dim)) * cov_sqrt
-        y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)  # argmax of softmax == argmax of logits
-        n_test = min(max(1, int(round(test_fraction * n_k))), n_k - 1)
-        perm = rng.permutation(n_k)
-        te, tr = perm[:n_test], np.sort(perm[n_test:])
-        te = np.sort(te)
-        xs_tr.append(x[tr])
-        ys_tr.append(y[tr])
-        gs_tr.append(np.full(len(tr), k, dtype=np.int64))
-        xs_te.append(x[te])
-        ys_te.append(y[te])
-        gs_te.append(np.full(len(te), k, dtype=np.int64))
-    train = Split(
-        x=np.concatenate(xs_tr).astype(np.float32),
-        y=np.concatenate(ys_tr),
-        groups=np.concatenate(gs_tr),
-        num_classes=classes,
+def _client_samples(
+    rng: np.random.Generator, *, n: int, alpha: float, beta: float,
+    shared: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One client's ``n`` samples: its model (W, b) and input mean v (or the shared IID ones), then
+    ``x ~ N(v, Sigma)``, ``Sigma_jj = j^-1.2``, and ``y = argmax(W x + b)``."""
+    dim = SYNTHETIC_DIM
+    if shared is not None:
+        (w, b), v = shared, np.zeros(dim)
+    else:
+        u_k = rng.normal(0.0, alpha)
+        w = rng.normal(u_k, 1.0, (SYNTHETIC_CLASSES, dim))
+        b = rng.normal(u_k, 1.0, SYNTHETIC_CLASSES)
+        b_k = rng.normal(0.0, beta)
+        v = rng.normal(b_k, 1.0, dim)
+    cov_sqrt = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2 / 2.0)  # sqrt(Sigma_jj)
+    x = v + rng.standard_normal((n, dim)) * cov_sqrt
+    return x, np.argmax(x @ w.T + b, axis=1).astype(np.int64)  # argmax of softmax == argmax of logits
+
+
+def _pooled(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> Split:
+    """The clients' (x, y, client id) pooled into one Split with ``groups`` = client id."""
+    return Split(
+        x=np.concatenate([x for x, _, _ in parts]).astype(np.float32),
+        y=np.concatenate([y for _, y, _ in parts]),
+        groups=np.concatenate([np.full(len(y), k, dtype=np.int64) for _, y, k in parts]),
+        num_classes=SYNTHETIC_CLASSES,
     )
-    test = Split(
-        x=np.concatenate(xs_te).astype(np.float32),
-        y=np.concatenate(ys_te),
-        groups=np.concatenate(gs_te),
-        num_classes=classes,
-    )
-    return train, test
 
 
 @register_dataset(
