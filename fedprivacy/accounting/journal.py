@@ -18,7 +18,9 @@ The event charged is the one the round will release, fixed before the release (e
 noise of a secure round is known before the unmask requests go out); nothing is lowered afterwards.
 
 File format (``fedprivacy.journal/v1``), one JSON object per line: a ``header`` (the accountant's
-backend, relation, unit and budget, ``Accountant.to_json`` without entries), then ``charge`` lines
+backend, relation, unit and budget, ``Accountant.to_json`` without entries; optionally ``plan``, what
+the charges were computed from, e.g. a run's noise multiplier and worst-case event, so that a resumed
+run can refuse to account the same rounds from anything else), then ``charge`` lines
 (``LedgerEntry.to_dict``), and ``completed`` lines (informational: the round finished and was
 checkpointed), each line terminated by ``\\n``.
 """
@@ -47,23 +49,33 @@ class ChargeJournal:
     directly: that would bypass the journal).
     """
 
-    def __init__(self, path: Path, accountant: Accountant, completed: set[int]) -> None:
+    def __init__(self, path: Path, accountant: Accountant, completed: set[int],
+                 plan: Mapping[str, Any] | None = None) -> None:
         self.path = path
         self.accountant = accountant
         self._completed = completed
+        #: the header's ``plan`` (what the charges were computed from), None if it has none
+        self.plan: dict[str, Any] | None = dict(plan) if plan is not None else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, path: str | os.PathLike[str], accountant: Accountant) -> ChargeJournal:
+    def create(cls, path: str | os.PathLike[str], accountant: Accountant, *,
+               plan: Mapping[str, Any] | None = None) -> ChargeJournal:
         """A new journal for ``accountant`` (its existing entries are written as charges).
 
+        ``plan``: JSON-able description of what the charges are computed from, kept in the header.
         ValueError if ``path`` exists: a journal is never overwritten (use :meth:`recover`).
         """
         path = Path(path)
         if not isinstance(accountant, Accountant):
             raise TypeError(f"accountant must be an Accountant, got {type(accountant).__name__}")
-        header = {k: v for k, v in accountant.to_json().items() if k != "entries"}
-        lines = [{"kind": "header", "journal": JOURNAL_FORMAT, "ledger": header}]
+        if plan is not None and not isinstance(plan, Mapping):
+            raise TypeError(f"plan must be a mapping or None, got {type(plan).__name__}")
+        header: dict[str, Any] = {k: v for k, v in accountant.to_json().items() if k != "entries"}
+        head: dict[str, Any] = {"kind": "header", "journal": JOURNAL_FORMAT, "ledger": header}
+        if plan is not None:
+            head["plan"] = dict(plan)
+        lines = [head]
         lines += [{"kind": "charge", "entry": e.to_dict()} for e in accountant.ledger]
         data = "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
         with open(path, "x", encoding="utf-8") as fh:  # "x": refuse to clobber an existing journal
@@ -106,6 +118,9 @@ class ChargeJournal:
         ledger = head.get("ledger")
         if not isinstance(ledger, Mapping):
             raise ValueError(f"journal {path} header has no ledger description")
+        plan = head.get("plan")
+        if plan is not None and not isinstance(plan, Mapping):
+            raise ValueError(f"journal {path} header plan must be a JSON object, got {plan!r}")
         accountant = Accountant.from_json({**ledger, "entries": []})
         entries: list[LedgerEntry] = []
         completed: set[int] = set()
@@ -121,12 +136,13 @@ class ChargeJournal:
             else:
                 raise ValueError(f"journal line {i} must be a charge or a completed record")
         accountant.restore_entries(entries)
-        return cls(path, accountant, completed)
+        return cls(path, accountant, completed, plan)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], accountant: Accountant) -> ChargeJournal:
+    def open(cls, path: str | os.PathLike[str], accountant: Accountant, *,
+             plan: Mapping[str, Any] | None = None) -> ChargeJournal:
         """:meth:`recover` if ``path`` exists, else :meth:`create` for ``accountant``."""
-        return cls.recover(path) if Path(path).exists() else cls.create(path, accountant)
+        return cls.recover(path) if Path(path).exists() else cls.create(path, accountant, plan=plan)
 
     # ------------------------------------------------------------------ writing
     def _append(self, record: dict[str, Any]) -> None:

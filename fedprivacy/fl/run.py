@@ -65,8 +65,8 @@ if TYPE_CHECKING:
     from fedprivacy.fl.checkpoint import Checkpoint
 
 __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedRun", "RunResult",
-           "check_resume", "missing_run_message", "read_participation", "resume_checkpoint",
-           "resolve_run_dir", "run_federated"]
+           "check_resume", "missing_run_message", "plan_fingerprint", "read_participation",
+           "resume_checkpoint", "resolve_run_dir", "run_federated"]
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
@@ -290,8 +290,10 @@ class FederatedRun:
 
             if ckpt.ledger_path is None:
                 raise ValueError(f"checkpoint in {self.run_dir}/checkpoint has no privacy ledger")
+            self._check_plan(ckpt.extra.get("plan"), f"the checkpoint in {self.run_dir}/checkpoint")
             self.accountant = Accountant.load(ckpt.ledger_path)
-            self._open_journal(checkpointed=self.accountant)
+            self._open_journal(checkpointed=self.accountant,
+                               journal_expected=bool(ckpt.extra.get("journal")))
         if self.dpsgd is not None:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
@@ -308,22 +310,38 @@ class FederatedRun:
         """The write-ahead journal of the run's charges (``<run dir>/privacy-journal.jsonl``)."""
         return None if self.run_dir is None else self.run_dir / JOURNAL_NAME
 
-    def _open_journal(self, *, checkpointed: Accountant | None) -> None:
+    def _open_journal(self, *, checkpointed: Accountant | None, journal_expected: bool = False) -> None:
         """Create the write-ahead journal, or recover it and reconcile it with the checkpoint.
 
         The journal is the authority: every charge in it stays (a round charged and then cut off by a
         crash may have been seen), so the resumed ledger is the journal's, which must extend the
         checkpoint's. A journal without a checkpoint (killed before round 1 was checkpointed) needs
-        ``resume = true``, like a checkpoint does.
+        ``resume = true``, like a checkpoint does. A checkpoint written with a journal
+        (``journal_expected``) whose journal is gone is refused: recreating it from the checkpoint
+        would refund every charge made after the checkpoint (review-dp F8). The journal's header
+        holds the plan its charges were computed from; a resumed run must have the same
+        (:meth:`_check_plan`). The budget is the current plan's (a distributed run's budget reserves
+        the slack of ``num-server-rounds`` rounds, which may change on resume).
         """
         from fedprivacy.accounting.journal import ChargeJournal
+        from fedprivacy.errors import ConfigError
 
         path = self.journal_path
         if self.accountant is None or path is None:
             return
+        assert self.plan is not None
         if not path.exists():
+            if journal_expected:
+                raise ConfigError(
+                    f"privacy journal {path} is missing, but the checkpoint in {self.run_dir}/checkpoint "
+                    "was written with it: resuming without it would drop every charge made after that "
+                    "checkpoint (a round charged and cut off may have been seen); restore the file, or "
+                    "start a new run (another run-name)")
+            if checkpointed is not None:
+                self.log(f"privacy journal: none in {self.run_dir} (checkpoint older than the journal); "
+                         "starting one from the checkpoint's ledger")
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.journal = ChargeJournal.create(path, self.accountant)
+            self.journal = ChargeJournal.create(path, self.accountant, plan=self._saved_plan())
             return
         if checkpointed is None and not self.cfg.resume:
             from fedprivacy.errors import ConfigError
@@ -333,12 +351,17 @@ class FederatedRun:
                 "was charged and did not checkpoint; set resume=true to continue it (its charges stay) "
                 "or choose another run-name")
         journal = ChargeJournal.recover(path)
-        fresh = {k: v for k, v in self.accountant.to_json().items() if k != "entries"}
-        saved = {k: v for k, v in journal.accountant.to_json().items() if k != "entries"}
+        self._check_plan(journal.plan, f"privacy journal {path}")
+        fresh = {k: v for k, v in self.accountant.to_json().items() if k not in ("entries", "budget")}
+        saved = {k: v for k, v in journal.accountant.to_json().items() if k not in ("entries", "budget")}
         if fresh != saved:
             raise ValueError(f"privacy journal {path} was written for another accountant ({saved}); "
                              f"this run has {fresh}")
         kept = [e.to_dict() for e in journal.accountant.ledger]
+        if journal.accountant.budget != self.accountant.budget:  # the current plan's budget
+            from fedprivacy.accounting.accountant import Accountant
+
+            journal.accountant = Accountant.from_json({**self.accountant.to_json(), "entries": kept})
         if checkpointed is not None:
             ckpt_entries = [e.to_dict() for e in checkpointed.ledger]
             if kept[: len(ckpt_entries)] != ckpt_entries:
@@ -349,6 +372,46 @@ class FederatedRun:
                      "finish; their charges stay (their release may have been seen)")
         self.journal = journal
         self.accountant = journal.accountant
+
+    def _saved_plan(self) -> dict[str, Any]:
+        """:func:`plan_fingerprint` and the ``num-server-rounds`` it was made for (journal, checkpoint)."""
+        assert self.plan is not None
+        return {**plan_fingerprint(self.plan), "num_server_rounds": self.cfg.num_server_rounds}
+
+    def _check_plan(self, saved: Any, where: str) -> None:
+        """Refuse to resume when the plan differs from the one the charged rounds ran with (F3).
+
+        The charges, the rows and the mode's summary (which re-accounts the rounds, e.g. a
+        distributed run's survivors) all assume the run's one plan: a noise multiplier calibrated for
+        another ``num-server-rounds``, or an encoding another fedprivacy version computes, would
+        re-account released rounds at noise they did not carry (review-dp F3: ten rounds released at
+        z = 3.42, ε 2.985, printed as 2.021 after a resume with T = 20). ``saved`` is
+        :meth:`_saved_plan` of the run that wrote ``where`` (None: written before plans were saved).
+        """
+        from fedprivacy.errors import ConfigError
+
+        if saved is None:
+            return
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where}: the saved privacy plan must be a JSON object, got {saved!r}")
+        fresh = self._saved_plan()
+        saved_rounds = saved.get("num_server_rounds")
+        keys = sorted((set(saved) | set(fresh)) - {"num_server_rounds"})
+        diff = [k for k in keys if not _json_equal(saved.get(k), fresh.get(k))]
+        if not diff:
+            return
+        if fresh["calibrated"] and saved_rounds is not None and saved_rounds != fresh["num_server_rounds"]:
+            raise ConfigError(
+                f"num-server-rounds differs from the checkpointed run ({saved_rounds!r} != "
+                f"{fresh['num_server_rounds']!r}) and the noise multiplier was calibrated for it "
+                f"(noise-multiplier=0: z={saved.get('noise_multiplier')!r} ran, "
+                f"{fresh['noise_multiplier']!r} would be used now); the rounds already released carry "
+                f"the old noise: set num-server-rounds={saved_rounds!r}, or start a new run")
+        raise ConfigError(
+            f"the privacy plan differs from the one {where} was charged with ({', '.join(diff)}: "
+            f"{ {k: saved.get(k) for k in diff} } != { {k: fresh.get(k) for k in diff} }); the rounds "
+            "already released would be accounted from noise they did not carry: resume with the "
+            "config and fedprivacy version that started the run, or start a new run")
 
     def _spend(self, event: PrivacyEvent, rnd: int) -> None:
         """The charge itself: on disk first when the run has a journal (then in the ledger)."""
@@ -374,6 +437,10 @@ class FederatedRun:
     def checkpoint_extra(self) -> dict[str, Any]:
         """State beyond weights and ledger that a resumed run needs (DP-SGD ledgers, optimizer)."""
         extra: dict[str, Any] = {"population": self.population}
+        if self.plan is not None and self.plan.event is not None:
+            extra["plan"] = self._saved_plan()
+        if self.journal is not None:  # a resume without it would refund the charges after this checkpoint
+            extra["journal"] = JOURNAL_NAME
         if self.resumes:
             extra["resumes"] = self.resumes
         if self.dpsgd is not None:
@@ -643,6 +710,29 @@ class FederatedRun:
         if self.dpsgd is not None:
             results["dpsgd"] = self.dpsgd.summary()
         return results
+
+
+def plan_fingerprint(plan: PrivacyPlan) -> dict[str, Any]:
+    """What a run's charges and its summary are computed from (saved in the journal's header and the
+    checkpoint; a resumed run must have the same, :meth:`FederatedRun._check_plan`).
+
+    The worst-case event (for ``distributed`` it carries the encoding: scale, Δ₂, the noise of ``t``
+    survivors), the noise multiplier, whether it was calibrated, and the claim's unit, relation,
+    clip norm and denominator. Not the budget: a distributed run's budget reserves the slack of
+    ``num-server-rounds`` rounds, which may change on resume.
+    """
+    return {
+        "mode": plan.mode, "noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated,
+        "event": plan.event.to_dict() if plan.event is not None else None,
+        "clip_norm": plan.clip_norm, "denominator": plan.denominator, "unit": plan.unit,
+        "neighbouring": plan.neighbouring,
+        "adaptive_clip": plan.adaptive_clip.to_json() if plan.adaptive_clip is not None else None,
+    }
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality after a JSON round trip (a saved float reads back exactly; tuples become lists)."""
+    return bool(json.loads(json.dumps(a)) == json.loads(json.dumps(b)))
 
 
 def read_participation(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

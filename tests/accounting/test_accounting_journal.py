@@ -45,6 +45,21 @@ def test_charges_recover_to_the_same_accountant(tmp_path: Path) -> None:
     assert again.unfinished_rounds == (4,)
 
 
+def test_the_header_keeps_the_plan_the_charges_were_made_with(tmp_path: Path) -> None:
+    plan = {"noise_multiplier": 1.5, "event": POISSON.to_dict(), "num_server_rounds": 10}
+    ChargeJournal.create(tmp_path / "j.jsonl", Accountant(), plan=plan).charge(POISSON, round=1)
+    assert ChargeJournal.recover(tmp_path / "j.jsonl").plan == plan
+    ChargeJournal.create(tmp_path / "none.jsonl", Accountant())
+    assert ChargeJournal.recover(tmp_path / "none.jsonl").plan is None
+    lines = (tmp_path / "j.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**head, "plan": [1]}) + "\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match="header plan must be a JSON object"):
+        ChargeJournal.recover(tmp_path / "bad.jsonl")
+    with pytest.raises(TypeError, match="plan must be a mapping"):
+        ChargeJournal.create(tmp_path / "t.jsonl", Accountant(), plan=[1])  # type: ignore[arg-type]
+
+
 def test_a_refused_charge_writes_nothing_and_spends_nothing(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     journal = ChargeJournal.create(path, Accountant(budget=Budget(epsilon=1.0, delta=DELTA)))

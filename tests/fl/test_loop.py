@@ -7,17 +7,28 @@ Clients pull the model towards their own target vector; clipping and local noise
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedprivacy.accounting import Neighbouring, NoSampling, epsilon_for
+from fedprivacy.accounting import (
+    ChargeJournal,
+    GaussianEvent,
+    Neighbouring,
+    NoSampling,
+    epsilon_for,
+)
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
+from fedprivacy.errors import ConfigError
+from fedprivacy.fl.aggregation import PlainAggregator
 from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
+from fedprivacy.fl.modes.plain import CentralMode
+from fedprivacy.fl.privacy import neighbouring_of, sampling_object
 from fedprivacy.fl.run import read_participation, run_federated
 from fedprivacy.fl.types import ClientUpdate, ModelHooks
 
@@ -191,3 +202,141 @@ def test_none_mode_claims_nothing(tmp_path: Path) -> None:
     assert "No differential privacy" in (tmp_path / "n" / "privacy_report.md").read_text()
     # without noise the model converges towards the mean target
     assert res["rounds"][-1]["test_loss"] < res["rounds"][0]["test_loss"]
+
+
+# ---------------------------------------------------------------------- resume re-accounting (issue 11)
+def _kill_after(rnd: int):
+    def log(line: str) -> None:
+        if line.startswith(f"round {rnd:3d}/"):
+            raise _Killed
+
+    return log
+
+
+@pytest.mark.parametrize("privacy", ["central", "local"])
+def test_a_resume_that_would_recalibrate_the_noise_is_refused(tmp_path: Path, privacy: str) -> None:
+    # Arrange: z calibrated for 3 rounds (target ε 6); killed after round 2 (review-dp F3)
+    kw = {"privacy": privacy, "noise-multiplier": 0.0, "target-epsilon": 6.0, "run-name": "cal",
+          "sample-rate": 0.5 if privacy == "central" else 1.0}
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), log=_kill_after(2))
+    # Act / Assert: with 6 rounds z would be recalibrated, and rounds 1-2 ran at the old z: refused
+    with pytest.raises(ConfigError, match=r"num-server-rounds differs .*\(3 != 6\).*calibrated"):
+        _run(_cfg(tmp_path, **{**kw, "num-server-rounds": 6, "resume": True}))
+    # the same rounds resume, at the z that ran, and the figure is the composition of what ran
+    res = _run(_cfg(tmp_path, **{**kw, "resume": True}))
+    z = res["privacy"]["noise_multiplier"]
+    journal = ChargeJournal.recover(tmp_path / "cal" / "privacy-journal.jsonl")
+    assert [e.event.mechanism.noise_multiplier for e in journal.accountant.ledger] == [z] * 3
+    assert journal.plan is not None and journal.plan["noise_multiplier"] == z
+    cfg = _cfg(tmp_path, **kw)
+    ref = epsilon_for(noise_multiplier=z, sampling=sampling_object(cfg, N), steps=3, delta=1e-5,
+                      backend="rdp", neighbouring=neighbouring_of(cfg))
+    assert res["privacy"]["epsilon"] == pytest.approx(ref, rel=1e-9) and ref <= 6.0
+
+
+def test_a_resume_with_more_rounds_at_a_configured_noise_accounts_every_round(tmp_path: Path) -> None:
+    kw = {"privacy": "central", "noise-multiplier": 1.3, "sample-rate": 0.5, "run-name": "more"}
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), log=_kill_after(2))
+    res = _run(_cfg(tmp_path, **{**kw, "num-server-rounds": 5, "resume": True}))
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3, 4, 5]
+    ref = epsilon_for(noise_multiplier=1.3, sample_rate=0.5, steps=5, delta=1e-5, backend="rdp")
+    assert res["privacy"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+
+
+class _DriftedCentral(CentralMode):
+    """What another fedprivacy version (or a changed calibration) might plan for the same config."""
+
+    def plan(self, cfg, *, population, dim=None):
+        plan = super().plan(cfg, population=population, dim=dim)
+        z = plan.noise_multiplier * 1.5
+        return dataclasses.replace(plan, noise_multiplier=z, central_noise_std=z * plan.clip_norm,
+                                   event=dataclasses.replace(
+                                       plan.event, mechanism=GaussianEvent(noise_multiplier=z)))
+
+
+class _KillingAggregator(PlainAggregator):
+    """Dies right after the round's charge (plain rounds charge just before aggregating)."""
+
+    def aggregate(self, *args, **kwargs):
+        raise _Killed
+
+
+def test_a_resume_whose_privacy_plan_differs_is_refused(tmp_path: Path) -> None:
+    kw = {"privacy": "central", "sample-rate": 0.5}
+    # checkpointed run: the checkpoint's plan refuses the drifted one
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw, **{"run-name": "ck"}), log=_kill_after(2))
+    with pytest.raises(ConfigError, match=r"privacy plan differs .*noise_multiplier"):
+        _run(_cfg(tmp_path, **kw, **{"run-name": "ck", "resume": True}), mode=_DriftedCentral())
+    # killed after round 1's charge, before any checkpoint: the journal's header refuses it
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw, **{"run-name": "jr"}),
+             aggregator=_KillingAggregator(clip_norm=1.0, noise_std=1.0))
+    assert not (tmp_path / "jr" / "checkpoint").exists()
+    with pytest.raises(ConfigError, match=r"privacy plan differs .*privacy-journal.jsonl.*event"):
+        _run(_cfg(tmp_path, **kw, **{"run-name": "jr", "resume": True}), mode=_DriftedCentral())
+    res = _run(_cfg(tmp_path, **kw, **{"run-name": "jr", "resume": True}))  # the same plan resumes
+    assert res["privacy"]["write_ahead"]["charged_rounds"] == [1, 1, 2, 3]
+
+
+def test_a_checkpoint_whose_journal_is_missing_is_refused(tmp_path: Path) -> None:
+    # Arrange: killed after round 2's checkpoint; round 3 charged, then cut off (review-dp F8)
+    kw = {"privacy": "central", "sample-rate": 0.5, "run-name": "lost"}
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), log=_kill_after(2))
+    run_dir = tmp_path / "lost"
+    journal = ChargeJournal.recover(run_dir / "privacy-journal.jsonl")
+    journal.charge(journal.accountant.ledger[-1].event, round=3)  # a charge after the checkpoint
+    (run_dir / "privacy-journal.jsonl").unlink()
+    # Act / Assert: recreating the journal from the checkpoint would refund round 3's charge
+    with pytest.raises(ConfigError, match=r"privacy journal .*lost/privacy-journal.jsonl is missing"):
+        _run(_cfg(tmp_path, **{**kw, "resume": True}))
+    assert not (run_dir / "privacy-journal.jsonl").exists()  # nothing written by the refusal
+
+
+def test_a_checkpoint_from_before_the_journal_still_resumes(tmp_path: Path) -> None:
+    kw = {"privacy": "central", "sample-rate": 0.5, "run-name": "old"}
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), log=_kill_after(2))
+    state = tmp_path / "old" / "checkpoint" / "state.json"
+    saved = json.loads(state.read_text())
+    for key in ("journal", "plan"):  # what a checkpoint written before the journal lacks
+        del saved["extra"][key]
+    state.write_text(json.dumps(saved))
+    (tmp_path / "old" / "privacy-journal.jsonl").unlink()
+    lines: list[str] = []
+    res = _run(_cfg(tmp_path, **{**kw, "resume": True}), lines)
+    assert any("checkpoint older than the journal" in line for line in lines)
+    ref = epsilon_for(noise_multiplier=1.0, sample_rate=0.5, steps=3, delta=1e-5, backend="rdp")
+    assert res["privacy"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+
+
+def test_a_fixed_cohort_runs_printed_epsilon_holds_against_the_adaptive_adversary(tmp_path: Path) -> None:
+    # Arrange: central, 3 of 12 clients per round (without replacement), replace-one, 20 rounds
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    from fedprivacy.accounting.adversary import adaptive_delta, fixed_cohort_orientations
+
+    z, m, rounds, delta = 2.0, 3, 20, 1e-3
+    cfg = _cfg(tmp_path, **{"privacy": "central", "accountant": "pld", "sampling": "fixed", "cohort-size": m,
+                            "neighbouring": "replace-one", "noise-multiplier": z, "target-delta": delta,
+                            "num-server-rounds": rounds, "run-name": "fc"})
+    # Act
+    res = _run(cfg)
+    eps = json.loads((tmp_path / "fc" / "results.json").read_text())["privacy"]["epsilon"]
+    # Assert: the adversary that switches direction round by round (Lebeda et al. 2024) does not beat
+    # the printed figure, and does beat the old one (each direction composed alone, dp-accounting)
+    old = max(
+        pld_lib.PrivacyLossDistribution(pld_lib._create_pld_pmf_from_monotone_privacy_loss(
+            plm.GaussianPrivacyLoss(z, sensitivity=2.0, sampling_prob=m / N, adjacency_type=adj),
+            value_discretization_interval=1e-4, pessimistic_estimate=True, use_connect_dots=True),
+        ).self_compose(rounds).get_epsilon_for_delta(delta)
+        for adj in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD))
+    adversary = fixed_cohort_orientations(mechanism="gaussian", noise_multiplier=z, sample_rate=m / N,
+                                          grid=2e-3)
+    assert res["privacy"]["epsilon"] == eps and len(res["rounds"]) == rounds
+    assert adaptive_delta(adversary, rounds=rounds, epsilon=old) > delta  # 5.430 is beaten
+    assert adaptive_delta(adversary, rounds=rounds, epsilon=eps) <= delta  # 5.809 is not

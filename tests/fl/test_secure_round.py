@@ -290,7 +290,8 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
     assert d["noise_std_of_sum_per_round"] == pytest.approx([0.5, 0.5], rel=1e-12)
     assert d["noise"].startswith("exact XNoise")
     aud = d["audiences"]
-    assert aud["server"]["epsilon"] == res["privacy"]["epsilon"]
+    # the headline: the server's figure, never below the ledger's (they differ at ~1e-12 by discretisation)
+    assert res["privacy"]["epsilon"] == max(aud["server"]["epsilon"], d["ledger_epsilon"])
     # the ledger composes the dominating Gaussians; the figure is the smaller of that plus its slack
     # and the RDP cross-check (both valid): they agree to within the slack here
     assert aud["server"]["epsilon"] == pytest.approx(d["ledger_epsilon"], rel=1e-6)

@@ -176,7 +176,8 @@ class DistributedMode:
                                              charged=accountant.steps))
             audiences = block["distributed"]["audiences"]
             if audiences is not None:  # the figure with every slack term (the ledger's is below it)
-                block["epsilon"] = audiences[cfg.privacy_audience]["epsilon"]
+                # never below the ledger, whose charges are the events that ran (issue 11, review F3)
+                block["epsilon"] = max(audiences[cfg.privacy_audience]["epsilon"], block["epsilon"])
                 block["epsilon_audience"] = cfg.privacy_audience
         return block
 
