@@ -472,13 +472,13 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def _check_adaptive_clip(self) -> None:
         """Adaptive clipping's rules across keys (issue 17)."""
-        if self.adaptive_clip and self.privacy not in ("central", "none"):
+        if self.adaptive_clip and self.privacy not in ("central", "none", "distributed"):
             raise ValueError(
-                f"adaptive-clip=true is implemented for privacy='central' and 'none', got "
-                f"{self.privacy!r} (distributed mode needs the count bit inside secure aggregation)")
-        if self.adaptive_clip and self.secagg:
-            raise ValueError("adaptive-clip=true cannot run with secagg=true yet (the server must see "
-                             "the count bit, which would travel inside secure aggregation)")
+                f"adaptive-clip=true is implemented for privacy='central', 'distributed' and 'none', got "
+                f"{self.privacy!r} (local mode has no private count of the clipped updates)")
+        if self.adaptive_clip and self.secagg and self.privacy != "distributed":
+            raise ValueError("adaptive-clip=true with secagg=true needs privacy='distributed' (the count "
+                             "bit travels inside secure aggregation with its own discrete noise)")
         if self.adaptive_clip and self.clip_norm <= 0:
             raise ValueError(f"clip-norm (the initial clip norm) must be > 0 when adaptive-clip=true, "
                              f"got {self.clip_norm}")

@@ -17,6 +17,15 @@ with the round's sampling, whatever the relation. The bit is computed against th
 used, so C stays a function of released values only (post-processing).
 
 Recommended (their §4): σ_b = m/20, γ = 0.5, η = 0.2.
+
+Distributed DP (:mod:`fedprivacy.secagg.ddp`, ``count_scale``): the client appends its centred bit as one
+more integer coordinate ``k_b (2b − 1)`` of its secure-aggregation vector, noised like every other
+coordinate (std ``σ = z_Δ C s`` in integer units, from the client's own XNoise components). In centred-bit
+units that is noise ``σ/(2 k_b)``, so :func:`count_scale_for` takes ``k_b = ⌊σ/(2σ_b)⌋`` (at least σ_b).
+The release is one discrete Gaussian sum on ``Z^(m+1)`` of L2 sensitivity ``hypot(Δ₂, k_b)``: its zCDP is
+``(Δ₂² + k_b²)/(2V)``, the sum of the two blocks' (Canonne, Kamath & Steinke 2020, Thm 14; Bun & Steinke
+2016, Lemma 2.3), i.e. Theorem 1's "one Gaussian" in integer units
+(:mod:`fedprivacy.accounting.distributed` bounds the sum of discrete Gaussians, KLS 2021).
 """
 
 from __future__ import annotations
@@ -33,15 +42,23 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
 
 __all__ = [
+    "UNCLIPPED_TOLERANCE",
     "QuantileClipEstimator",
     "QuantileClipState",
     "composed_noise_multiplier",
     "count_noise_std_for",
+    "count_scale_for",
+    "reachable_clip_range",
     "update_noise_multiplier",
 ]
 
 #: Sensitivity of the centred bit ``b − ½`` (add/remove).
 BIT_SENSITIVITY = 0.5
+
+#: An update counts as unclipped when its norm is below ``C (1 − tolerance)``: clipping to C and the float32
+#: wire format leave a clipped update within ~1e-7 of C. Pre-clip norms in ``[C (1 − 1e-6), C]`` are
+#: counted as clipped, a negligible bias of the quantile estimate.
+UNCLIPPED_TOLERANCE = 1e-6
 
 
 def _real(name: str, value: Any) -> float:
@@ -54,6 +71,33 @@ def _real(name: str, value: Any) -> float:
 def count_noise_std_for(expected_cohort: float) -> float:
     """The paper's recommended count noise σ_b = m / 20 for an expected cohort of m clients."""
     return _positive("expected_cohort", expected_cohort) / 20.0
+
+
+def count_scale_for(*, noise_std: float, count_noise_std: float) -> int:
+    """``k_b = max(1, ⌊σ/(2σ_b)⌋)``: the integer weight of the centred bit ``(2b − 1)/2`` in a vector whose
+    coordinates carry noise std ``noise_std`` (integer units), so the count's noise in bit units,
+    ``σ/(2 k_b)``, is at least ``count_noise_std`` (module docstring, distributed DP)."""
+    sigma = _positive("noise_std", noise_std)
+    sb = _positive("count_noise_std", count_noise_std)
+    return max(1, math.floor(sigma / (2.0 * sb)))
+
+
+def reachable_clip_range(*, initial_clip_norm: float, target_quantile: float, learning_rate: float,
+                         round: int) -> tuple[float, float]:
+    """``[C₀ e^(−η(1−γ)(r−1)), C₀ e^(ηγ(r−1))]``: every clip norm the geometric rule can reach at round r.
+
+    A released fraction lies in [0, 1], so one update multiplies C by ``e^(−η(b̃−γ)) ∈ [e^(−η(1−γ)), e^(ηγ)]``.
+    A client uses it to refuse a forged clip norm (a sanity bound: privacy does not depend on C, the noise
+    scales with it). The bounds are widened by 1e-9 relative for float rounding.
+    """
+    c0 = _positive("initial_clip_norm", initial_clip_norm)
+    eta = _positive("learning_rate", learning_rate)
+    gamma = _real("target_quantile", target_quantile)
+    if isinstance(round, bool) or not isinstance(round, int) or round < 1:
+        raise ValueError(f"round must be an int >= 1, got {round!r}")
+    steps = round - 1
+    return (c0 * math.exp(-eta * (1.0 - gamma) * steps) * (1 - 1e-9),
+            c0 * math.exp(eta * gamma * steps) * (1 + 1e-9))
 
 
 def update_noise_multiplier(*, noise_multiplier: float, count_noise_std: float) -> float:

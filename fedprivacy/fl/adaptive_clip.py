@@ -14,8 +14,17 @@ puts it into a plain round (privacy ``central``, or ``none`` with a noiseless es
 
 The pair is one Gaussian of multiplier z (Andrew et al. 2021, Theorem 1), so the round's ledger event is
 the plan's ``GaussianEvent(z)`` with the round's sampling: adaptive clipping costs no extra ε. The trusted
-server sees every update in ``central`` mode anyway; in ``distributed`` mode the bit would have to travel
-inside secure aggregation with its own noise, which is not built (the config refuses it).
+server sees every update in ``central`` mode anyway.
+
+``distributed`` (:class:`AdaptiveSecureRound`): the server never sees an update or a bit. The round's
+encoding has the clip norm ``C_r``, the raised multiplier ``z_Δ`` and a count coordinate of weight
+``k_b = ⌊z_Δ C_r s/(2σ_b)⌋`` (:mod:`fedprivacy.secagg.ddp`): each client appends its centred bit
+``k_b (2b − 1)``, noised by its own XNoise components like every coordinate, and the server reads
+``Σ (b_i − ½) + N(0, (σ/(2k_b))²)`` from the unmasked sum. The round's event is the dominating Gaussian of
+the whole vector (sensitivity ``hypot(Δ₂, k_b)``: the two discrete-Gaussian releases composed), which the
+plan makes at least the requested z. The client checks the encoding against its own floor (joint ρ and the
+count's own multiplier, :class:`fedprivacy.fl.client_policy.ClientPolicy`) and refuses a clip norm the
+rule cannot reach (:func:`fedprivacy.dp.adaptive_clipping.reachable_clip_range`).
 """
 
 from __future__ import annotations
@@ -29,24 +38,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedprivacy.dp.adaptive_clipping import (
+    UNCLIPPED_TOLERANCE,
     QuantileClipEstimator,
     count_noise_std_for,
     update_noise_multiplier,
 )
 from fedprivacy.fl.aggregation import PlainAggregator
 from fedprivacy.fl.charging import before_release
+from fedprivacy.fl.secure.params import make_encoding
+from fedprivacy.fl.secure.server import SecureRound
 from fedprivacy.fl.types import ClipRoundInfo, Exchange, RoundInstructions, RoundOutcome
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.secure.server import SecureTransport
+    from fedprivacy.fl.types import ClientUpdate
+    from fedprivacy.secagg.encoding import EncodingSpec
 
-__all__ = ["UNCLIPPED_TOLERANCE", "AdaptiveClipRound", "AdaptiveClipSpec", "adaptive_clip_spec"]
-
-#: A received update counts as unclipped when its norm is below ``C (1 − tolerance)``: clipping to C and
-#: the float32 wire format leave a clipped update within ~1e-7 of C. Pre-clip norms in
-#: ``[C (1 − 1e-6), C]`` are counted as clipped, a negligible bias of the quantile estimate.
-UNCLIPPED_TOLERANCE = 1e-6
+__all__ = ["UNCLIPPED_TOLERANCE", "AdaptiveClipRound", "AdaptiveClipSpec", "AdaptiveSecureRound",
+           "adaptive_clip_spec"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,21 +95,38 @@ def _norm(arrays: Sequence[np.ndarray]) -> float:
     return math.sqrt(sum(float(np.sum(np.square(np.asarray(a, dtype=np.float64)))) for a in arrays))
 
 
-class AdaptiveClipRound:
-    """A plain round with an adaptive clip norm (module docstring); a ``RoundFn`` with state."""
+class _QuantileState:
+    """The estimator a round keeps between rounds: its clip norm, the move after release, checkpoints."""
 
-    def __init__(self, exchange: Exchange, spec: AdaptiveClipSpec, *, denominator: float) -> None:
-        self.exchange, self.spec, self.denominator = exchange, spec, float(denominator)
-        self.estimator = QuantileClipEstimator(
-            initial_clip_norm=spec.initial_clip_norm, target_quantile=spec.target_quantile,
-            learning_rate=spec.learning_rate, count_noise_std=spec.count_noise_std,
-            expected_cohort=spec.expected_cohort)
-        self._pending: float | None = None
+    estimator: QuantileClipEstimator
+    _fraction: float | None = None  # the round's released fraction, until the run has charged it
 
     @property
     def clip_norm(self) -> float:
         """The clip norm of the next round."""
         return self.estimator.clip_norm
+
+    def after_release(self, outcome: RoundOutcome) -> None:
+        """Move the estimate by the round's released fraction (the run calls this once it is charged)."""
+        if self._fraction is not None:
+            self.estimator.update(self._fraction)
+            self._fraction = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.estimator.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.estimator.load_state_dict(state)
+        self._fraction = None
+
+
+class AdaptiveClipRound(_QuantileState):
+    """A plain round with an adaptive clip norm (module docstring); a ``RoundFn`` with state."""
+
+    def __init__(self, exchange: Exchange, spec: AdaptiveClipSpec, *, denominator: float) -> None:
+        self.exchange, self.spec, self.denominator = exchange, spec, float(denominator)
+        self.estimator = _estimator(spec)
+        self._fraction = None
 
     def __call__(self, instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
                  rng: RandomSource) -> RoundOutcome:
@@ -112,19 +140,101 @@ class AdaptiveClipRound:
             first.setdefault(u.partition_id, u)
         bits = [_norm(first[pid].delta) < c * (1.0 - UNCLIPPED_TOLERANCE) for pid in agg.aggregated]
         fraction = self.estimator.noisy_fraction(bits, rng=rng.child("clip-count"))
-        self._pending = fraction
+        self._fraction = fraction
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=tuple(updates),
                             clip=ClipRoundInfo(clip_norm=c, unclipped_fraction=fraction))
 
-    def after_release(self, outcome: RoundOutcome) -> None:
-        """Move the estimate by the round's released fraction (the run calls this once it is charged)."""
-        if self._pending is not None:
-            self.estimator.update(self._pending)
-            self._pending = None
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.estimator.state_dict()
+def _estimator(spec: AdaptiveClipSpec) -> QuantileClipEstimator:
+    return QuantileClipEstimator(initial_clip_norm=spec.initial_clip_norm, target_quantile=spec.target_quantile,
+                                 learning_rate=spec.learning_rate, count_noise_std=spec.count_noise_std,
+                                 expected_cohort=spec.expected_cohort)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.estimator.load_state_dict(state)
-        self._pending = None
+
+class AdaptiveSecureRound(_QuantileState, SecureRound):
+    """Distributed DP with an adaptive clip norm: the count bit travels inside secure aggregation
+    (module docstring). ``cfg`` is the run's config; ``spec`` the plan's split (z_Δ, σ_b)."""
+
+    def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
+                 spec: AdaptiveClipSpec, log: Any = print) -> None:
+        if cfg.privacy != "distributed" or not spec.count_noise_std > 0:
+            raise ValueError("AdaptiveSecureRound needs privacy='distributed' and count_noise_std > 0")
+        super().__init__(cfg, transport, population=population, log=log)
+        self.spec = spec
+        self.estimator = _estimator(spec)
+        self._fraction = None
+
+    def _encoding(self, instr: RoundInstructions, *, dim: int, threshold: int,
+                  rotation_seed: bytes) -> EncodingSpec:
+        cfg = self.cfg.replace(clip_norm=self.estimator.clip_norm,
+                               noise_multiplier=self.spec.update_noise_multiplier)
+        return make_encoding(cfg, population=self.population, dim=dim, threshold=threshold,
+                             rotation_seed=rotation_seed, count_noise_std=self.spec.count_noise_std)
+
+    def __call__(self, instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
+                 rng: RandomSource) -> RoundOutcome:
+        self._fraction = None
+        return super().__call__(dataclasses.replace(instr, clip_norm=self.estimator.clip_norm), cohort,
+                                weights, rng)
+
+    def _released(self, instr: RoundInstructions, weights: Sequence[np.ndarray], enc: EncodingSpec,
+                  total: np.ndarray, updates: Mapping[int, ClientUpdate], *, survivors: tuple[int, ...],
+                  progress: Any) -> RoundOutcome:
+        outcome = super()._released(instr, weights, enc, total, updates, survivors=survivors,
+                                    progress=progress)
+        centred = enc.decode_count(total)  # Σ (b_i − ½) + noise, from the unmasked sum only
+        fraction = min(1.0, max(0.0, centred / self.spec.expected_cohort + 0.5))
+        self._fraction = fraction
+        return dataclasses.replace(outcome, clip=ClipRoundInfo(clip_norm=enc.clip_norm,
+                                                               unclipped_fraction=fraction))
+
+
+def round_encoding(cfg: RunConfig, spec: AdaptiveClipSpec, *, clip_norm: float, population: int, dim: int,
+                   threshold: int, rotation_seed: bytes = b"\x00" * 32) -> EncodingSpec:
+    """The encoding of a distributed round with clip norm ``clip_norm``: multiplier z_Δ, count σ_b."""
+    return make_encoding(cfg.replace(clip_norm=clip_norm, noise_multiplier=spec.update_noise_multiplier),
+                         population=population, dim=dim, threshold=threshold, rotation_seed=rotation_seed,
+                         count_noise_std=spec.count_noise_std)
+
+
+def _worst_release(cfg: RunConfig, spec: AdaptiveClipSpec, *, clip_norms: Sequence[float], population: int,
+                   dim: int, threshold: int, roster: int) -> Any:
+    rels = [round_encoding(cfg, spec, clip_norm=c, population=population, dim=dim, threshold=threshold)
+            .ddp().worst_release(max_roster=roster) for c in clip_norms]
+    return min(rels, key=lambda r: r.noise_multiplier)
+
+
+def distributed_spec(cfg: RunConfig, *, noise_multiplier: float, target: float, population: int, dim: int,
+                     threshold: int, roster: int, denominator: float) -> tuple[AdaptiveClipSpec, Any]:
+    """Theorem 1's split in distributed DP: ``(spec, worst release)``.
+
+    Starts from ``z_Δ = (z⁻² − (2σ_b)⁻²)^(−½)`` and raises the requested z slightly until the worst
+    released vector (update + count coordinate; the run's worst case over rosters <= ``roster`` and
+    survivor counts, :meth:`fedprivacy.secagg.ddp.DistributedDPConfig.worst_release`) is dominated by a
+    Gaussian of multiplier
+    at least ``target`` (the run's release without adaptive clipping at z): the pair costs no more than
+    the fixed clip. Every round's ``C_r s_r`` lies within one octave (the scale is the largest power of
+    two that fits), so the worst case is taken over clip norms ``C₀ 2^(−j/8)``, j = 0..8 (a planning
+    figure for the budget check; each round is charged with the event it really ran).
+    """
+    norms = [cfg.clip_norm * 2.0 ** (-j / 8) for j in range(9)]
+    z = noise_multiplier
+    for _ in range(20):
+        spec = adaptive_clip_spec(cfg, noise_multiplier=z, denominator=denominator)
+        worst = _worst_release(cfg, spec, clip_norms=norms, population=population, dim=dim,
+                               threshold=threshold, roster=roster)
+        if worst.noise_multiplier >= target:
+            return spec, worst
+        z *= target / worst.noise_multiplier * (1.0 + 1e-9)
+    raise ValueError("adaptive clipping: the update/count split did not converge (raise secagg-bits)")
+
+
+def worst_cut_off_clip_norm_candidates(spec: AdaptiveClipSpec, clips: Sequence[ClipRoundInfo]) -> list[float]:
+    """Clip norms a charged round without a completed record can have run with: the estimate only moves
+    after a completed round, so it is one of the completed rounds' clip norms or the one that follows the
+    last of them (the initial clip norm when none completed)."""
+    if not clips:
+        return [spec.initial_clip_norm]
+    last = clips[-1]
+    est = _estimator(dataclasses.replace(spec, initial_clip_norm=last.clip_norm))
+    return [c.clip_norm for c in clips] + [est.next_clip_norm(last.unclipped_fraction)]

@@ -22,7 +22,10 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` at ``t_min`` survivors, colluders' noise not
   counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one. Only
   exact XNoise encodings are accepted (their noise comes from the exact-law sampler of
-  :mod:`fedprivacy.dp.tabulated`); the legacy ``σ²/t`` share is refused.
+  :mod:`fedprivacy.dp.tabulated`); the legacy ``σ²/t`` share is refused. With adaptive clipping's
+  count coordinate (``count_scale = k_b``) the worst sum's sensitivity is ``hypot(Δ₂, k_b)`` (the bit is
+  in ρ), and the count's own multiplier ``σ/k_b = 2σ_b`` must be at least ``min_noise_multiplier``: a
+  server cannot make the client send its bit with less noise than its floor.
 
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
 
@@ -279,6 +282,12 @@ class ClientPolicy:
         if config.noise_multiplier < self.min_noise_multiplier:
             raise PolicyRefusal(f"server asks for noise multiplier {config.noise_multiplier:g} < "
                                 f"{self.min_noise_multiplier:g} (node config client-min-noise-multiplier)")
+        if config.count_scale:  # adaptive clipping's count coordinate: never less noise than the floor
+            count_z = math.sqrt(config.target_variance) / config.count_scale
+            if count_z < self.min_noise_multiplier:
+                raise PolicyRefusal(f"server asks for a clipped-count coordinate of noise multiplier "
+                                    f"{count_z:g} < {self.min_noise_multiplier:g} (node config "
+                                    "client-min-noise-multiplier; the count is 2 sigma_b)")
         try:  # what the round really costs: the dominating Gaussian of the worst released sum
             z = config.release(roster=roster, survivors=config.min_survivors).noise_multiplier
         except ValueError as exc:  # e.g. a scale too small to analyse: no bound, no participation

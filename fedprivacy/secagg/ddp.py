@@ -16,6 +16,14 @@ Kairouz, Liu & Steinke 2021 (ICML), Algorithm 1 "DDGauss", per client:
    add at least ``sigma^2`` (``n/t_min`` times it when all ``n`` survive);
 6. reduce mod ``2^b`` (modular clipping) and hand the residues to secure aggregation.
 
+Adaptive clipping (``count_scale = k_b > 0``; Andrew et al. 2021 in distributed DP): between steps 4 and
+5 the client appends one integer coordinate ``k_b (2b - 1)``, its centred bit ``b = 1[||x|| < C]``
+(:data:`fedprivacy.dp.adaptive_clipping.UNCLIPPED_TOLERANCE`), not rotated, and noised in step 5 like
+every other coordinate. The vector has ``m + 1`` coordinates; one client moves it by at most
+``hypot(Delta_2, k_b)`` in L2, which is the sensitivity :meth:`DistributedDPConfig.release` accounts
+(the zCDP of the two blocks composed: ``(Delta_2^2 + k_b^2)/(2V)``, Canonne, Kamath & Steinke 2020,
+Thm 14; Bun & Steinke 2016, Lemma 2.3). The server reads the noised count with :func:`decode_count`.
+
 The server unmasks the sum mod ``2^b``, lifts it to ``[-2^(b-1), 2^(b-1))``, rotates back and divides
 by ``s``. It never sees a sum without the clients' noise. The privacy of a completed round is
 computed by :func:`fedprivacy.accounting.distributed.distributed_round` from the survivors actually
@@ -24,6 +32,7 @@ present.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,7 +60,7 @@ from fedprivacy.secagg.quantize import (
 from fedprivacy.secagg.rotation import inverse_rotate, padded_dim, rotate
 from fedprivacy.secagg.xnoise import ComponentSeeds, client_noise
 
-__all__ = ["MAX_COMPONENT_VARIANCE", "DistributedDPConfig", "decode_sum", "encode_update"]
+__all__ = ["MAX_COMPONENT_VARIANCE", "DistributedDPConfig", "decode_count", "decode_sum", "encode_update"]
 
 #: Largest variance of one XNoise component an encoding may use: the exact sampler's table for it has
 #: ~620k entries (its build time and memory grow with the std). Far above what 20 bits leave room for;
@@ -76,6 +85,8 @@ class DistributedDPConfig:
         wrap_probability: allowed probability that the aggregate wraps (accuracy only).
         xnoise: exact noise components (:mod:`.xnoise`) instead of the legacy ``sigma^2/t_min`` share.
         colluders: ``c``, clients assumed to collude with the adversary (XNoise design and accounting).
+        count_scale: ``k_b`` (adaptive clipping): the weight of the client's centred clipped-count bit in
+            one extra coordinate; 0 = no count coordinate.
     """
 
     dim: int
@@ -89,10 +100,13 @@ class DistributedDPConfig:
     wrap_probability: float = 1e-9
     xnoise: bool = False
     colluders: int = 0
+    count_scale: int = 0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
             raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if isinstance(self.count_scale, bool) or not isinstance(self.count_scale, int) or self.count_scale < 0:
+            raise ValueError(f"count_scale must be an int >= 0, got {self.count_scale!r}")
         for name in ("clip_norm", "noise_multiplier", "scale"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
@@ -119,8 +133,20 @@ class DistributedDPConfig:
         return self.target_variance / (self.min_survivors - self.colluders)
 
     @property
-    def padded_dim(self) -> int:
+    def rotated_dim(self) -> int:
+        """Coordinates of the rotated update: ``m = 2^ceil(log2 dim)``."""
         return padded_dim(self.dim)
+
+    @property
+    def padded_dim(self) -> int:
+        """Coordinates of the vector sent to secure aggregation: ``m``, plus 1 with a count coordinate."""
+        return self.rotated_dim + (1 if self.count_scale else 0)
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """How far one client moves the integer vector (L2): ``Delta_2`` (rounded update), or
+        ``hypot(Delta_2, k_b)`` with the count coordinate."""
+        return math.hypot(self.norm_bound, self.count_scale)
 
     @property
     def local_sigma(self) -> float:
@@ -142,12 +168,21 @@ class DistributedDPConfig:
         (:func:`~fedprivacy.accounting.distributed.release_privacy`) or the legacy share
         (:func:`~fedprivacy.accounting.distributed.legacy_release`, not exact)."""
         if self.xnoise:
-            return release_privacy(self.design(roster=roster), survivors=survivors,
-                                   clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
-                                   beta=self.beta)
-        return legacy_release(local_variance=self.local_sigma**2, survivors=survivors,
-                              colluders=self.colluders, clip_norm=self.clip_norm, scale=self.scale,
-                              dim=self.padded_dim, beta=self.beta)
+            rel = release_privacy(self.design(roster=roster), survivors=survivors,
+                                  clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+                                  beta=self.beta)
+        else:
+            rel = legacy_release(local_variance=self.local_sigma**2, survivors=survivors,
+                                 colluders=self.colluders, clip_norm=self.clip_norm, scale=self.scale,
+                                 dim=self.padded_dim, beta=self.beta)
+        return self._with_count(rel)
+
+    def _with_count(self, rel: DistributedRelease) -> DistributedRelease:
+        """With a count coordinate the release above covers ``m + 1`` coordinates (eta, sampler); one
+        client moves the vector by the joint ``hypot(Delta_2, k_b)`` (:attr:`l2_sensitivity`)."""
+        if not self.count_scale:
+            return rel
+        return dataclasses.replace(rel, l2_sensitivity=self.l2_sensitivity)
 
     def worst_release(self, *, max_roster: int, participant: bool = False) -> DistributedRelease:
         """One release dominating every completed XNoise round with roster ``<= max_roster`` and any
@@ -155,10 +190,10 @@ class DistributedDPConfig:
         the slack a run charges for each completed round, whatever its counts."""
         if not self.xnoise:
             raise ValueError("worst_release needs exact XNoise components (xnoise=True)")
-        return worst_case_release(total_variance=self.target_variance, min_survivors=self.min_survivors,
-                                  colluders=self.colluders, max_roster=max_roster,
-                                  clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
-                                  beta=self.beta, participant=participant)
+        return self._with_count(worst_case_release(
+            total_variance=self.target_variance, min_survivors=self.min_survivors, colluders=self.colluders,
+            max_roster=max_roster, clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
+            beta=self.beta, participant=participant))
 
     def slack_bound(self, *, roster: int) -> tuple[float, float]:
         """Per-round accounting slack ``(h, g)`` (``h = eta + sampler ratio``, ``g`` the sampler's
@@ -179,19 +214,31 @@ class DistributedDPConfig:
     @property
     def norm_bound(self) -> float:
         """L2 bound of a rounded client vector (integer units)."""
-        return rounded_l2_norm_bound(l2_norm=self.clip_norm * self.scale, dim=self.padded_dim,
+        return rounded_l2_norm_bound(l2_norm=self.clip_norm * self.scale, dim=self.rotated_dim,
                                      beta=self.beta)
 
     def headroom(self) -> Headroom:
-        """:func:`~fedprivacy.secagg.quantize.check_headroom` for ``max_clients`` rotated, noisy inputs."""
-        return check_headroom(num_clients=self.max_clients, clip_norm=self.clip_norm, scale=self.scale,
-                              modulus_bits=self.modulus_bits, dim=self.padded_dim, rotated=True,
+        """:func:`~fedprivacy.secagg.quantize.check_headroom` for ``max_clients`` rotated, noisy inputs;
+        with a count coordinate also ``max_clients k_b + sqrt(2 var ln(2/p))`` for it."""
+        room = check_headroom(num_clients=self.max_clients, clip_norm=self.clip_norm, scale=self.scale,
+                              modulus_bits=self.modulus_bits, dim=self.rotated_dim, rotated=True,
                               noise_variance_total=self.released_variance_bound,
                               failure_probability=self.wrap_probability)
+        if self.count_scale:
+            tail = math.sqrt(2.0 * self.released_variance_bound * math.log(2.0 / self.wrap_probability))
+            bound = self.max_clients * self.count_scale + tail
+            if bound > room.limit:
+                raise ValueError(f"the count coordinate could wrap mod 2^{self.modulus_bits}: "
+                                 f"{self.max_clients}*{self.count_scale} + noise tail {tail:.4g} > "
+                                 f"{room.limit}; lower the scale or raise modulus_bits")
+        return room
 
     def privacy(self, *, num_survivors: int, neighbouring: str = "add-remove",
                 corrupted: int = 0) -> DistributedRound:
         """The zCDP of a completed round with ``num_survivors`` noisy inputs."""
+        if self.count_scale:
+            raise ValueError("the legacy zCDP bound does not cover a count coordinate (count_scale > 0); "
+                             "use release()")
         return distributed_round(clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,
                                  beta=self.beta, local_sigma=self.local_sigma,
                                  num_survivors=num_survivors, neighbouring=neighbouring,
@@ -222,11 +269,21 @@ def encode_update(
     r = _clip_scale_rotate(update, config=config, rotation_seed=rotation_seed)
     q = conditional_round(r, bound=config.norm_bound, rng=rng, beta=config.beta,
                           max_tries=max_tries)
+    if config.count_scale:  # the centred clipped-count bit, one integer coordinate (module docstring)
+        q = np.append(q, np.int64(config.count_scale * (1 if _unclipped(update, config) else -1)))
     if components is not None:
         q += client_noise(components, size=q.shape[0], rng=rng)
     else:
         q += sample_discrete_gaussian(sigma=config.local_sigma, size=q.shape[0], rng=rng)
     return to_ring(q, modulus_bits=config.modulus_bits)
+
+
+def _unclipped(update: np.ndarray, config: DistributedDPConfig) -> bool:
+    """The adaptive-clipping bit: the update's norm is below ``C (1 - UNCLIPPED_TOLERANCE)``."""
+    from fedprivacy.dp.adaptive_clipping import UNCLIPPED_TOLERANCE
+
+    norm = l2_norm(np.asarray(update, dtype=np.float64).reshape(-1))
+    return bool(norm < config.clip_norm * (1.0 - UNCLIPPED_TOLERANCE))
 
 
 def _clip_scale_rotate(update: np.ndarray, *, config: DistributedDPConfig,
@@ -308,5 +365,17 @@ def decode_sum(total: np.ndarray, *, config: DistributedDPConfig, rotation_seed:
     t = np.asarray(total)
     if t.dtype != np.uint32 or t.shape != (config.padded_dim,):
         raise ValueError(f"total must be uint32 of shape ({config.padded_dim},)")
-    lifted = from_ring(t, modulus_bits=config.modulus_bits).astype(np.float64)
+    lifted = from_ring(t[: config.rotated_dim], modulus_bits=config.modulus_bits).astype(np.float64)
     return inverse_rotate(lifted, seed=rotation_seed, dim=config.dim) / config.scale
+
+
+def decode_count(total: np.ndarray, *, config: DistributedDPConfig) -> float:
+    """The noised centred count ``sum_i (b_i - 1/2) + N`` from the count coordinate (``count_scale``):
+    its noise has std ``sqrt(V)/(2 k_b)`` (V the coordinate's noise variance, integer units)."""
+    if not config.count_scale:
+        raise ValueError("this encoding has no count coordinate (count_scale=0)")
+    t = np.asarray(total)
+    if t.dtype != np.uint32 or t.shape != (config.padded_dim,):
+        raise ValueError(f"total must be uint32 of shape ({config.padded_dim},)")
+    lifted = from_ring(t[-1:], modulus_bits=config.modulus_bits).astype(np.float64)
+    return float(lifted[0]) / (2.0 * config.count_scale)

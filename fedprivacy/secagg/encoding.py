@@ -11,6 +11,8 @@ Encodings (:class:`EncodingSpec`), both on the client, from the update it alread
 * ``ddgauss`` (distributed DP): the distributed discrete Gaussian of Kairouz, Liu & Steinke 2021
   (:mod:`fedprivacy.secagg.ddp`): rotation, conditional rounding, ``N_Z(0, (zCs)^2/t)`` per client,
   modular clipping. Any ``t`` or more survivors carry at least ``(zCs)^2`` of noise variance.
+  With ``count_scale = k_b > 0`` (adaptive clipping) one more coordinate carries the client's centred
+  clipped-count bit ``k_b (2b - 1)`` under the same noise (:mod:`fedprivacy.secagg.ddp`).
 
 Round parameters: :func:`round_parameters` chooses the threshold ``t`` and graph degree ``k`` for an
 expected cohort (Bonawitz et al. 2017; Bell et al. 2020), :func:`round_degree` the degree of one round.
@@ -88,6 +90,7 @@ class EncodingSpec:
     rotation_seed: bytes = b""
     xnoise: bool = False  # exact XNoise components (fedprivacy.secagg.xnoise) instead of the t-share
     colluders: int = 0
+    count_scale: int = 0  # adaptive clipping: weight k_b of the centred count bit (extra coordinate)
 
     def __post_init__(self) -> None:
         if self.kind not in ENCODINGS:
@@ -110,6 +113,10 @@ class EncodingSpec:
         else:
             from fedprivacy.secagg.quantize import check_headroom
 
+            if self.count_scale:
+                raise ValueError("count_scale needs the ddgauss encoding (the count must carry DP noise), "
+                                 f"got kind {self.kind!r}")
+
             check_headroom(num_clients=self.max_clients, clip_norm=self.clip_norm, scale=self.scale,
                            modulus_bits=self.modulus_bits)
 
@@ -120,14 +127,15 @@ class EncodingSpec:
                                    noise_multiplier=self.noise_multiplier,
                                    min_survivors=self.min_survivors, scale=self.scale,
                                    modulus_bits=self.modulus_bits, max_clients=self.max_clients,
-                                   xnoise=self.xnoise, colluders=self.colluders)
+                                   xnoise=self.xnoise, colluders=self.colluders,
+                                   count_scale=self.count_scale)
 
     @property
     def padded_dim(self) -> int:
         if self.kind == "ddgauss":
             from fedprivacy.secagg.rotation import padded_dim
 
-            return padded_dim(self.dim)
+            return padded_dim(self.dim) + (1 if self.count_scale else 0)
         return self.dim
 
     def max_abs_error(self, *, num_clients: int) -> float:
@@ -156,12 +164,19 @@ class EncodingSpec:
 
         return decode_fixed_point(total, scale=self.scale, modulus_bits=self.modulus_bits)
 
+    def decode_count(self, total: np.ndarray) -> float:
+        """The noised centred clipped count ``sum (b_i - 1/2) + noise`` (``count_scale > 0`` only)."""
+        from fedprivacy.secagg.ddp import decode_count
+
+        return decode_count(total, config=self.ddp())
+
     def to_record(self) -> dict[str, Any]:
         return {"kind": self.kind, "dim": self.dim, "clip_norm": float(self.clip_norm),
                 "scale": float(self.scale), "modulus_bits": self.modulus_bits,
                 "max_clients": self.max_clients, "noise_multiplier": float(self.noise_multiplier),
                 "min_survivors": self.min_survivors, "rotation_seed": bytes(self.rotation_seed),
-                "xnoise": bool(self.xnoise), "colluders": int(self.colluders)}
+                "xnoise": bool(self.xnoise), "colluders": int(self.colluders),
+                "count_scale": int(self.count_scale)}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EncodingSpec:
@@ -187,12 +202,13 @@ def _largest_scale(*, clip_norm: float, fits: Callable[[float], bool]) -> float:
 def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bits: int, population: int,
                            noise_multiplier: float = 0.0, threshold: int = 1,
                            rotation_seed: bytes = b"\x00" * 32, xnoise: bool = False,
-                           colluders: int = 0) -> EncodingSpec:
+                           colluders: int = 0, count_noise_std: float = 0.0) -> EncodingSpec:
     """The encoding with the largest power-of-two scale whose sum over ``population`` cannot wrap.
 
     For ``ddgauss`` the headroom check counts the rotated signal and the noise tail at probability
     1e-9; it also keeps a factor 4 of spare range so that the scale (and hence the privacy event) is
-    the same in every round.
+    the same in every round. ``count_noise_std`` (``ddgauss``, adaptive clipping) adds the count
+    coordinate with ``k_b = count_scale_for(noise_std=z C s, count_noise_std=...)`` at each scale.
     """
     dd = kind == "ddgauss"
     base: dict[str, Any] = dict(kind=kind, dim=dim, clip_norm=clip_norm, modulus_bits=modulus_bits,
@@ -202,11 +218,22 @@ def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bit
                                 rotation_seed=rotation_seed if dd else b"",
                                 xnoise=xnoise and dd, colluders=colluders if dd else 0)
 
+    if count_noise_std and not dd:
+        raise ValueError("count_noise_std needs kind='ddgauss' (the count must carry DP noise)")
+
+    def count_scale(s: float) -> int:
+        if not count_noise_std:
+            return 0
+        from fedprivacy.dp.adaptive_clipping import count_scale_for
+
+        return count_scale_for(noise_std=noise_multiplier * clip_norm * s, count_noise_std=count_noise_std)
+
     def fits(s: float) -> bool:
         try:
-            EncodingSpec(scale=s, **base)
+            EncodingSpec(scale=s, count_scale=count_scale(s), **base)
         except ValueError:
             return False
         return True
 
-    return EncodingSpec(scale=_largest_scale(clip_norm=clip_norm, fits=fits), **base)
+    s = _largest_scale(clip_norm=clip_norm, fits=fits)
+    return EncodingSpec(scale=s, count_scale=count_scale(s), **base)

@@ -142,6 +142,15 @@ class DistributedMode:
         run_cfg = cfg.replace(noise_multiplier=z)
         ddp = make_encoding(run_cfg, population=population, dim=dim, threshold=t).ddp()
         worst = ddp.worst_release(max_roster=roster)  # every completed round is charged this
+        spec = None
+        if cfg.adaptive_clip:  # issue 17: the count bit inside secure aggregation (Theorem 1's split)
+            from fedprivacy.fl.adaptive_clip import distributed_spec, round_encoding
+
+            spec, worst = distributed_spec(cfg, noise_multiplier=z, target=worst.noise_multiplier,
+                                           population=population, dim=dim, threshold=t, roster=roster,
+                                           denominator=denominator_of(cfg, population=population))
+            ddp = round_encoding(cfg, spec, clip_norm=cfg.clip_norm, population=population, dim=dim,
+                                 threshold=t).ddp()
         sampling = _audience_sampling(cfg, population=population)
         slack = _run_slack(ddp, roster=roster, rounds=cfg.num_server_rounds)
         desc = sampling_description(cfg, population=population, replacement_note=False)
@@ -159,11 +168,23 @@ class DistributedMode:
             target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
             mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
                        f"{how}; the server only sees the noised sum; accounted as its dominating "
-                       f"Gaussian (fedprivacy.accounting.distributed)"),
+                       f"Gaussian (fedprivacy.accounting.distributed)"
+                       + ("; adaptive clip norm (Andrew et al. 2021): each client's clipped-count bit is "
+                          "one more coordinate of its secure-aggregation vector under the same noise, the "
+                          "event is the pair composed (sensitivity hypot(Delta_2, k_b))" if spec else "")),
+            adaptive_clip=spec,
         )
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        if plan.adaptive_clip is not None:
+            from fedprivacy.fl.adaptive_clip import AdaptiveSecureRound
+
+            if transport.secure is None or aggregator is not None:
+                raise ValueError("adaptive clipping in distributed mode needs the secure transport and "
+                                 "its own aggregation")
+            return AdaptiveSecureRound(cfg.replace(noise_multiplier=plan.noise_multiplier), transport.secure,
+                                       population=plan.population, spec=plan.adaptive_clip, log=log)
         return secure_round(cfg.replace(noise_multiplier=plan.noise_multiplier), plan, transport,
                             aggregator=aggregator, log=log)
 
@@ -207,7 +228,8 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     exact = False
     dims = [s.dim for _, s in done if s.dim]
     if (done or cut_off) and plan is not None and dims:
-        exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off)
+        ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
+        exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps)
     if plan is not None:
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -237,26 +259,77 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     }}
 
 
-def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int) -> tuple[bool, dict[str, Any]]:
-    """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case."""
+def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
+               ddps: list[list[DistributedDPConfig]] | None = None) -> tuple[bool, dict[str, Any]]:
+    """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case.
+
+    ``ddps`` (adaptive clipping): per charged round, the encodings it can have run with (one for a
+    completed round, its own clip norm); the round is charged the worst case over them."""
     from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
 
     t, _ = secagg_parameters(cfg, population=plan.population)
     ddp = make_encoding(cfg, population=plan.population, dim=dim, threshold=t).ddp()
     roster = max(t, largest_roster(cfg, population=plan.population))
-    worst = ddp.worst_release(max_roster=roster)
+    per_round = ddps if ddps is not None else [[ddp]] * rounds
+    worst_list = [_dominating([d.worst_release(max_roster=roster) for d in options]) for options in per_round]
     try:
-        participant: list[Any] | None = [ddp.worst_release(max_roster=roster, participant=True)] * rounds
+        participant: list[Any] | None = [
+            _dominating([d.worst_release(max_roster=roster, participant=True) for d in options])
+            for options in per_round]
     except ValueError:  # no noise is left against a participant (t = 1): no finite figure
         participant = None
     sampling = sampling_object(cfg, plan.population)
-    eps = audience_epsilons([worst] * rounds, delta=cfg.target_delta,
+    eps = audience_epsilons(worst_list, delta=cfg.target_delta,
                             sampling=public_sampling(cfg, population=plan.population),
                             neighbouring=cfg.neighbouring, backend=cfg.accountant,
                             participant_releases=participant)
     if participant is None:
         eps = dataclasses.replace(eps, participants=math.inf)
+    exact = all(w.exact for w in worst_list)
     block = audience_claim(eps, sampling_description=sampling.describe(), colluders=cfg.secagg_colluders,
-                           exact_noise=worst.exact, sampled=sampling.rate < 1.0,
+                           exact_noise=exact, sampled=sampling.rate < 1.0,
                            counts_published=cfg.publish_participation)
-    return worst.exact, block
+    return exact, block
+
+
+def _dominating(releases: Sequence[Any]) -> Any:
+    """One release at least as costly as each of ``releases``: the smallest noise multiplier, with the
+    largest slack terms of any of them (a charged round whose clip norm is one of several)."""
+    if len(releases) == 1:
+        return releases[0]
+    worst = min(releases, key=lambda r: r.noise_multiplier)
+    return dataclasses.replace(worst, eta=max(r.eta for r in releases),
+                               sampler_ratio=max(r.sampler_ratio for r in releases),
+                               sampler_tv=max(r.sampler_tv for r in releases),
+                               rdp_log_upper=max(r.rdp_log_upper for r in releases),
+                               rdp_log_lower=min(r.rdp_log_lower for r in releases),
+                               exact=all(r.exact for r in releases))
+
+
+def _adaptive_ddps(cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *, dim: int,
+                   cut_off: int) -> list[list[DistributedDPConfig]] | None:
+    """Adaptive clipping: per charged round the encodings it can have run with (None without).
+
+    A completed round: its own clip norm (public: a function of released counts). A charged round
+    without a record: every clip norm it can have used
+    (:func:`fedprivacy.fl.adaptive_clip.worst_cut_off_clip_norm_candidates`). ``dim`` is the rows'
+    ``secagg_dim``, the padded dimension plus the count coordinate: ``dim - 1`` is the power of two the
+    rotation pads to, which gives the same encoding as the model's dimension.
+    """
+    from fedprivacy.fl.adaptive_clip import round_encoding, worst_cut_off_clip_norm_candidates
+
+    spec = plan.adaptive_clip
+    if spec is None:
+        return None
+    clips = [r.clip for r in records]
+    if any(c is None for c in clips):
+        raise ValueError("adaptive clipping: a completed round has no clip norm in its record")
+    t, _ = secagg_parameters(cfg, population=plan.population)
+
+    def enc(c: float) -> DistributedDPConfig:
+        return round_encoding(cfg, spec, clip_norm=c, population=plan.population, dim=dim - 1,
+                              threshold=t).ddp()
+
+    known = [c for c in clips if c is not None]
+    done = [[enc(c.clip_norm)] for c in known]
+    return done + [[enc(c) for c in worst_cut_off_clip_norm_candidates(spec, known)]] * cut_off

@@ -8,6 +8,7 @@ see ``clients/secagg_handlers.py``), never messages, metrics, logs or files.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -203,8 +204,19 @@ def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) 
     if encoding.kind != want:
         raise ValueError(f"server asks for a {encoding.kind!r} encoding, this client's privacy "
                          f"mode needs {want!r}")
-    if encoding.clip_norm > cfg.clip_norm:
+    if cfg.adaptive_clip and want == "ddgauss":  # the clip norm moves: only where the rule can reach
+        from fedprivacy.dp.adaptive_clipping import reachable_clip_range
+
+        lo, hi = reachable_clip_range(initial_clip_norm=cfg.clip_norm, target_quantile=cfg.adaptive_clip_quantile,
+                                      learning_rate=cfg.adaptive_clip_learning_rate, round=setup.round)
+        if not lo <= encoding.clip_norm <= hi:
+            raise ValueError(f"server asks for clip norm {encoding.clip_norm:g} outside [{lo:g}, {hi:g}], "
+                             f"what adaptive clipping from {cfg.clip_norm:g} can reach by round {setup.round}")
+    elif encoding.clip_norm > cfg.clip_norm:
         raise ValueError(f"server asks for clip norm {encoding.clip_norm} > configured {cfg.clip_norm}")
+    if encoding.count_scale and not cfg.adaptive_clip:
+        raise ValueError("server asks for a clipped-count coordinate, this client's config has "
+                         "adaptive-clip=false")
     if encoding.padded_dim != setup.dim or encoding.modulus_bits != setup.modulus_bits:
         raise ValueError("encoding does not match the round's secure-aggregation setup")
     if want == "ddgauss":
@@ -263,6 +275,9 @@ def client_masked_round(store: SessionStore, key: tuple[int, int], request: Mask
         raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
                          f"{request.round}")
     instructions = policy.apply(instructions)
+    encoding = store.encoding(key, round=request.round)
+    if encoding.count_scale:  # adaptive clipping: train-clip to the C it encodes, so its bit means ||Δ|| < C
+        instructions = dataclasses.replace(instructions, clip_norm=encoding.clip_norm)
     update = (train or train_client)(cfg, partition_id=partition_id, num_partitions=num_partitions,
                                      weights=weights, instructions=instructions)
     rng = client_rng(seed=instructions.seed, partition_id=partition_id,

@@ -55,13 +55,15 @@ def encoding_kind(cfg: RunConfig) -> str:
 
 
 def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
-                  rotation_seed: bytes = b"\x00" * 32) -> EncodingSpec:
+                  rotation_seed: bytes = b"\x00" * 32, count_noise_std: float = 0.0) -> EncodingSpec:
     """The run's encoding: the largest power-of-two scale whose sum over ``population`` cannot wrap
     (:func:`fedprivacy.secagg.encoding.largest_scale_encoding`). Distributed DP always uses exact
-    XNoise components (the legacy ``σ²/t`` share is not run: clients refuse it)."""
+    XNoise components (the legacy ``σ²/t`` share is not run: clients refuse it). ``count_noise_std``
+    (adaptive clipping, :mod:`fedprivacy.fl.adaptive_clip`): the clipped-count coordinate's noise σ_b."""
     distributed = cfg.privacy == "distributed"
     return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
                                   modulus_bits=cfg.secagg_bits, population=population,
                                   noise_multiplier=cfg.noise_multiplier, threshold=threshold,
                                   rotation_seed=rotation_seed, xnoise=distributed,
-                                  colluders=cfg.secagg_colluders if distributed else 0)
+                                  colluders=cfg.secagg_colluders if distributed else 0,
+                                  count_noise_std=count_noise_std)

@@ -281,8 +281,8 @@ class SecureRound:
                                  failures=progress.failures, info=progress.info())
         progress.degree = round_degree(cohort=n, degree=self.degree, threshold=t,
                                        colluders=cfg.secagg_colluders)
-        enc = make_encoding(cfg, population=self.population, dim=int(sum(np.size(w) for w in weights)),
-                            threshold=t, rotation_seed=rng.child("rotation").random_bytes(32))
+        enc = self._encoding(instr, dim=int(sum(np.size(w) for w in weights)), threshold=t,
+                             rotation_seed=rng.child("rotation").random_bytes(32))
         server = ServerSession(self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim),
                                noise_design=_noise_design(enc))
         try:
@@ -294,6 +294,13 @@ class SecureRound:
         progress.merge(server.failures)
         return self._released(instr, weights, enc, total, updates, survivors=tuple(sorted(server.u3)),
                               progress=progress)
+
+    def _encoding(self, instr: RoundInstructions, *, dim: int, threshold: int,
+                  rotation_seed: bytes) -> EncodingSpec:
+        """The round's encoding (the run's; :class:`fedprivacy.fl.adaptive_clip.AdaptiveSecureRound`
+        gives each round its own clip norm and count coordinate)."""
+        return make_encoding(self.cfg, population=self.population, dim=dim, threshold=threshold,
+                             rotation_seed=rotation_seed)
 
     def _released(self, instr: RoundInstructions, weights: Sequence[np.ndarray], enc: EncodingSpec,
                   total: np.ndarray, updates: Mapping[int, ClientUpdate], *, survivors: tuple[int, ...],
