@@ -340,3 +340,19 @@ def test_the_secure_round_keeps_its_estimate_across_a_checkpoint() -> None:
     with pytest.raises(ValueError, match="distributed"):
         AdaptiveSecureRound(cfg.replace(privacy="none"), transport=None, population=8,  # type: ignore[arg-type]
                             spec=spec)
+
+
+def test_the_dominating_release_of_a_cut_off_round_is_above_each_candidate() -> None:
+    from fedprivacy.fl.modes.distributed import _dominating
+
+    cfg = _cfg(secagg_bits=16)
+    spec = adaptive_clip_spec(cfg, noise_multiplier=1.0, denominator=8)
+    rels = [round_encoding(cfg, spec, clip_norm=c, population=8, dim=300, threshold=5).ddp()
+            .worst_release(max_roster=8) for c in (0.5, 0.36, 0.27)]
+    dom = _dominating(rels)
+    orders = [1.5, 4.0, 64.0]
+    assert dom.noise_multiplier == min(r.noise_multiplier for r in rels)
+    assert dom.eta >= max(r.eta for r in rels) and dom.sampler_tv >= max(r.sampler_tv for r in rels)
+    for r in rels:
+        assert all(a >= b for a, b in zip(dom.rdp(orders, neighbouring="add-remove"),
+                                          r.rdp(orders, neighbouring="add-remove"), strict=True))

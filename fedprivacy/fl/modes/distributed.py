@@ -297,8 +297,10 @@ def _dominating(releases: Sequence[Any]) -> Any:
     largest slack terms of any of them (a charged round whose clip norm is one of several)."""
     if len(releases) == 1:
         return releases[0]
-    worst = min(releases, key=lambda r: r.noise_multiplier)
-    return dataclasses.replace(worst, eta=max(r.eta for r in releases),
+    worst = min(releases, key=lambda r: r.noise_multiplier)  # the PLD's event
+    rdp_base = max(r.l2_sensitivity**2 / r.honest_variance for r in releases)  # the RDP cross-check's
+    return dataclasses.replace(worst, honest_variance=worst.l2_sensitivity**2 / rdp_base,
+                               eta=max(r.eta for r in releases),
                                sampler_ratio=max(r.sampler_ratio for r in releases),
                                sampler_tv=max(r.sampler_tv for r in releases),
                                rdp_log_upper=max(r.rdp_log_upper for r in releases),
