@@ -14,7 +14,7 @@ and, load-robust, from CPU seconds per round (this process: the server and every
 * ``distributed_over_central``: distributed DP + SecAgg round over the central-DP round (goal <= 2 on
   digits);
 * secure-aggregation overhead per client, ``(secure - plain) / n`` and ``(distributed - central) / n``
-  seconds, over the crypto floor per client that ``scripts/secagg_bench.py`` measures primitive by
+  seconds (``n``: clients per round, the median of ``clients_sampled``), over the crypto floor per client that ``scripts/secagg_bench.py`` measures primitive by
   primitive (in this process, for the run's n, k, t and model size; goal <= 1.5).
 """
 
@@ -72,6 +72,9 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
         "exchange_seconds": exch[-8:], "dim": dim,
         "client_cpu_seconds": res.stats.client_cpu_seconds,
         "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(cpu[1:] or cpu) if cpu else None,
+        # clients in a round (sampling may take fewer than the population): the per-client divisor
+        "participants": statistics.median([r["clients_sampled"] for r in saved["rounds"]][1:]
+                                          or [r["clients_sampled"] for r in saved["rounds"]]),
     }
 
 
@@ -119,16 +122,17 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
                                ("secure-semi", "plain", "none"),
                                ("distributed-semi", "central", "distributed")):
         if secure in sec and base in sec and by[secure].get("dim"):
-            floor = _floor(kind, clients=clients, dim=by[secure]["dim"])
-            per_client = (sec[secure] - sec[base]) / clients
-            out[secure] = {"overhead_per_client_seconds": per_client,
+            n = int(round(by[secure].get("participants") or clients))  # the protocol's n, not the population
+            floor = _floor(kind, clients=n, dim=by[secure]["dim"])
+            per_client = (sec[secure] - sec[base]) / n
+            out[secure] = {"participants_per_round": n, "overhead_per_client_seconds": per_client,
                            "floor_per_client_seconds": floor["floor"],
                            "protocol_floor_per_client_seconds": floor["protocol_floor"],
                            "overhead_over_floor (goal <= 1.5)": per_client / floor["floor"],
                            "overhead_over_protocol_floor": per_client / floor["protocol_floor"]}
             c_secure, c_base = cpu[secure], cpu[base]
             if c_secure and c_base:  # the floor is CPU time too
-                per_client_cpu = (c_secure - c_base) / clients
+                per_client_cpu = (c_secure - c_base) / n
                 out[secure]["overhead_per_client_cpu_seconds"] = per_client_cpu
                 out[secure]["overhead_cpu_over_floor (load-robust)"] = per_client_cpu / floor["floor"]
                 out[secure]["overhead_cpu_over_protocol_floor"] = per_client_cpu / floor["protocol_floor"]
