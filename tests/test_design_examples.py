@@ -1,5 +1,5 @@
-"""The "How to add ..." examples of docs/DESIGN.md run as written (issue 14: optimizer, mechanism,
-data set, attack; each is the whole change: one file, or for the new distribution's three parts one file too)."""
+"""The "How to add ..." examples of docs/DESIGN.md run as written (issue 14: optimizer, local objective,
+mechanism, data set, attack; each is the whole change: one file, or for the new distribution's three parts one file too)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ def _examples() -> dict[str, str]:
     return {m["name"]: m["code"] for m in _BLOCK.finditer(DESIGN.read_text(encoding="utf-8"))}
 
 
-def test_design_has_the_four_worked_examples() -> None:
-    assert set(_examples()) == {"optimizer", "mechanism", "dataset", "attack"}
+def test_design_has_the_five_worked_examples() -> None:
+    assert set(_examples()) == {"optimizer", "local-objective", "mechanism", "dataset", "attack"}
 
 
 @pytest.fixture()
@@ -36,7 +36,7 @@ def fresh_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gradient_leakage, "ATTACKS", dict(gradient_leakage.ATTACKS))
 
 
-@pytest.mark.parametrize("name", ["optimizer", "mechanism", "dataset", "attack"])
+@pytest.mark.parametrize("name", ["optimizer", "local-objective", "mechanism", "dataset", "attack"])
 def test_the_example_runs(name: str, fresh_registries: None, tmp_path: Path,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
