@@ -112,8 +112,9 @@ _COVERS: dict[str, list[str]] = {
         "the test accuracy), against anyone who sees them, for the unit above.",
         "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
         "the noise.",
-        "- Does not cover: `train_loss` in results.json (computed from clients' un-noised losses, a "
-        "diagnostic only), who took part in a round, and timing.",
+        "- Does not cover: the train loss (the mean of clients' un-noised losses, a diagnostic kept in "
+        "the server's private log unless publish-participation=true), who took part in a round, and "
+        "timing.",
     ],
     "distributed": [
         "- Covers: the sequence of released global models, against the server and everyone else: "

@@ -75,6 +75,8 @@ PARTICIPATION_LOG = "participation.jsonl"
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
 #: Row keys of a secure round that depend on its counts (distributed runs with private counts, review F2).
 SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted")
+#: Per-round figures computed from clients' un-noised values (central mode): private with the counts.
+UNNOISED_KEYS = ("train_loss",)
 
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
@@ -646,7 +648,7 @@ class FederatedRun:
         counts = {"round": record.round, "clients_sampled": record.clients_sampled,
                   "clients_aggregated": record.clients_aggregated}
         row = record.to_json()
-        counts.update({k: row[k] for k in SECURE_COUNT_KEYS if k in row})
+        counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS if k in row})
         line = json.dumps(counts) + "\n"
         fd = os.open(folder / PARTICIPATION_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -657,8 +659,11 @@ class FederatedRun:
     def _published_rows(self) -> list[dict[str, Any]]:
         rows = [r.to_json() for r in self.records]
         if not self.publishes_participation:
+            # central: the train loss is the clients' un-noised losses' mean, not covered by ε (review N2)
+            hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + (
+                UNNOISED_KEYS if self.cfg.privacy == "central" else ())
             for row in rows:
-                for key in PARTICIPATION_KEYS + SECURE_COUNT_KEYS:
+                for key in hidden:
                     row.pop(key, None)
         return rows
 
@@ -674,13 +679,14 @@ class FederatedRun:
                     "note": "who takes part is seen by the server in this mode and not covered by ε"}
         if self.cfg.publish_participation:
             return {"published": True, "covered_by_epsilon": False,
-                    "note": "publish-participation=true: per-round client counts are in the outputs and "
-                            "are NOT covered by ε (with sampling they disclose who took part)"}
+                    "note": "publish-participation=true: per-round client counts and the train loss are in "
+                            "the outputs and are NOT covered by ε (with sampling the counts disclose who "
+                            "took part; the train loss is the mean of the clients' un-noised losses)"}
         return {"published": False, "covered_by_epsilon": False,
                 "private_log": f"private/{PARTICIPATION_LOG}",
-                "note": "per-round client counts are left out of the published outputs (they would "
-                        "disclose participation, which ε does not cover); the server keeps them in its "
-                        "private log"}
+                "note": "per-round client counts and the train loss (the mean of the clients' un-noised "
+                        "losses) are left out of the published outputs (ε covers neither); the server "
+                        "keeps them in its private log"}
 
     def _results(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan

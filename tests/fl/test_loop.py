@@ -103,17 +103,18 @@ def test_central_epsilon_equals_epsilon_for_and_outputs_are_written(tmp_path: Pa
     saved = json.loads((run_dir / "results.json").read_text())
     assert saved["privacy"]["epsilon"] == pytest.approx(res["rounds"][-1]["epsilon"], abs=1e-12)
     assert saved["privacy"]["rng_mode"] == "seeded" and saved["config"]["sample-rate"] == 0.5
-    assert set(saved["rounds"][0]) >= {"round", "train_loss", "test_loss", "test_accuracy", "epsilon",
-                                       "delta", "seconds"}
-    # central mode: participation counts are private (issue 11): not in results.json, rounds.csv or
-    # the console, only in the server's private log (owner-only); the report says so
-    assert not {"clients_sampled", "clients_aggregated"} & set(saved["rounds"][0])
+    assert set(saved["rounds"][0]) >= {"round", "test_loss", "test_accuracy", "epsilon", "delta", "seconds"}
+    # central mode: participation counts and the train loss (clients' un-noised losses) are private
+    # (issue 11, review-dp N2): not in results.json, rounds.csv or the console, only in the server's
+    # private log (owner-only); the report says so
+    assert not {"clients_sampled", "clients_aggregated", "train_loss"} & set(saved["rounds"][0])
+    assert all(isinstance(r["train_loss"], float) for r in read_participation(run_dir))
     assert saved["privacy"]["participation"]["published"] is False
     assert [r["clients_sampled"] for r in read_participation(run_dir)] == [r["clients_sampled"]
                                                                           for r in _private(res, run_dir)]
     assert (run_dir / "private" / "participation.jsonl").stat().st_mode & 0o077 == 0
     rows = list(csv.DictReader((run_dir / "rounds.csv").open()))
-    assert [int(r["round"]) for r in rows] == [1, 2] and "clients_sampled" not in rows[0]
+    assert [int(r["round"]) for r in rows] == [1, 2] and not {"clients_sampled", "train_loss"} & set(rows[0])
     assert all("clients (private)" in line for line in lines if line.startswith("round "))
     assert (run_dir / "accuracy_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (run_dir / "privacy_report.md").read_text()
