@@ -64,19 +64,18 @@ class InProcessResult:
 def load_apps(
     spec: AppSpec, server_app: str | ServerApp | None, client_app: str | ClientApp | None
 ) -> tuple[ServerApp, ClientApp]:
-    if isinstance(server_app, ServerApp):
-        sapp = server_app
-    else:
-        sapp = load_app(server_app or spec.server_app_ref, LoadServerAppError, spec.app_dir)
-        if not isinstance(sapp, ServerApp):
-            raise LoadServerAppError(f"{server_app or spec.server_app_ref} is not a ServerApp")
-    if isinstance(client_app, ClientApp):
-        capp = client_app
-    else:
-        capp = load_app(client_app or spec.client_app_ref, LoadClientAppError, spec.app_dir)
-        if not isinstance(capp, ClientApp):
-            raise LoadClientAppError(f"{client_app or spec.client_app_ref} is not a ClientApp")
-    return sapp, capp
+    return (_app(server_app, spec.server_app_ref, ServerApp, LoadServerAppError, spec.app_dir),
+            _app(client_app, spec.client_app_ref, ClientApp, LoadClientAppError, spec.app_dir))
+
+
+def _app(given: Any, ref: str, kind: type, error: type[Exception], app_dir: Path) -> Any:
+    """``given`` if it is already an app of ``kind``, else the app its reference (or ``ref``) names."""
+    if isinstance(given, kind):
+        return given
+    app = load_app(given or ref, error, app_dir)
+    if not isinstance(app, kind):
+        raise error(f"{given or ref} is not a {kind.__name__}")
+    return app
 
 
 def server_context(run_id: int, run_config: Mapping[str, Any]) -> Context:

@@ -234,3 +234,15 @@ def test_failed_call_keeps_the_previous_node_state(toyapp_dir: Path, identity: N
     assert call(True).has_error()
     # Flower does not keep the Context of a failed call: the counter continues from 1
     assert call(False).content["m"]["n"] == 2
+
+
+def test_load_apps_takes_objects_or_references_and_refuses_the_wrong_kind(toyapp_dir: Path) -> None:
+    from server.engine._flwr_private import LoadClientAppError, LoadServerAppError
+
+    spec = load_app_spec(toyapp_dir)
+    sapp, capp = load_apps(spec, None, None)
+    assert load_apps(spec, sapp, capp) == (sapp, capp)  # objects are used as given
+    with pytest.raises(LoadServerAppError, match=f"{spec.client_app_ref} is not a ServerApp"):
+        load_apps(spec, spec.client_app_ref, None)
+    with pytest.raises(LoadClientAppError, match=f"{spec.server_app_ref} is not a ClientApp"):
+        load_apps(spec, None, spec.server_app_ref)
