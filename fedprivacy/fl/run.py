@@ -70,6 +70,8 @@ __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedR
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
+#: The journal of the example-level DP-SGD spends (per client), written as soon as the server holds them.
+DPSGD_JOURNAL_NAME = "privacy-journal-dpsgd.jsonl"
 #: The private server log of per-round client counts, in ``<run dir>/private/`` (issue 11).
 PARTICIPATION_LOG = "participation.jsonl"
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
@@ -132,12 +134,63 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
     return candidate
 
 
+def _append_line(path: Path, record: dict[str, Any], *, create: bool = False) -> None:
+    """Append one JSON line and fsync it (``create``: the file must not exist yet)."""
+    with open(path, "x" if create else "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, allow_nan=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _read_json_lines(path: Path, *, what: str) -> list[dict[str, Any]]:
+    """Every complete line of a JSON-lines journal; a torn last line (its write never returned) is cut."""
+    raw = path.read_bytes()
+    complete, _, torn = raw.rpartition(b"\n")
+    if torn:
+        with open(path, "r+b") as fh:
+            fh.truncate(len(complete) + 1 if complete else 0)
+            fh.flush()
+            os.fsync(fh.fileno())
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(complete.decode("utf-8").split("\n") if complete else []):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{what} {path} line {i + 1} is not valid JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{what} {path} line {i + 1} must be a JSON object")
+        out.append(rec)
+    return out
+
+
 class _DpsgdLedger:
     """Per-client sample-level accountants for DP-SGD (unit: one training example)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.accountants: dict[int, Accountant] = {}
+        self.journal: Path | None = None
+
+    def open_journal(self, path: Path) -> None:
+        """Replay ``path`` (every spend written so far; a torn last line is dropped) or create it.
+
+        The DP-SGD spends of a round are written (fsync) as soon as the server holds the clients'
+        updates, before anything of the round is applied or published, so a crash before the checkpoint
+        does not drop them (issue 11, review-dp N3); the repeated round is spent again.
+        """
+        if path.exists():
+            self.accountants = {}
+            for rec in _read_json_lines(path, what="DP-SGD journal"):
+                if rec.get("kind") == "snapshot" and isinstance(rec.get("ledgers"), dict):
+                    self.load(rec["ledgers"])
+                elif rec.get("kind") == "spends" and isinstance(rec.get("spends"), list):
+                    for pid, steps, rate in rec["spends"]:
+                        self.spend(int(pid), steps=int(steps), rate=float(rate), round=int(rec["round"]))
+                else:
+                    raise ValueError(f"DP-SGD journal {path}: unknown line {rec!r}")
+        else:
+            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json()}, create=True)
+        self.journal = path
 
     def spend(self, pid: int, *, steps: int, rate: float, round: int) -> None:
         from fedprivacy.accounting.accountant import Accountant
@@ -153,10 +206,12 @@ class _DpsgdLedger:
         acc.spend(event, round=round)
 
     def spend_round(self, updates: Sequence[ClientUpdate], in_sum: set[int], *, round: int) -> None:
-        for u in updates:
-            if u.partition_id in in_sum and "dpsgd_steps" in u.metrics:
-                self.spend(u.partition_id, steps=int(u.metrics["dpsgd_steps"]),
-                           rate=float(u.metrics.get("dpsgd_sample_rate", 0.0)), round=round)
+        spends = [(u.partition_id, int(u.metrics["dpsgd_steps"]), float(u.metrics.get("dpsgd_sample_rate", 0.0)))
+                  for u in updates if u.partition_id in in_sum and "dpsgd_steps" in u.metrics]
+        if spends and self.journal is not None:  # on disk first
+            _append_line(self.journal, {"kind": "spends", "round": round, "spends": [list(x) for x in spends]})
+        for pid, steps, rate in spends:
+            self.spend(pid, steps=steps, rate=rate, round=round)
 
     def epsilon(self) -> float | None:
         if not self.accountants:
@@ -265,6 +320,7 @@ class FederatedRun:
         else:
             self.accountant = make_accountant(cfg, plan)
             self._open_journal(checkpointed=None)
+            self._open_dpsgd_journal(expected=False)
         self.log(f"fedprivacy: {self.population} clients, {cfg.num_server_rounds} rounds, "
                  f"dataset={cfg.dataset}, model={cfg.model}, output={self.run_dir}")
         self.log(plan.describe())
@@ -298,6 +354,7 @@ class FederatedRun:
                                journal_expected=bool(ckpt.extra.get("journal")))
         if self.dpsgd is not None:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
+            self._open_dpsgd_journal(expected=bool(ckpt.extra.get("dpsgd_journal")))
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
         load_round = getattr(self._round_fn, "load_state_dict", None)
         if load_round is not None:  # a round function with state (adaptive clipping's estimate)
@@ -375,6 +432,21 @@ class FederatedRun:
         self.journal = journal
         self.accountant = journal.accountant
 
+    def _open_dpsgd_journal(self, *, expected: bool) -> None:
+        """The DP-SGD spends' journal (``<run dir>/privacy-journal-dpsgd.jsonl``): replayed or created."""
+        if self.dpsgd is None or self.run_dir is None:
+            return
+        from fedprivacy.errors import ConfigError
+
+        path = self.run_dir / DPSGD_JOURNAL_NAME
+        if expected and not path.exists():
+            raise ConfigError(
+                f"DP-SGD journal {path} is missing, but the checkpoint in {self.run_dir}/checkpoint was "
+                "written with it: resuming without it would drop the DP-SGD steps spent after that "
+                "checkpoint; restore the file, or start a new run (another run-name)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.dpsgd.open_journal(path)
+
     def _saved_plan(self) -> dict[str, Any]:
         """:func:`plan_fingerprint` and the ``num-server-rounds`` it was made for (journal, checkpoint)."""
         assert self.plan is not None
@@ -447,6 +519,8 @@ class FederatedRun:
             extra["resumes"] = self.resumes
         if self.dpsgd is not None:
             extra["dpsgd"] = self.dpsgd.to_json()
+            if self.dpsgd.journal is not None:
+                extra["dpsgd_journal"] = DPSGD_JOURNAL_NAME
         state = self.server_optimizer.state_dict()
         if state:
             extra["server_optimizer"] = state
@@ -480,6 +554,8 @@ class FederatedRun:
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return None
+        if self.dpsgd is not None and outcome.aborted is None:  # the server holds the updates: on disk now
+            self.dpsgd.spend_round(outcome.updates, set(outcome.aggregate.aggregated), round=rnd)
         if not self.charge_before_release(rnd, outcome):
             return None
         if outcome.aborted is None:
@@ -594,8 +670,6 @@ class FederatedRun:
             self.log(f"  round {rnd}: client {pid} left out: {reason}")
         in_sum = set(agg.aggregated)
         train_loss = _weighted_loss([u for u in outcome.updates if u.partition_id in in_sum])
-        if self.dpsgd is not None:
-            self.dpsgd.spend_round(outcome.updates, in_sum, round=rnd)
         acc = self.accountant
         return RoundRecord(
             round=rnd, clients_sampled=len(cohort), clients_aggregated=len(agg.aggregated),

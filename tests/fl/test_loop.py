@@ -25,6 +25,7 @@ from fedprivacy.config import RunConfig
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.errors import ConfigError
 from fedprivacy.fl.aggregation import PlainAggregator
+from fedprivacy.fl.callbacks import RunCallback, default_callbacks
 from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
 from fedprivacy.fl.modes.plain import CentralMode
@@ -341,3 +342,44 @@ def test_a_fixed_cohort_runs_printed_epsilon_holds_against_the_adaptive_adversar
     assert res["privacy"]["epsilon"] == eps and len(res["rounds"]) == rounds
     assert adaptive_delta(adversary, rounds=rounds, epsilon=old) > delta  # 5.430 is beaten
     assert adaptive_delta(adversary, rounds=rounds, epsilon=eps) <= delta  # 5.809 is not
+
+
+class _KillAtRelease(RunCallback):
+    """Dies at round ``rnd``'s release: after its charges (and DP-SGD spends), before its checkpoint."""
+
+    def __init__(self, rnd: int) -> None:
+        self.rnd = rnd
+
+    def on_released(self, run, rnd, event) -> None:
+        if rnd == self.rnd:
+            raise _Killed
+
+
+def _dpsgd_exchange(steps: int, rate: float):
+    plain = _exchange()
+
+    def exchange(instr, cohort, weights):
+        updates, failures = plain(instr, cohort, weights)
+        return [dataclasses.replace(u, metrics={"dpsgd_steps": float(steps), "dpsgd_sample_rate": rate})
+                for u in updates], failures
+
+    return exchange
+
+
+def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(tmp_path: Path) -> None:
+    # Arrange: DP-SGD reported by every client (5 steps at rate 0.1 per round); killed at round 2's
+    # release, after its spends, before its checkpoint (review-dp N3)
+    kw = {"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.2, "run-name": "sgd"}
+    ex = _dpsgd_exchange(5, 0.1)
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), exchange=ex, callbacks=[*default_callbacks(lambda _: None), _KillAtRelease(2)])
+    assert load_checkpoint(tmp_path / "sgd" / "checkpoint").round == 1
+    # Act: resumed; rounds 2 and 3 run (again)
+    res = _run(_cfg(tmp_path, **{**kw, "resume": True}), exchange=ex)
+    # Assert: the example-level figure composes rounds 1, 2 (cut off), 2 and 3: 4 x 5 steps per client
+    ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=20, delta=1e-5, backend="rdp")
+    assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+    # a checkpoint written with the DP-SGD journal refuses to resume without it
+    (tmp_path / "sgd" / "privacy-journal-dpsgd.jsonl").unlink()
+    with pytest.raises(ConfigError, match=r"DP-SGD journal .*privacy-journal-dpsgd.jsonl is missing"):
+        _run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), exchange=ex)
