@@ -5,7 +5,7 @@ delta once at the start, then one line per round (:class:`fedprivacy.fl.callback
 ``round   3/10  accuracy ...  ε ...``). On a terminal, :func:`round_progress` keeps every one of those
 lines and draws a rich progress bar below them (rounds done of the run's total, the latest accuracy
 and ε, the elapsed time), removed when the run ends. When stderr is not a terminal (a pipe, a file,
-CI, a test) nothing changes: plain lines only, as Flower prints them.
+CI, a test) there is no bar and no colour codes: plain lines only.
 """
 
 from __future__ import annotations
@@ -53,12 +53,20 @@ def round_progress(total_rounds: int, *, console: Console | None = None) -> Iter
     from rich.console import Console
 
     console = console or Console(stderr=True)
+    logger = logging.getLogger("flwr")
     if not console.is_terminal:
-        yield None
+        # Flower colours its level names whatever the stream is: plain text for pipes and files.
+        coloured = [h for h in logger.handlers if getattr(h, "colored", False)]
+        for h in coloured:
+            h.colored = False  # type: ignore[attr-defined]
+        try:
+            yield None
+        finally:
+            for h in coloured:
+                h.colored = True  # type: ignore[attr-defined]
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    logger = logging.getLogger("flwr")
     progress = Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), console=console,
                         transient=True)

@@ -34,8 +34,19 @@ def test_on_a_terminal_the_bar_follows_the_round_lines_which_are_all_kept() -> N
     assert not LOG.filters  # the bar's filter is gone afterwards
 
 
-def test_without_a_terminal_there_is_no_bar() -> None:
+def test_without_a_terminal_there_is_no_bar_and_no_colour_codes() -> None:
+    # Arrange: Flower's handler writing to a pipe-like stream
+    (handler,) = [h for h in LOG.handlers if hasattr(h, "colored")]
+    pipe = io.StringIO()
+    old = handler.setStream(pipe)  # type: ignore[attr-defined]
     console = Console(file=io.StringIO(), force_terminal=False)
-    with round_progress(3, console=console) as progress:
-        LOG.info(LINE.format(k=1, eps="n/a (no DP)"))
+    try:
+        # Act
+        with round_progress(3, console=console) as progress:
+            LOG.info(LINE.format(k=1, eps="n/a (no DP)"))
+    finally:
+        handler.setStream(old)  # type: ignore[attr-defined]
+    # Assert
     assert progress is None and console.file.getvalue() == ""  # type: ignore[attr-defined]
+    assert pipe.getvalue().startswith("INFO :") and "\x1b[" not in pipe.getvalue()
+    assert handler.colored  # type: ignore[attr-defined] # restored for whoever logs next
