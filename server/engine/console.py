@@ -71,7 +71,10 @@ def round_progress(total_rounds: int, *, console: Console | None = None) -> Iter
                         TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), console=console,
                         transient=True)
     task = progress.add_task("rounds", total=total_rounds, figures="")
-    handlers = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]
+    # Flower's console handler only: not a file handler, nor a test's capture handler on this logger
+    from flwr.common.logger import ConsoleHandler
+
+    handlers = [h for h in logger.handlers if isinstance(h, ConsoleHandler)]
     round_filter = _RoundFilter(progress, task)
     with progress:
         # Flower's handler holds the stream it was created with; while the bar is live, its lines go
