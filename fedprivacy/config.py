@@ -269,10 +269,12 @@ class RunOptions:
     max_failed_fraction: float = 0.5
     # per-round participation counts in the published outputs of central mode (issue 11)
     publish_participation: bool = False
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         _check_fields(self)
         _positive_int("num-server-rounds", self.num_server_rounds)
+        _positive_int("eval-every", self.eval_every)
         if self.seed < -1:
             raise ValueError(f"seed must be -1 (secure randomness) or >= 0 (seeded), got {self.seed}")
         if not self.output_dir:
@@ -384,6 +386,7 @@ class RunConfig:
     client_timeout: float = _default(RunOptions, "client_timeout")
     max_failed_fraction: float = _default(RunOptions, "max_failed_fraction")
     publish_participation: bool = _default(RunOptions, "publish_participation")
+    eval_every: int = _default(RunOptions, "eval_every")
 
     def __post_init__(self) -> None:
         self._sections()  # every section: the types and the per-key checks

@@ -40,6 +40,10 @@ class RunCallback:
         """After the last round (or the budget stop)."""
 
 
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"  # not evaluated this round (eval-every)
+
+
 def _fmt_eps(eps: float | None) -> str:
     return "n/a (no DP)" if eps is None else f"{eps:.3f}"
 
@@ -56,12 +60,12 @@ class ConsoleCallback(RunCallback):
             sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
         clients = (f"clients {record.clients_aggregated}/{record.clients_sampled}"
                    if run.publishes_participation else "clients (private)")
-        self.log(f"round {record.round:3d}/{run.cfg.num_server_rounds}  accuracy {record.test_accuracy:.4f}  "
-                 f"loss {record.test_loss:.4f}  ε {_fmt_eps(record.epsilon)}  {clients}  "
+        self.log(f"round {record.round:3d}/{run.cfg.num_server_rounds}  accuracy {_fmt(record.test_accuracy)}  "
+                 f"loss {_fmt(record.test_loss)}  ε {_fmt_eps(record.epsilon)}  {clients}  "
                  f"{record.seconds:.2f}s{sample_level}")
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
-        acc = f"{result.records[-1].test_accuracy:.4f}" if result.records else "n/a"
+        acc = _fmt(result.records[-1].test_accuracy) if result.records else "n/a"
         where = run.run_dir / "results.json" if run.run_dir is not None else "memory (no run folder)"
         privacy = result.results["privacy"]
         self.log(f"{'done' if result.status == 'completed' else result.status}: {len(result.records)} "

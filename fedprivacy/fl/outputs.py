@@ -52,9 +52,9 @@ def plot_png(rows: Sequence[dict[str, Any]], *, title: str) -> bytes:
     fig = Figure(figsize=(6.4, 4.0), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     rounds = [r["round"] for r in rows]
-    acc = [r.get("test_accuracy") for r in rows]
-    ax.plot(rounds, [a if a is not None else float("nan") for a in acc], "o-", color="tab:blue",
-            label="test accuracy")
+    evaluated = [r for r in rows if r.get("test_accuracy") is not None]  # eval-every
+    ax.plot([r["round"] for r in evaluated], [r["test_accuracy"] for r in evaluated], "o-",
+            color="tab:blue", label="test accuracy")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers: no 1.5 tick

@@ -27,6 +27,7 @@ Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placeme
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -83,7 +84,8 @@ UNNOISED_KEYS = ("train_loss",)
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
 # what the accounting of the rounds already run depends on, and must match.
-RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout", "max-failed-fraction"})
+RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout", "max-failed-fraction",
+                               "eval-every"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -662,9 +664,13 @@ class FederatedRun:
         return True
 
     def _record(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome, t0: float) -> RoundRecord:
-        """Evaluate the new model, log who was left out, book DP-SGD, and build the round's record."""
+        """Evaluate the new model (every ``eval-every`` rounds and after the last), log who was left
+        out, book DP-SGD, and build the round's record."""
         assert self.hooks is not None
-        test_loss, test_acc = self.hooks.evaluate(self.weights)
+        test_loss: float | None = None
+        test_acc: float | None = None
+        if rnd % self.cfg.eval_every == 0 or rnd == self.cfg.num_server_rounds:
+            test_loss, test_acc = (float(v) for v in self.hooks.evaluate(self.weights))
         agg = outcome.aggregate
         for pid, reason in sorted({**outcome.failures, **agg.dropped}.items()):
             self.log(f"  round {rnd}: client {pid} left out: {reason}")
@@ -673,7 +679,7 @@ class FederatedRun:
         acc = self.accountant
         return RoundRecord(
             round=rnd, clients_sampled=len(cohort), clients_aggregated=len(agg.aggregated),
-            train_loss=train_loss, test_loss=float(test_loss), test_accuracy=float(test_acc),
+            train_loss=train_loss, test_loss=test_loss, test_accuracy=test_acc,
             epsilon=acc.epsilon(delta=self.cfg.target_delta) if acc is not None else None,
             delta=self.cfg.target_delta if acc is not None else None, seconds=time.perf_counter() - t0,
             dpsgd=DpsgdRoundInfo(epsilon=self.dpsgd.epsilon()) if self.dpsgd is not None else None,
@@ -685,12 +691,22 @@ class FederatedRun:
         if self.status == "running":
             self.status = "completed"
         assert self.plan is not None
+        self._evaluate_last()
         result = RunResult(status=self.status, stopped=self.stopped, weights=tuple(self.weights),
                            accountant=self.accountant, records=tuple(self.records), plan=self.plan,
                            results=self._results())
         for cb in self.callbacks:
             cb.on_run_end(self, result)
         return result
+
+    def _evaluate_last(self) -> None:
+        """A run that stopped between evaluations (budget, failures) still reports its final model."""
+        last = self.records[-1] if self.records else None
+        if last is None or last.test_accuracy is not None or last.round != self.next_round - 1:
+            return
+        assert self.hooks is not None
+        loss, acc = self.hooks.evaluate(self.weights)
+        self.records[-1] = dataclasses.replace(last, test_loss=float(loss), test_accuracy=float(acc))
 
     def run(self) -> RunResult:
         """Every remaining round, then :meth:`finish`."""

@@ -221,7 +221,8 @@ class RoundRecord:
     """One row of ``results.json["rounds"]`` (and of ``rounds.csv``), typed.
 
     ``epsilon``/``delta`` are the run's cumulative user-level guarantee after the round (None without
-    DP). ``aborted`` says why a secure round released nothing; ``secagg`` and ``dpsgd`` hold the figures
+    DP). ``test_loss``/``test_accuracy`` are None in rounds the global model was not evaluated in
+    (``eval-every``; the last round is always evaluated). ``aborted`` says why a secure round released nothing; ``secagg`` and ``dpsgd`` hold the figures
     of those features when they are on.
     """
 
@@ -229,8 +230,8 @@ class RoundRecord:
     clients_sampled: int
     clients_aggregated: int
     train_loss: float | None
-    test_loss: float
-    test_accuracy: float
+    test_loss: float | None
+    test_accuracy: float | None
     epsilon: float | None
     delta: float | None
     seconds: float

@@ -5,6 +5,7 @@ The same tiny numpy "model" as tests/fl/test_loop.py (no torch, no Flower).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import stat
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from fedprivacy.accounting import NoSampling, epsilon_for
 from fedprivacy.config import ConfigError
 from fedprivacy.exit_codes import ExitCode, exit_code_for
 from fedprivacy.fl.run import run_federated
 from tests.fl.test_loop import N, _cfg, _exchange, _hooks, _Killed
+from tests.fl.test_loop import _run as _loop_run
 
 
 def _run(cfg, *, population: int = N, exchange=None, log=None):
@@ -99,3 +102,53 @@ def test_outputs_are_readable_like_any_file_the_user_writes(tmp_path: Path) -> N
     # except the server's private log (central mode: participation counts, issue 11): owner-only
     private = [p for p in run_dir.rglob("*") if p.is_file() and p not in files]
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in private} <= {oct(0o600)}
+
+
+def _counting_hooks():
+    """The loop's hooks, counting how often the global model is evaluated."""
+    hooks = _hooks()
+    calls: list[int] = []
+
+    def evaluate(w):
+        calls.append(1)
+        return hooks.evaluate(w)
+
+    return type(hooks)(init=hooks.init, evaluate=evaluate, num_classes=hooks.num_classes), calls
+
+
+def test_eval_every_evaluates_every_kth_round_and_always_the_last(tmp_path: Path) -> None:
+    hooks, calls = _counting_hooks()
+    cfg = _cfg(tmp_path, **{"num-server-rounds": 7, "eval-every": 3, "run-name": "e"})
+    res = run_federated(cfg, population=N, exchange=_exchange(), hooks=hooks, log=lambda _m: None)
+    evaluated = [r["round"] for r in res["rounds"] if r["test_accuracy"] is not None]
+    assert evaluated == [3, 6, 7] and len(calls) == 3
+    assert all(r["test_loss"] is None for r in res["rounds"] if r["round"] not in evaluated)
+    # same model, same accuracy as an every-round run (evaluation is post-processing only)
+    every = _loop_run(_cfg(tmp_path, **{"num-server-rounds": 7, "run-name": "all"}))
+    assert res["rounds"][-1]["test_accuracy"] == every["rounds"][-1]["test_accuracy"]
+    assert res["rounds"][5]["test_accuracy"] == every["rounds"][5]["test_accuracy"]
+    rows = list(csv.DictReader((tmp_path / "e" / "rounds.csv").open()))
+    assert [r["test_accuracy"] != "" for r in rows] == [r in evaluated for r in range(1, 8)]
+    assert (tmp_path / "e" / "accuracy_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_stopped_between_evaluations_still_reports_its_final_model(tmp_path: Path) -> None:
+    # the budget stops the run after round 2; eval-every 5 would evaluate nothing before that
+    eps2 = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=2, delta=1e-5, backend="rdp")
+    eps3 = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=3, delta=1e-5, backend="rdp")
+    hooks, calls = _counting_hooks()
+    cfg = _cfg(tmp_path, **{"num-server-rounds": 10, "eval-every": 5, "target-epsilon": (eps2 + eps3) / 2})
+    lines: list[str] = []
+    res = run_federated(cfg, population=N, exchange=_exchange(), hooks=hooks, log=lines.append)
+    assert res["status"] == "budget-exhausted" and [r["round"] for r in res["rounds"]] == [1, 2]
+    assert res["rounds"][0]["test_accuracy"] is None and res["rounds"][1]["test_accuracy"] is not None
+    assert len(calls) == 1
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert len(rounds) == 2 and all("accuracy –" in line for line in rounds)
+    assert "budget-exhausted: 2 rounds, accuracy 0." in lines[-1]
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_eval_every_must_be_a_positive_int(tmp_path: Path, bad: int) -> None:
+    with pytest.raises(ConfigError, match=rf"eval-every.*{bad}"):
+        _cfg(tmp_path, **{"eval-every": bad})
