@@ -49,6 +49,7 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "seed": spec.seed,
         "output-dir": output_dir,
         "run-name": spec.key(),
+        "eval-every": spec.eval_every,
     }
     if spec.mode == "dpsgd":
         cfg["dpsgd-noise-multiplier"] = float(spec.option("dpsgd_noise_multiplier", 1.0))

@@ -47,6 +47,8 @@ class BenchSpec:
         delta: delta at which epsilon is reported.
         seed: seed for data, partitions, model init and sampling (seeded research mode).
         workers: processes for fedprivacy's in-process engine.
+        eval_every: fedprivacy rows evaluate the global model every k rounds and after the last
+            (run-config ``eval-every``); the final accuracy is the same, the curve is sparser.
         label: free text shown in the table (e.g. "100k params").
 
     Defaults: the fields a run config also has take its defaults (``fedprivacy.config.default``):
@@ -78,6 +80,7 @@ class BenchSpec:
     delta: float = default("target_delta")
     seed: int = 0
     workers: int = 1
+    eval_every: int = 1
     label: str = ""
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -92,7 +95,7 @@ class BenchSpec:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         for name in ("num_clients", "clients_per_round", "rounds", "hidden", "local_epochs",
-                     "batch_size", "workers"):
+                     "batch_size", "workers", "eval_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
