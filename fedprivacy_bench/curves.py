@@ -1,6 +1,6 @@
 """Accuracy-against-epsilon curves over seeds (issue 13): the points, one plot, one table.
 
-A *curve* is one (data set, setup label, framework, mode); a *point* is one target epsilon of it, pooled
+A *curve* is one (data set, setup label, rounds, framework, mode); a *point* is one target epsilon of it, pooled
 over the seeds that ran: the mean test accuracy with its min and max (the spread shown in the plot), the
 mean epsilon the framework's own accountant reports, and everything the claim needs: sigma, q, rounds,
 delta, accountant. Non-DP runs of the same setup give the reference line.
@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["curve_points", "plot_curves", "curves_markdown", "is_curve_row"]
+__all__ = ["curve_points", "plot_curves", "curves_markdown", "is_curve_row", "plot_membership",
+           "membership_markdown"]
 
 Row = Mapping[str, Any]
 
@@ -28,15 +29,19 @@ def _ok(row: Row) -> bool:
 
 
 def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """One point per (dataset, label, framework, mode, target epsilon), pooled over seeds."""
+    """One point per (dataset, label, rounds, framework, mode, target epsilon), pooled over seeds.
+
+    Runs of the same setup with different numbers of rounds are different curves (their sigma is
+    calibrated for their own T), never pooled.
+    """
     groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for r in rows:
         if is_curve_row(r) and _ok(r):
-            key = (r["dataset"], r.get("label", ""), r["framework"], r["mode"],
-                   r.get("target_epsilon"))
+            key = (r["dataset"], r.get("label", ""), int(r.get("rounds", 0)), r["framework"],
+                   r["mode"], r.get("target_epsilon"))
             groups[key].append(r)
     points = []
-    for (dataset, label, framework, mode, target), rs in sorted(
+    for (dataset, label, _rounds, framework, mode, target), rs in sorted(
             groups.items(), key=lambda kv: tuple("" if v is None else str(v) for v in kv[0])):
         accs = [float(r["test_accuracy"]) for r in rs]
         eps = [float(r["epsilon"]) for r in rs if r.get("epsilon") is not None]
@@ -67,10 +72,10 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    setups = sorted({p["label"] for p in points})
+    setups = sorted({(p["label"], p["rounds"]) for p in points})
     fig, axes = plt.subplots(1, len(setups), figsize=(6.5 * len(setups), 4.5), squeeze=False)
-    for ax, setup in zip(axes[0], setups, strict=True):
-        here = [p for p in points if p["label"] == setup]
+    for ax, (setup, rounds) in zip(axes[0], setups, strict=True):
+        here = [p for p in points if (p["label"], p["rounds"]) == (setup, rounds)]
         for p in here:
             if p["mode"] == "none":
                 ax.axhline(p["accuracy"], color="black", ls="--", lw=1,
@@ -123,3 +128,162 @@ def curves_markdown(points: Sequence[Mapping[str, Any]]) -> str:
             f"{p['accuracy']:.3f} | {p['accuracy_min']:.3f}–{p['accuracy_max']:.3f} | "
             f"{','.join(map(str, p['seeds']))} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- membership against epsilon
+def _attack(rows: Sequence[Row], *, attack: str, level: str) -> Row | None:
+    return next((r for r in rows if r["attack"] == attack and r["level"] == level), None)
+
+
+def _mia_x(settings: Sequence[Mapping[str, Any]]) -> tuple[list[float], float | None]:
+    """x positions: each setting's epsilon; the non-DP setting sits right of the largest one."""
+    eps = [s["summary"]["epsilon"] for s in settings if s["summary"]["epsilon"] is not None]
+    inf_x = max(eps) * 4 if eps else 1.0
+    xs = [inf_x if s["summary"]["epsilon"] is None else s["summary"]["epsilon"] for s in settings]
+    return xs, (inf_x if any(s["summary"]["epsilon"] is None for s in settings) else None)
+
+
+def plot_membership(settings: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Attack success and utility against epsilon in one figure (``scripts/user_membership.py`` output).
+
+    Left: AUC of every attack at user level (solid) and example level (dashed), chance at 0.5.
+    Middle: TPR at 1% FPR (user and example level), chance at 0.01. Right: the attacked models' test
+    accuracy (mean, min-max band over the K models). The non-DP setting is drawn at the far right
+    ("no DP").
+    """
+    if not settings:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = sorted(settings, key=lambda s: (s["summary"]["epsilon"] is None,
+                                            s["summary"]["epsilon"] or 0.0))
+    xs, inf_x = _mia_x(order)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    attacks = sorted({r["attack"] for s in order for r in s["rows"]})
+    for metric, ax, chance in (("auc", axes[0], 0.5), ("tpr_at_fpr_1pct", axes[1], 0.01)):
+        for i, attack in enumerate(attacks):
+            for level, ls in (("user", "-"), ("example", "--")):
+                ys = [(_attack(s["rows"], attack=attack, level=level) or {}).get(metric) for s in order]
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], ls=ls, marker="o",
+                        color=f"C{i}", label=f"{attack}, {level} level")
+        ax.axhline(chance, color="black", lw=0.8, ls=":", label="chance")
+        ax.set_ylabel({"auc": "attack AUC", "tpr_at_fpr_1pct": "TPR at 1% FPR"}[metric])
+    acc = [s["summary"]["test_accuracy"] for s in order]
+    axes[2].plot(xs, acc, marker="o", color="tab:green", label="test accuracy (mean of K models)")
+    axes[2].fill_between(xs, [s["summary"]["test_accuracy_min"] for s in order],
+                         [s["summary"]["test_accuracy_max"] for s in order], color="tab:green", alpha=0.2)
+    axes[2].axhline(0.1, color="black", lw=0.8, ls=":", label="chance (10 classes)")
+    axes[2].set_ylabel("test accuracy (10,000 test images)")
+    first = order[0]["summary"]
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel(f"ε (δ = {first.get('delta') or 1e-5:g}; rightmost point: no DP)")
+        if inf_x is not None:
+            ticks = [x for x in xs if x != inf_x]
+            ax.set_xticks(ticks + [inf_x], [f"{t:.3g}" for t in ticks] + ["no DP"])
+            ax.set_xticks([], minor=True)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"User-level membership inference vs ε: {first['clients']} candidate clients x "
+                 f"{first['per_client']} Fashion-MNIST images, each of K={first['models']} models trained "
+                 f"on a random half (q={first['sample_rate']:g}, T={first['rounds']}, "
+                 f"{first['config']['local_epochs']} local epochs, {first['config']['model']})",
+                 fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def membership_markdown(settings: Sequence[Mapping[str, Any]]) -> str:
+    """One line per (setting, attack, level): ε, σ, accuracy, AUC, TPR at 1% and 0.1% FPR, pairs."""
+    if not settings:
+        return ""
+    lines = ["| ε (δ) | σ | q | T | test acc (min–max) | attack | level | AUC | TPR@1% FPR | "
+             "TPR@0.1% FPR | members / non-members | FPR resolution |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(settings, key=lambda s: (s["summary"]["epsilon"] is None,
+                                              s["summary"]["epsilon"] or 0.0)):
+        m = s["summary"]
+        eps = "no DP" if m["epsilon"] is None else f"{m['epsilon']:.3g} ({m['delta']:g})"
+        sigma = "–" if m["epsilon"] is None else f"{m['noise_multiplier']:.3f}"
+        for r in sorted(s["rows"], key=lambda r: (r["level"] != "user", r["attack"])):
+            low = " (at FPR 0)" if r["fpr_resolution"] > 0.001 else ""
+            lines.append(
+                f"| {eps} | {sigma} | {m['sample_rate']:g} | {m['rounds']} | {m['test_accuracy']:.3f} "
+                f"({m['test_accuracy_min']:.3f}–{m['test_accuracy_max']:.3f}) | {r['attack']} | "
+                f"{r['level']} | {r['auc']:.3f} | {r['tpr_at_fpr_1pct']:.3f} | "
+                f"{r['tpr_at_fpr_01pct']:.3f}{low} | {r['members']} / {r['nonmembers']} | "
+                f"{r['fpr_resolution']:.2g} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ issue 13 goals
+def _iid_none(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [p for p in points if p["mode"] == "none" and "iid" in str(p["label"])]
+
+
+def curve_goals(points: Sequence[Mapping[str, Any]],
+                membership: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, str]]:
+    """Issue 13's goals against what ran: each entry ``goal``, ``verdict`` (met / missed / not
+    measured) and ``figures`` (the numbers and the setup they come from)."""
+    goals: list[dict[str, str]] = []
+    goal = "Non-DP CNN on Fashion-MNIST (IID) reaches ≥ 88% test accuracy, federated"
+    none = _iid_none(points)
+    if none:
+        best = max(none, key=lambda p: p["accuracy"])
+        goals.append({"goal": goal, "verdict": "met" if best["accuracy"] >= 0.88 else "missed",
+                      "figures": f"{best['accuracy']:.3f} (mean of seeds {best['seeds']}, "
+                                 f"{best['accuracy_min']:.3f}–{best['accuracy_max']:.3f}) after "
+                                 f"T={best['rounds']} rounds, N={best['num_clients']}, "
+                                 f"{best['clients_per_round']}/round"})
+    else:
+        goals.append({"goal": goal, "verdict": "not measured", "figures": "no non-DP IID point"})
+    goal = "Central DP at ε = 4 within 5 points of non-DP on the same setup"
+    pairs = []
+    for p in points:
+        if p["mode"] == "central" and p["framework"] == "fedprivacy" and p["target_epsilon"] == 4.0:
+            ref = next((r for r in points if r["mode"] == "none" and r["label"] == p["label"]
+                        and r["rounds"] == p["rounds"]), None)
+            if ref is not None:
+                pairs.append((p, ref))
+    if pairs:
+        figs = "; ".join(f"{p['label']}, T={p['rounds']}: {p['accuracy']:.3f} vs {r['accuracy']:.3f} "
+                         f"({100 * (p['accuracy'] - r['accuracy']):+.1f} points; ε={p['epsilon']:.2f}, "
+                         f"σ={p['noise_multiplier']:.3f}, q={p['sample_rate']:.3g}, seeds {p['seeds']})"
+                         for p, r in pairs)
+        ok = all(p["accuracy"] - r["accuracy"] >= -0.05 - 1e-9 for p, r in pairs)  # 5 points is within
+        goals.append({"goal": goal, "verdict": "met" if ok else "missed", "figures": figs})
+    else:
+        goals.append({"goal": goal, "verdict": "not measured", "figures": "no ε = 4 / non-DP pair"})
+    goal = ("Membership inference: clearly succeeds without DP (TPR at 1% FPR well above 1%) and falls "
+            "to chance with DP on models that are still useful")
+    nodp = [s for s in membership if s["summary"]["epsilon"] is None]
+    dp = [s for s in membership if s["summary"]["epsilon"] is not None]
+    if nodp and dp:
+        def best(s: Mapping[str, Any]) -> Mapping[str, Any]:
+            return max((r for r in s["rows"] if r["level"] == "user"), key=lambda r: r["auc"])
+
+        b0 = best(nodp[0])
+        succeeds = b0["tpr_at_fpr_1pct"] > 0.05
+        dp_figs = []
+        chance_useful = False
+        for s in sorted(dp, key=lambda s: s["summary"]["epsilon"]):
+            b = best(s)
+            m = s["summary"]
+            dp_figs.append(f"ε={m['epsilon']:.3g}: best user-level AUC {b['auc']:.3f} ({b['attack']}), "
+                           f"TPR@1% {b['tpr_at_fpr_1pct']:.3f}, test acc {m['test_accuracy']:.3f}")
+            chance_useful |= b["auc"] < 0.6 and m["test_accuracy"] >= 0.5
+        goals.append({"goal": goal, "verdict": "met" if succeeds and chance_useful else "missed",
+                      "figures": f"no DP: user-level {b0['attack']} AUC {b0['auc']:.3f}, TPR@1% "
+                                 f"{b0['tpr_at_fpr_1pct']:.3f}, test acc "
+                                 f"{nodp[0]['summary']['test_accuracy']:.3f}; " + "; ".join(dp_figs)
+                                 + " (\"chance on a useful model\" read as AUC < 0.6 at test accuracy "
+                                   "≥ 0.5)"})
+    else:
+        goals.append({"goal": goal, "verdict": "not measured",
+                      "figures": "no membership run with and without DP"})
+    return goals

@@ -12,7 +12,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedprivacy_bench.curves import curve_points, curves_markdown, is_curve_row, plot_curves
+from fedprivacy_bench.curves import (
+    curve_goals,
+    curve_points,
+    curves_markdown,
+    is_curve_row,
+    membership_markdown,
+    plot_curves,
+    plot_membership,
+)
 
 Row = dict[str, Any]
 
@@ -28,8 +36,11 @@ TABLE_COLUMNS = (
 
 
 def _group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    # Fashion-MNIST curve rows of different lengths are different setups (sigma is calibrated per T);
+    # the speed rows compare capped runs with their full-length non-DP row (the `rounds` ratio).
+    length = row.get("rounds") if is_curve_row(row) else None
     return (row["dataset"], row.get("num_clients"), row.get("clients_per_round"), row.get("hidden"),
-            row.get("label", ""), row.get("seed"))
+            row.get("label", ""), row.get("seed"), length)
 
 
 def _usable(row: Mapping[str, Any]) -> bool:
@@ -280,8 +291,10 @@ def machine_info() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ plots
-def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
-    """Accuracy vs ε, accuracy vs round, seconds per round per mode; returns the files written."""
+def make_plots(rows: Sequence[Row], outdir: Path,
+               membership: Sequence[Mapping[str, Any]] = ()) -> list[Path]:
+    """Accuracy vs ε, accuracy vs round, seconds per round per mode, and (if given) membership
+    inference vs ε; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,6 +305,10 @@ def make_plots(rows: Sequence[Row], outdir: Path) -> list[Path]:
     curve = plot_curves(curve_points(rows), outdir)
     if curve is not None:
         written.append(curve)
+    if membership:
+        mia = plot_membership(membership, outdir / "bench_membership_vs_epsilon.png")
+        if mia is not None:
+            written.append(mia)
     usable = [r for r in rows if _usable(r) and not is_curve_row(r)]  # curves: their own plot
     datasets = sorted({r["dataset"] for r in usable})
     if not datasets:
@@ -374,9 +391,23 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
         payload["command"],
         "```",
         "",
-        f"Sweep: **{payload['sweep']}**, {len(rows)} configurations, "
-        f"{payload['runtime_seconds'] / 60:.1f} minutes wall time, finished {payload['finished']}.",
-        "",
+    ]
+    parts = payload.get("parts") or []
+    if parts:
+        lines += ["This page is rendered from several saved runs; each was produced by its own command:", ""]
+        for part in parts:
+            load = part.get("load_average")
+            lines.append(f"- **{part['sweep']}**: `{part['command']}` — {part['rows']} configurations, "
+                         f"{part['runtime_seconds'] / 60:.1f} minutes wall time, finished "
+                         f"{part['finished']}" + (f", load average at the end {load}" if load else "")
+                         + ".")
+        lines.append("")
+    else:
+        lines += [
+            f"Sweep: **{payload['sweep']}**, {len(rows)} configurations, "
+            f"{payload['runtime_seconds'] / 60:.1f} minutes wall time, finished {payload['finished']}.",
+            ""]
+    lines += [
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB memory, {m['os']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ". "
         "The machine was shared with other work while this ran: compare ratios measured in one run, "
@@ -390,10 +421,25 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
     for g in payload["goals"]:
         lines.append(f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |")
     points = curve_points(rows)
+    membership = payload.get("membership") or []
+    scope = payload.get("scope") or []
+    if points or membership:
+        lines += ["", "## Goals (issue 13)", "", "| goal | verdict | figures |", "|---|---|---|"]
+        lines += [f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |"
+                  for g in curve_goals(points, membership)]
+    if scope:
+        lines += ["", "## What was run and what was not (issue 13)", ""] + [f"- {n}" for n in scope]
     if points:
         lines += ["", "## Fashion-MNIST: accuracy against ε (issue 13)", "",
                   "Each point pools the seeds that ran (mean, min–max); ε is what the framework's own "
                   "accountant reports for the σ, q and T that ran.", "", curves_markdown(points)]
+    if membership:
+        lines += ["", "## Membership inference against ε (issue 13)", "",
+                  "From `" + str(payload.get("membership_command", "scripts/user_membership.py")) + "`. "
+                  "Each setting trains K federated models on random halves of the candidate clients "
+                  "and attacks each with the others as shadows (pooled); user level = a client's "
+                  "score is the mean of its examples'. `FPR resolution` is 1 / non-member pairs: a "
+                  "TPR at a lower FPR is the TPR at FPR 0.", "", membership_markdown(membership)]
     lines += ["", "## Results", "", markdown_table(rows), ""]
     lines += [
         "Columns: `s/round` is the median of the steady-state rounds (all rounds after the first); "

@@ -42,6 +42,7 @@ RESULTS_DIR = REPO / "fedprivacy_bench" / "results"
 DOCS_MD = REPO / "docs" / "BENCHMARKS.md"
 IMG_DIR = REPO / "docs" / "img"
 QUICK_OUT = REPO / "runs" / "benchmark-quick"
+BUDGET_OUT = REPO / "runs" / "benchmark-budget"
 TARGET_EPSILON = 3.0
 DELTA = 1e-5
 # MLP widths giving ~10k and ~100k parameters (one hidden layer; fedprivacy.ml "mlp").
@@ -143,6 +144,37 @@ def fashion_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
 # evaluated every BUDGET_EVAL_EVERY rounds and after the last.
 BUDGET_ROUNDS = 30
 BUDGET_EVAL_EVERY = 10
+
+
+BUDGET_NOTES = [
+    "Fashion-MNIST (Debian `dataset-fashion-mnist`: the official 60,000 training images split IID "
+    "over 3000 clients of 20, the official 10,000 test images as the server's test set), `convnet` "
+    "(28,938 parameters), 2 local epochs of SGD (lr 0.1, batch 10), clip C = 0.5, Poisson client "
+    "sampling q = 100/3000, δ = 1e-5, seeded research mode; fedprivacy's apps on the in-process engine "
+    "with 2 workers, one native thread per process, `eval-every` 10 (and the last round).",
+    "Central rows: σ calibrated with `fedprivacy.accounting.calibrate_noise_multiplier` (PLD, Poisson "
+    "q, the T that ran, δ) to each target ε; the distributed row (SecAgg + distributed discrete "
+    "Gaussian) uses the same σ and reports its own accountant's (RDP) ε.",
+]
+BUDGET_SCOPE = [
+    "**Ran** (`--budget`): Fashion-MNIST IID, 3000 clients x 20 examples, 100 per round, T = 30 rounds: "
+    "non-DP (seeds 0, 1), central DP at ε = 1, 2, 4, 8 (seed 0; ε = 4 also seed 1), distributed DP at "
+    "ε = 4 (seed 0); and (`--budget --rounds 100 --only ...`) non-DP and central ε = 4 at T = 100 "
+    "(seed 0). Membership inference: `scripts/user_membership.py` (below).",
+    "**Not run**, and why: the issue's full design (T = 200 rounds, 3 seeds at every point, a "
+    "Dirichlet(0.5) setup with 600 clients, distributed DP at every ε, local DP, Flower's "
+    "`DifferentialPrivacyClientSideFixedClipping` at the same σ in the same run) needs ~16–17 hours of "
+    "an idle 2-core machine (estimate in the notes of issue 13); it had about one hour of a 2-core "
+    "machine shared with ~8 other jobs (load average 10–15, a round 3–20 s instead of ~2.5 s idle). "
+    "Cut, in this order: rounds (200 → 30, one pair at 100), seeds (3 → 1–2), the Dirichlet setup, "
+    "the local and Flower rows, distributed DP except at ε = 4. Server-optimizer rows: "
+    "`scripts/methods_bench.py` (not on this page).",
+    "**What that means for the figures**: the models are far from converged, so the curves show what "
+    "DP costs early in training, not at convergence; the ≥ 88% non-DP goal cannot be reached at these "
+    "T. Every ε is still a valid claim for the model it reports (σ calibrated for the T that ran).",
+    "The digits/Synthetic speed rows further down are the earlier full sweep (issue 6), rendered from "
+    "its saved JSON, not re-run.",
+]
 
 
 def fashion_budget_sweep(*, rounds: int | None = None) -> list[BenchSpec]:
@@ -380,7 +412,7 @@ def write_outputs(payload: dict[str, Any], *, json_path: Path | None, md_path: P
         written.append(copy)
     plots: list[Path] = []
     if img_dir is not None:
-        plots = report.make_plots(payload["rows"], img_dir)
+        plots = report.make_plots(payload["rows"], img_dir, payload.get("membership") or [])
         written += plots
     if md_path is not None:
         md_path.parent.mkdir(parents=True, exist_ok=True)
@@ -416,8 +448,43 @@ def build_payload(rows: Sequence[dict[str, Any]], *, sweep: str, command: str, r
         "machine": report.machine_info(),
         "notes": list(notes),
         "goals": report.evaluate_goals(with_ratios),
+        "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "rows": with_ratios,
     }
+
+
+def rendered_payload(paths: Sequence[Path], *, membership: Sequence[Path] | None,
+                     command: str) -> dict[str, Any]:
+    """One payload from saved ones: one saved sweep as it was, or several merged (rows, notes and
+    scope in order; ``parts`` says which command produced what); plus a membership JSON."""
+    saved = [json.loads(p.read_text()) for p in paths]
+    for s in saved:  # a stopped sweep's partial.json: its finished rows, its command if it saved one
+        if "sweep" not in s:
+            s["sweep"] = "budget" if s.get("budget") else "partial"
+            s["command"] = s.get("command") or "(command not saved: see the notes)"
+            s["runtime_seconds"] = sum(float(r.get("wall_seconds") or 0.0) for r in s["rows"])
+    for s in saved:  # a budget sweep's notes and scope are the ones written in this script
+        if s["sweep"] == "budget":
+            s["notes"], s["scope"] = list(BUDGET_NOTES), s.get("scope") or list(BUDGET_SCOPE)
+    rows = [r for s in saved for r in s["rows"]]
+    notes = list(dict.fromkeys(n for s in saved for n in s.get("notes", [])))  # once each, in order
+    first = saved[0]
+    payload = build_payload(rows, sweep=" + ".join(s["sweep"] for s in saved),
+                            command=first["command"] if len(saved) == 1 else command,
+                            runtime=sum(s["runtime_seconds"] for s in saved), notes=notes)
+    payload["finished"] = max(s.get("finished", "") for s in saved)
+    payload["scope"] = list(dict.fromkeys(n for s in saved for n in s.get("scope", [])))
+    if len(saved) > 1:
+        payload["parts"] = [{"sweep": s["sweep"], "command": s["command"], "rows": len(s["rows"]),
+                             "runtime_seconds": s["runtime_seconds"], "finished": s.get("finished", ""),
+                             "load_average": s.get("load_average")} for s in saved]
+    if membership:
+        mias = [json.loads(p.read_text()) for p in membership]
+        payload["membership"] = [s for mia in mias for s in mia["settings"]]
+        payload["membership_command"] = "`; `".join(
+            "python scripts/user_membership.py " + " ".join(shlex.quote(a) for a in mia.get("argv", []))
+            for mia in mias)
+    return payload
 
 
 def print_summary(payload: dict[str, Any]) -> None:
@@ -453,8 +520,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
     parser.add_argument("--native-threads", action="store_true",
                         help="keep the BLAS/OpenMP thread defaults instead of one thread per process")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="re-render docs and plots from a saved payload, run nothing")
+    parser.add_argument("--from-json", type=Path, action="append", default=None,
+                        help="re-render docs and plots from a saved payload, run nothing; repeat to "
+                             "render several sweeps on one page (rows and notes merged)")
+    parser.add_argument("--membership-json", type=Path, action="append", default=None,
+                        help="with --from-json: add scripts/user_membership.py's JSON (table, figure); "
+                             "repeat to merge runs of other settings")
     parser.add_argument("--no-docs", action="store_true",
                         help="write nothing but --json (no report, plots or results copy)")
     parser.add_argument("--out", type=Path, default=None,
@@ -464,13 +535,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None and args.rounds < 2:
         print("error: --rounds must be >= 2 (the first round is start-up)", file=sys.stderr)
         return 2
-    md, img, res = output_paths(quick=args.quick, out=args.out, no_docs=args.no_docs)
+    # --budget, like --quick, never writes the committed docs (render them with --from-json)
+    md, img, res = output_paths(quick=args.quick or args.budget,
+                                out=args.out or (BUDGET_OUT if args.budget else None),
+                                no_docs=args.no_docs)
 
     if args.from_json is not None:
-        saved = json.loads(args.from_json.read_text())
-        payload = build_payload(saved["rows"], sweep=saved["sweep"], command=saved["command"],
-                                runtime=saved["runtime_seconds"], notes=saved.get("notes", []))
-        payload["finished"] = saved.get("finished", payload["finished"])
+        given = sys.argv[1:] if argv is None else list(argv)
+        payload = rendered_payload(args.from_json, membership=args.membership_json,
+                                   command=" ".join(["python scripts/benchmark.py",
+                                                     *(shlex.quote(a) for a in given)]))
         write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=None)
         print_summary(payload)
         return 0
@@ -490,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         done.append(row)
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps({"command": "", "rows": done}, indent=1, default=str))
+            partial.write_text(json.dumps({"command": command, "budget": args.budget, "rows": done},
+                                          indent=1, default=str))
 
     with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
         rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout,
@@ -500,8 +575,11 @@ def main(argv: list[str] | None = None) -> int:
     runtime = time.perf_counter() - t0
     payload = build_payload(rows, sweep="budget" if args.budget else "quick" if args.quick else "full",
                             command=command,
-                            runtime=runtime, notes=sweep_notes(specs, quick=args.quick,
-                                              native_threads=args.native_threads))
+                            runtime=runtime,
+                            notes=BUDGET_NOTES if args.budget else
+                            sweep_notes(specs, quick=args.quick, native_threads=args.native_threads))
+    if args.budget:
+        payload["scope"] = BUDGET_SCOPE
     write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=res)
     print_summary(payload)
     return 0

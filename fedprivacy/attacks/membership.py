@@ -232,18 +232,38 @@ def train_federated_model(
     run's checkpoint and outputs there (default: nothing is written).
     """
     from fedprivacy.dp.rng import RandomSource
+
+    order = RandomSource.seeded(seed).child("deal").permutation(len(member_idx))
+    dealt = np.asarray(member_idx)[order]
+    parts = [dealt[c :: config.clients] for c in range(config.clients)]
+    return train_on_clients(x, y, parts, config=config, seed=seed, noise_multiplier=noise_multiplier,
+                            output_dir=output_dir)
+
+
+def train_on_clients(
+    x: np.ndarray,
+    y: np.ndarray,
+    parts: Sequence[np.ndarray],
+    *,
+    config: FederatedTargetConfig,
+    seed: int,
+    noise_multiplier: float | None = None,
+    output_dir: Path | None = None,
+) -> tuple[list[np.ndarray], float | None, float]:
+    """Like :func:`train_federated_model`, with the clients given: client ``c`` holds ``x[parts[c]]``.
+
+    The population is ``len(parts)`` (``config.clients`` is not used); the user-level attack
+    (:func:`fedprivacy.attacks.user_membership.user_membership_experiment`) picks whole clients.
+    """
     from fedprivacy.fl.callbacks import default_callbacks
     from fedprivacy.fl.run import FederatedRun
 
     xs = np.asarray(x, dtype=np.float32)
     ys = np.asarray(y, dtype=np.int64)
-    order = RandomSource.seeded(seed).child("deal").permutation(len(member_idx))
-    dealt = np.asarray(member_idx)[order]
-    parts = [dealt[c :: config.clients] for c in range(config.clients)]
     cfg = _target_run_config(config, seed=seed, noise_multiplier=noise_multiplier, output_dir=output_dir)
     hooks, exchange = _target_model(config, xs, ys, parts)
     quiet = lambda _m: None  # noqa: E731
-    run = FederatedRun(cfg, population=config.clients, exchange=exchange, hooks=hooks, log=quiet,
+    run = FederatedRun(cfg, population=len(parts), exchange=exchange, hooks=hooks, log=quiet,
                        callbacks=default_callbacks(quiet) if output_dir is not None else [],
                        run_dir=None if output_dir is None else Path(output_dir) / cfg.run_name)
     result = run.run()
@@ -266,6 +286,8 @@ def _target_run_config(config: FederatedTargetConfig, *, seed: int, noise_multip
         "target-epsilon": config.target_epsilon if (dp and not noise_multiplier) else 0.0,
         "target-delta": config.target_delta, "sampling": "poisson", "sample-rate": config.sample_rate,
         "seed": seed, "output-dir": str(output_dir or "runs"), "run-name": f"mia-{seed}",
+        # the attack needs the final model only; the hooks evaluate on the whole candidate pool
+        "eval-every": config.rounds,
     })
 
 

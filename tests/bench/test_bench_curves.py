@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedprivacy_bench.curves import curve_points, curves_markdown, plot_curves
+from fedprivacy_bench.curves import (
+    curve_goals,
+    curve_points,
+    curves_markdown,
+    membership_markdown,
+    plot_curves,
+    plot_membership,
+)
 
 
 def _row(mode: str, seed: int, acc: float, *, eps: float | None, target: float | None,
@@ -37,3 +44,43 @@ def test_points_pool_seeds_and_keep_what_the_claim_needs(tmp_path: Path) -> None
     assert "0.840–0.860 | 0,1,2 |" in table
     path = plot_curves(points, tmp_path)
     assert path is not None and path.stat().st_size > 10_000
+
+
+def test_runs_of_different_lengths_are_different_curves() -> None:
+    rows = [_row("none", 0, 0.80, eps=None, target=None), _row("central", 0, 0.78, eps=4.0, target=4.0)]
+    rows += [dict(_row("none", 0, 0.86, eps=None, target=None), rounds=100),
+             dict(_row("central", 0, 0.84, eps=4.0, target=4.0), rounds=100)]
+    points = curve_points(rows)
+    assert sorted((p["mode"], p["rounds"], p["accuracy"]) for p in points) == [
+        ("central", 100, 0.84), ("central", 200, 0.78), ("none", 100, 0.86), ("none", 200, 0.80)]
+
+
+def _mia(eps: float | None, *, auc: float, tpr: float, acc: float) -> dict:
+    rows = [{"attack": a, "level": lvl, "auc": auc if lvl == "user" else 0.5, "tpr_at_fpr_1pct": tpr,
+             "tpr_at_fpr_01pct": tpr, "members": 200, "nonmembers": 200, "fpr_resolution": 0.005}
+            for a in ("loss", "lira-online") for lvl in ("user", "example")]
+    return {"rows": rows, "summary": {"epsilon": eps, "delta": 1e-5, "noise_multiplier": 1.0,
+                                      "sample_rate": 0.4, "rounds": 30, "test_accuracy": acc,
+                                      "test_accuracy_min": acc, "test_accuracy_max": acc,
+                                      "clients": 100, "per_client": 100, "models": 4,
+                                      "config": {"local_epochs": 5, "model": "mlp"}}}
+
+
+def test_issue_13_goals_follow_the_figures(tmp_path: Path) -> None:
+    points = curve_points([_row("none", s, a, eps=None, target=None) for s, a in ((0, 0.87), (1, 0.89))]
+                          + [_row("central", 0, 0.83, eps=4.0, target=4.0)])
+    useful = [_mia(None, auc=0.95, tpr=0.4, acc=0.8), _mia(8.0, auc=0.55, tpr=0.01, acc=0.7)]
+    useless = [_mia(None, auc=0.95, tpr=0.4, acc=0.8), _mia(8.0, auc=0.52, tpr=0.01, acc=0.1)]
+
+    goals = curve_goals(points, useful)
+    verdicts = [g["verdict"] for g in goals]
+
+    assert verdicts == ["met", "met", "met"]  # 0.88 mean, -5.0 points, chance at ε=8 on acc 0.7
+    assert "0.880" in goals[0]["figures"] and "-5.0 points" in goals[1]["figures"]
+    assert curve_goals(points, useless)[2]["verdict"] == "missed"  # chance only on a useless model
+    low = curve_points([_row("none", 0, 0.80, eps=None, target=None),
+                        _row("central", 0, 0.70, eps=4.0, target=4.0)])
+    assert [g["verdict"] for g in curve_goals(low)] == ["missed", "missed", "not measured"]
+    table = membership_markdown(useful)
+    assert table.count("\n") == 2 + 2 * 4 - 1 and "| no DP | – |" in table
+    assert plot_membership(useful, tmp_path / "m.png").stat().st_size > 10_000

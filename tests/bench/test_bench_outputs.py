@@ -30,3 +30,80 @@ def test_quick_never_writes_the_committed_docs(tmp_path: Path) -> None:
     assert bench.output_paths(quick=False, out=None, no_docs=False) == (
         bench.DOCS_MD, bench.IMG_DIR, bench.RESULTS_DIR)
     assert bench.output_paths(quick=True, out=tmp_path, no_docs=True) == (None, None, None)
+
+
+def test_budget_sweep_is_the_declared_cut_and_never_writes_the_docs(monkeypatch) -> None:
+    bench = _script()
+    asked: list[tuple[float, float, int]] = []
+
+    def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float) -> float:
+        asked.append((target_epsilon, sample_rate, rounds))  # the calibration itself: tests/accounting
+        return 1.0 / target_epsilon
+
+    monkeypatch.setattr(bench, "calibrated_sigma", sigma)
+    specs = bench.fashion_budget_sweep()
+    assert len({s.key() for s in specs}) == len(specs) == 8
+    assert all(s.dataset == "fashion-mnist" and s.partitioner == "iid" and s.num_clients == 3000
+               and s.clients_per_round == 100 and s.rounds == bench.BUDGET_ROUNDS
+               and s.eval_every == bench.BUDGET_EVAL_EVERY for s in specs)
+    central = sorted((s.target_epsilon, s.seed) for s in specs if s.mode == "central")
+    assert central == [(1.0, 0), (2.0, 0), (4.0, 0), (4.0, 1), (8.0, 0)]
+    assert sorted(s.seed for s in specs if s.mode == "none") == [0, 1]
+    assert [s.mode for s in specs if s.mode not in ("none", "central")] == ["distributed"]
+    # sigma calibrated for the rounds that run, at the sampling rate that runs
+    assert {a for a in asked} == {(e, 100 / 3000, bench.BUDGET_ROUNDS) for e in (1.0, 2.0, 4.0, 8.0)}
+    assert all(s.noise_multiplier == 1.0 / s.target_epsilon for s in specs if s.target_epsilon)
+    assert {s.rounds for s in bench.fashion_budget_sweep(rounds=100)} == {100}
+    out = bench.output_paths(quick=True, out=bench.BUDGET_OUT, no_docs=False)  # what --budget uses
+    assert not {bench.DOCS_MD, bench.IMG_DIR, bench.RESULTS_DIR} & set(out)
+
+
+def _bench_row(mode: str, acc: float, **kw) -> dict:
+    from tests.bench.test_bench_curves import _row
+
+    return dict(_row(mode, 0, acc, **kw), engine="inprocess", seconds_per_round=4.0, params=28938,
+                hidden=32, peak_memory_mb=900.0, startup_seconds=20.0)
+
+
+def _saved(sweep: str, rows: list, **extra) -> dict:
+    return {"sweep": sweep, "command": f"python scripts/benchmark.py --{sweep}", "runtime_seconds": 600.0,
+            "finished": "2026-12-01 13:00 UTC", "notes": [f"{sweep} note"], "rows": rows, **extra}
+
+
+def test_several_saved_sweeps_render_on_one_page_with_the_membership_figure(tmp_path: Path) -> None:
+    import json
+
+    from tests.bench.test_bench_curves import _mia
+
+    bench = _script()
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    m = tmp_path / "m.json"
+    a.write_text(json.dumps(_saved("budget", [_bench_row("none", 0.8, eps=None, target=None),
+                                              _bench_row("central", 0.77, eps=4.0, target=4.0)],
+                                   scope=["ran: 2 rows", "not run: Dirichlet"], load_average="9.1 8.0 7.5")))
+    b.write_text(json.dumps(_saved("full", [])))
+    c = tmp_path / "partial.json"  # a stopped sweep's finished rows
+    c.write_text(json.dumps({"command": "python scripts/benchmark.py --budget --rounds 100", "budget": True,
+                             "rows": [dict(_bench_row("none", 0.83, eps=None, target=None), rounds=100,
+                                           wall_seconds=900.0)]}))
+    m.write_text(json.dumps({"argv": ["--models", "4"], "settings": [
+        _mia(None, auc=0.95, tpr=0.4, acc=0.8), _mia(8.0, auc=0.52, tpr=0.01, acc=0.1)]}))
+    m2 = tmp_path / "m2.json"
+    m2.write_text(json.dumps({"argv": ["--epsilons", "2"], "settings": [_mia(2.0, auc=0.5, tpr=0.01, acc=0.1)]}))
+    out = tmp_path / "out"
+
+    rc = bench.main(["--from-json", str(a), "--from-json", str(b), "--from-json", str(c), "--membership-json", str(m), "--membership-json", str(m2),
+                     "--out", str(out)])
+
+    assert rc == 0
+    text = (out / "BENCHMARKS.md").read_text()
+    assert "`python scripts/benchmark.py --budget` — 2 configurations" in text and "load average at the end 9.1" in text
+    assert "`python scripts/benchmark.py --full` — 0 configurations" in text
+    assert "## Goals (issue 13)" in text and "- not run: Dirichlet" in text
+    assert "`python scripts/benchmark.py --budget --rounds 100` — 1 configurations, 15.0 minutes" in text
+    assert text.count(bench.BUDGET_NOTES[0]) == 1 and "0.830 (mean of seeds [0]" in text
+    assert "python scripts/user_membership.py --models 4" in text and "budget note" not in text  # script's
+    assert "python scripts/user_membership.py --epsilons 2" in text and "| 2 (1e-05) |" in text
+    assert (out / "img" / "bench_membership_vs_epsilon.png").is_file()
+    assert "--from-json" in text.split("```bash")[1].split("```")[0]  # the render command itself

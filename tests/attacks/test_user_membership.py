@@ -1,0 +1,63 @@
+"""fedprivacy.attacks.user_membership: whole clients in or out, attacked through the shipped run loop.
+
+Small real runs on digits (8x8): the pool, the halves, the pair counts at each level, the DP
+calibration, and the attack's signal on an overfitting target against chance with strong noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedprivacy.attacks.membership import FederatedTargetConfig
+from fedprivacy.attacks.user_membership import user_membership_experiment, user_pool
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    return x, d.target.astype(np.int64)
+
+
+def test_pool_is_disjoint_clients_of_equal_size() -> None:
+    index, groups = user_pool(1000, clients=10, per_client=30, seed=3)
+    assert len(set(index.tolist())) == 300 and index.max() < 1000
+    assert np.bincount(groups).tolist() == [30] * 10
+    again, _ = user_pool(1000, clients=10, per_client=30, seed=3)
+    assert np.array_equal(index, again)
+    with pytest.raises(ValueError, match=r"clients \* per_client must be <= the data set's 100"):
+        user_pool(100, clients=10, per_client=11, seed=0)
+    with pytest.raises(ValueError, match="clients must be >= 4"):
+        user_pool(100, clients=3, per_client=1, seed=0)
+
+
+def _run(eps: float | None, *, models: int = 3, rounds: int = 3):
+    x, y = _digits()
+    config = FederatedTargetConfig(clients=4, rounds=rounds, local_epochs=10, learning_rate=0.1,
+                                   batch_size=8, model="mlp", hidden_units=64, clip_norm=1.0,
+                                   target_epsilon=eps, sample_rate=1.0, target_delta=1e-3)
+    return user_membership_experiment(x[:1400], y[:1400], x[1400:], y[1400:], config=config,
+                                      clients=8, per_client=20, models=models, seed=1)
+
+
+def test_overfit_target_leaks_membership_and_strong_noise_hides_it() -> None:
+    no_dp = _run(None)
+    rows = {(r["attack"], r["level"]): r for r in no_dp["rows"]}
+    # K=3 models, 4 of 8 clients each: 12 member and 12 non-member clients, 240 examples each side
+    assert (rows["loss", "user"]["members"], rows["loss", "user"]["nonmembers"]) == (12, 12)
+    assert (rows["loss", "example"]["members"], rows["loss", "example"]["nonmembers"]) == (240, 240)
+    assert rows["loss", "user"]["fpr_resolution"] == pytest.approx(1 / 12)
+    assert no_dp["summary"]["train_accuracy"] > no_dp["summary"]["test_accuracy"]
+    assert rows["loss", "user"]["auc"] > 0.8  # 20 examples per client make a small gap decisive (0.98 measured)
+    dp = _run(1.0)
+    assert dp["summary"]["epsilon"] == pytest.approx(1.0, rel=0.01)
+    assert dp["summary"]["noise_multiplier"] > 3.0 and dp["summary"]["delta"] == 1e-3
+    dp_rows = {(r["attack"], r["level"]): r for r in dp["rows"]}
+    assert dp_rows["loss", "user"]["auc"] < rows["loss", "user"]["auc"]
+
+
+def test_too_few_models_are_refused() -> None:
+    with pytest.raises(ValueError, match="models must be >= 3"):
+        _run(None, models=2)
