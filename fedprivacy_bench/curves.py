@@ -264,8 +264,9 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     nodp = [s for s in membership if s["summary"]["epsilon"] is None]
     dp = [s for s in membership if s["summary"]["epsilon"] is not None]
     if nodp and dp:
-        def best(s: Mapping[str, Any]) -> Mapping[str, Any]:
-            return max((r for r in s["rows"] if r["level"] == "user"), key=lambda r: r["auc"])
+        def best(s: Mapping[str, Any]) -> Mapping[str, Any]:  # the strongest user-level attack
+            return max((r for r in s["rows"] if r["level"] == "user"),
+                       key=lambda r: (r["tpr_at_fpr_1pct"], r["auc"]))
 
         b0 = best(nodp[0])
         succeeds = b0["tpr_at_fpr_1pct"] > 0.05
@@ -274,15 +275,16 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
         for s in sorted(dp, key=lambda s: s["summary"]["epsilon"]):
             b = best(s)
             m = s["summary"]
-            dp_figs.append(f"ε={m['epsilon']:.3g}: best user-level AUC {b['auc']:.3f} ({b['attack']}), "
+            dp_figs.append(f"ε={m['epsilon']:.3g}: strongest user-level attack {b['attack']} AUC {b['auc']:.3f}, "
                            f"TPR@1% {b['tpr_at_fpr_1pct']:.3f}, test acc {m['test_accuracy']:.3f}")
-            chance_useful |= b["auc"] < 0.6 and m["test_accuracy"] >= 0.5
+            top_auc = max(r["auc"] for r in s["rows"] if r["level"] == "user")
+            chance_useful |= top_auc < 0.6 and m["test_accuracy"] >= 0.5
         goals.append({"goal": goal, "verdict": "met" if succeeds and chance_useful else "missed",
                       "figures": f"no DP: user-level {b0['attack']} AUC {b0['auc']:.3f}, TPR@1% "
                                  f"{b0['tpr_at_fpr_1pct']:.3f}, test acc "
                                  f"{nodp[0]['summary']['test_accuracy']:.3f}; " + "; ".join(dp_figs)
-                                 + " (\"chance on a useful model\" read as AUC < 0.6 at test accuracy "
-                                   "≥ 0.5)"})
+                                 + " (\"chance on a useful model\" read as every user-level attack's AUC "
+                                   "< 0.6 at test accuracy ≥ 0.5)"})
     else:
         goals.append({"goal": goal, "verdict": "not measured",
                       "figures": "no membership run with and without DP"})

@@ -398,8 +398,9 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
         for part in parts:
             load = part.get("load_average")
             lines.append(f"- **{part['sweep']}**: `{part['command']}` — {part['rows']} configurations, "
-                         f"{part['runtime_seconds'] / 60:.1f} minutes wall time, finished "
-                         f"{part['finished']}" + (f", load average at the end {load}" if load else "")
+                         f"{part['runtime_seconds'] / 60:.1f} minutes wall time"
+                         + (f", finished {part['finished']}" if part.get("finished") else "")
+                         + (f", load average at the end {load}" if load else "")
                          + ".")
         lines.append("")
     else:

@@ -157,21 +157,34 @@ BUDGET_NOTES = [
     "Gaussian) uses the same σ and reports its own accountant's (RDP) ε.",
 ]
 BUDGET_SCOPE = [
-    "**Ran** (`--budget`): Fashion-MNIST IID, 3000 clients x 20 examples, 100 per round, T = 30 rounds: "
-    "non-DP (seeds 0, 1), central DP at ε = 1, 2, 4, 8 (seed 0; ε = 4 also seed 1), distributed DP at "
-    "ε = 4 (seed 0); and (`--budget --rounds 100 --only ...`) non-DP and central ε = 4 at T = 100 "
-    "(seed 0). Membership inference: `scripts/user_membership.py` (below).",
+    "**Ran** for this page (1 December 2026): `--budget` = Fashion-MNIST IID, 3000 clients x 20 "
+    "examples, 100 per round, T = 30 rounds: non-DP (seeds 0, 1), central DP at ε = 1, 2, 4, 8 (seed 0; "
+    "ε = 4 also seed 1), distributed DP at σ of ε = 4 (seed 0); and the same setup at T = 100 "
+    "(`--budget --rounds 100 --only <row>`, one process per row, in parallel): non-DP, central ε = 4 "
+    "and ε = 1 (seed 0). The T = 100 non-DP row is the finished row of a sweep stopped on purpose "
+    "before its duplicate ε = 4 row (its partial.json, saved before the command was recorded in it: "
+    "`--budget --rounds 100 --only none-h32-convnet-r100,central-h32-convnet-eps4-r100`).",
     "**Not run**, and why: the issue's full design (T = 200 rounds, 3 seeds at every point, a "
     "Dirichlet(0.5) setup with 600 clients, distributed DP at every ε, local DP, Flower's "
     "`DifferentialPrivacyClientSideFixedClipping` at the same σ in the same run) needs ~16–17 hours of "
-    "an idle 2-core machine (estimate in the notes of issue 13); it had about one hour of a 2-core "
-    "machine shared with ~8 other jobs (load average 10–15, a round 3–20 s instead of ~2.5 s idle). "
-    "Cut, in this order: rounds (200 → 30, one pair at 100), seeds (3 → 1–2), the Dirichlet setup, "
-    "the local and Flower rows, distributed DP except at ε = 4. Server-optimizer rows: "
-    "`scripts/methods_bench.py` (not on this page).",
-    "**What that means for the figures**: the models are far from converged, so the curves show what "
-    "DP costs early in training, not at convergence; the ≥ 88% non-DP goal cannot be reached at these "
-    "T. Every ε is still a valid claim for the model it reports (σ calibrated for the T that ran).",
+    "an idle 2-core machine (estimate in the notes of issue 13); this page had about one hour of a "
+    "2-core machine shared with ~8 other jobs (load average 10–17, an IID round 3–20 s instead of "
+    "~2.5 s idle). Cut, in this order: rounds (200 → 30; three rows at 100), seeds (3 → 1–2), the "
+    "Dirichlet setup, the local and Flower rows, distributed DP except at one σ. Server-optimizer "
+    "rows: `scripts/methods_bench.py` (not on this page).",
+    "**What that means for the figures**: the models are not converged (non-DP 0.76 at T = 30, 0.83 at "
+    "T = 100 and still rising), so the curves show what DP costs in the first 30–100 rounds, not at "
+    "convergence, and the ≥ 88% non-DP goal is not reached. One or two seeds per point: the min–max "
+    "bands are not a spread estimate. Every ε is a valid claim for the model it reports (σ "
+    "calibrated for the T that ran). The distributed row's ε is what fedprivacy's distributed mode "
+    "reports (the server's view: no amplification by sampling, docs/DISTRIBUTED_DP.md), hence 66.8 "
+    "for the σ that gives central DP ε = 4 with sampling.",
+    "**Membership inference**: not on the benchmark's models (session 1's probe: loss-threshold AUC "
+    "0.50–0.51 there: each example is seen ~7 times and the model generalises), but on an overfitting "
+    "setting: 100 candidate clients x 100 Fashion-MNIST training images, each of K = 4 models trained "
+    "on a random 50 of them (q = 0.4, T = 30, 5 local epochs, `mlp` with 64 hidden units, C = 1), at "
+    "no DP and central ε = 64, 8, 2. The issue's ε ∈ {1, 4} points, the convnet, and K ≥ 16 models "
+    "(for TPR at 0.1% FPR) were cut for time (one model took 3–7 minutes under this load).",
     "The digits/Synthetic speed rows further down are the earlier full sweep (issue 6), rendered from "
     "its saved JSON, not re-run.",
 ]
