@@ -14,6 +14,7 @@ import os
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from clients import round_log
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy
@@ -57,6 +58,9 @@ def train(msg: Message, context: Context) -> Message:
     policy = _policy(context)
     instr, weights = codec.decode_train(msg)
     instr = policy.apply(instr)  # its own mode floor, seed rule and (local mode) its own noise
+    log = round_log.load(context)
+    log.admit(instr.round)  # once per round, rounds in order (ProtocolViolation otherwise)
+    round_log.save(context, log)
     update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
     return codec.train_reply(msg, policy.filter_update(update))
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from clients import round_log
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure import (
@@ -33,7 +34,6 @@ from fedprivacy.fl.secure import (
     client_unmask,
 )
 from fedprivacy.fl.types import RoundInstructions
-from fedprivacy.secagg.protocol import RoundLog
 from fedprivacy_flwr import codec
 from fedprivacy_flwr.secagg_records import from_records, to_records
 
@@ -46,21 +46,19 @@ def _key(context: Context) -> tuple[int, int]:
     return int(context.run_id), int(context.node_id)
 
 
-_LOG = "secagg-rounds"  # the node's record of the rounds it took part in (context.state, per run)
-
-
 def _advertise(context: Context, setup: object, *, partition_id: int, policy: ClientPolicy) -> object:
-    """Stage 1 with the node's round record: refused for a round it already took part in."""
-    record = context.state.config_records.get(_LOG)
-    log = RoundLog.from_state(dict(record)) if record is not None else RoundLog()
+    """Stage 1 with the node's round record (:mod:`clients.round_log`): refused for a round it
+    already took part in, on either path."""
+    log = round_log.load(context)
     keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id,  # type: ignore[arg-type]
                             policy=policy, log=log)
-    context.state[_LOG] = ConfigRecord(log.to_state())
+    round_log.save(context, log)
     return keys
 
 
-def _reply(msg: Message, stage: str, out: object, **extra: object) -> Message:
-    content = to_records(stage, out)
+def _reply(msg: Message, stage: str, out: object, *, modulus_bits: int | None = None,
+           **extra: object) -> Message:
+    content = to_records(stage, out, modulus_bits=modulus_bits)
     content.update(extra)
     return Message(RecordDict(content), reply_to=msg)
 
@@ -88,10 +86,12 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
            policy: ClientPolicy) -> Message:
     request = from_records(msg.content, stage="masked")
     instr, weights = codec.decode_train(msg)
+    # the ring width of the encoding this client accepted at its share stage: the upload is packed
+    bits = _store(context).encoding(_key(context), round=request.round).modulus_bits
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
                                     num_partitions=num_partitions, policy=policy)
-    return _reply(msg, "masked", out, metrics=codec.metrics_record(meta))
+    return _reply(msg, "masked", out, modulus_bits=bits, metrics=codec.metrics_record(meta))
 
 
 def unmask(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:

@@ -236,7 +236,7 @@ class SecAggConfig:
     secagg: bool = False
     secagg_threshold: int = 0
     secagg_neighbours: int = 0
-    secagg_bits: int = 32
+    secagg_bits: int = 20
     secagg_colluders: int = 0
     secagg_schedule: str = "active"
 

@@ -10,7 +10,8 @@ query.secagg_share     ``secagg`` (ShareKeysRequest), ``config``     ``secagg`` 
                        (round instructions), ``encoding``
 train.secagg_masked    ``arrays`` (model), ``config`` (round          ``secagg`` (MaskedInput header),
                        instructions), ``secagg``                     ``secagg-masked`` ArrayRecord
-                       (MaskedInputRequest)                          (uint32 vector), ``metrics``
+                       (MaskedInputRequest)                          (residues packed to b bits:
+                                                                     ceil(m b/8) bytes), ``metrics``
 query.secagg_unmask    ``secagg`` (UnmaskRequest) and/or             ``secagg`` (UnmaskResponse),
                        ``secagg-next`` (SetupRequest of round r+1)   ``secagg-next`` (AdvertiseKeys r+1)
 =====================  ============================================  ==================================

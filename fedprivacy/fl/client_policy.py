@@ -302,11 +302,24 @@ class ClientPolicy:
         return {k: v for k, v in metrics.items() if k in self.disclose}
 
     # ------------------------------------------------------------------ applied to a round
-    def apply(self, instructions: RoundInstructions) -> RoundInstructions:
+    def apply(self, instructions: RoundInstructions, *, path: str = "plain") -> RoundInstructions:
         """The instructions this client follows: its mode floor, its own seed rule, and in ``local``
-        mode its own noise (never below ``min_noise_multiplier``). Raises :class:`PolicyRefusal`."""
+        mode its own noise (never below ``min_noise_multiplier``). Raises :class:`PolicyRefusal`.
+
+        ``path`` is the message path the instructions came on: ``"plain"`` (the ``train`` message,
+        whose reply is the clipped update itself, noised only in ``local`` mode) or ``"secagg"`` (the
+        masked stage). A ``distributed`` round releases an update only as a masked XNoise-encoded
+        vector, so on the plain path it is refused whatever the floor admits (review2 R1: a server
+        that skips the secagg stages would otherwise read the un-noised update).
+        """
         import dataclasses
 
+        if path not in ("plain", "secagg"):
+            raise ValueError(f"path must be 'plain' or 'secagg', got {path!r}")
+        if path == "plain" and instructions.privacy == "distributed":
+            raise PolicyRefusal("privacy 'distributed' on the plain train path: a distributed-mode "
+                                "update leaves this client only masked and noised through the secure-"
+                                "aggregation stages; refused")
         self.check_mode(instructions.privacy)
         changes: dict[str, Any] = {"seed": self.seed(instructions.seed)}
         if instructions.privacy == "local":

@@ -81,3 +81,32 @@ def test_metrics_are_disclosed_only_when_the_client_allows_it() -> None:
     update = codec.decode_train_reply(train(msg, _context(**{"client-privacy-modes": "none",
                                                                  "client-disclose": "num-examples"})), 0)
     assert update.num_examples is not None and update.train_loss is None
+
+
+@pytest.mark.parametrize("floor", [{}, {"client-privacy-modes": "distributed"}])
+def test_a_distributed_round_on_the_plain_train_path_is_refused(floor: dict) -> None:
+    # review2 R1: a server that skips the secagg stages and sends the plain train message with
+    # privacy="distributed" would read the clipped update itself (no noise is added on this path);
+    # whatever the floor admits, the client refuses before it trains
+    msg, _ = _message(privacy="distributed")
+    with pytest.raises(PolicyRefusal, match="plain train path"):
+        train(msg, _context(**floor))
+    # local mode on the same path still works (the client adds its own noise)
+    msg, _ = _message(privacy="local")
+    assert _released(train(msg, _context())).size > 2_000
+
+
+def test_a_client_takes_part_in_a_round_once_on_the_plain_path() -> None:
+    # review2 R2: a server that sends local-mode round 1 again and again would average the client's
+    # fresh noise away (40 replies: noise std / sqrt(40)); the node's round record refuses a repeat
+    from fedprivacy.secagg.protocol import ProtocolViolation
+
+    ctx = _context()
+    msg, _ = _message(privacy="local", round=1)
+    first = _released(train(msg, ctx))
+    with pytest.raises(ProtocolViolation, match="twice"):
+        train(msg, ctx)
+    msg2, _ = _message(privacy="local", round=2)
+    assert _released(train(msg2, ctx)).size == first.size
+    with pytest.raises(ProtocolViolation, match="twice"):
+        train(msg, ctx)  # and no going back

@@ -179,7 +179,7 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
     if instructions.round != request.round:
         raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
                          f"{request.round}")
-    instructions = policy.apply(instructions)  # its mode floor and seed rule
+    instructions = policy.apply(instructions, path="secagg")  # its mode floor and seed rule
     check_encoding(cfg, encoding, session.setup)
     components = None
     if encoding.kind == "ddgauss":
@@ -274,7 +274,7 @@ def client_masked_round(store: SessionStore, key: tuple[int, int], request: Mask
     if instructions.round != request.round:
         raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
                          f"{request.round}")
-    instructions = policy.apply(instructions)
+    instructions = policy.apply(instructions, path="secagg")
     encoding = store.encoding(key, round=request.round)
     if encoding.count_scale:  # adaptive clipping: train-clip to the C it encodes, so its bit means ||Δ|| < C
         instructions = dataclasses.replace(instructions, clip_norm=encoding.clip_norm)

@@ -1,0 +1,27 @@
+"""The node's record of the rounds it took part in (issue 10: "refuses to take part in one twice").
+
+One :class:`fedprivacy.secagg.protocol.RoundLog` per run in the node's ``context.state`` (client side
+only, never sent to the server), shared by the plain ``train`` path and the secure-aggregation
+advertise stage: a round number is taken part in once, on either path, and round numbers strictly
+increase (review2 R2: a server that sends the same local-mode round again and again would otherwise
+average the client's fresh noise away).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context
+
+from fedprivacy.secagg.protocol import RoundLog
+
+__all__ = ["load", "save"]
+
+_LOG = "secagg-rounds"  # (name kept from the secagg-only log: existing node state stays valid)
+
+
+def load(context: Context) -> RoundLog:
+    record = context.state.config_records.get(_LOG)
+    return RoundLog.from_state(dict(record)) if record is not None else RoundLog()
+
+
+def save(context: Context, log: RoundLog) -> None:
+    context.state[_LOG] = ConfigRecord(log.to_state())
