@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
 import flwr.common.logger  # noqa: F401 - installs Flower's console handler on the "flwr" logger
 from rich.console import Console
@@ -50,3 +51,20 @@ def test_without_a_terminal_there_is_no_bar_and_no_colour_codes() -> None:
     assert progress is None and console.file.getvalue() == ""  # type: ignore[attr-defined]
     assert pipe.getvalue().startswith("INFO :") and "\x1b[" not in pipe.getvalue()
     assert handler.colored  # type: ignore[attr-defined] # restored for whoever logs next
+
+
+def test_a_log_file_keeps_its_lines_and_the_console_shows_each_once(tmp_path: Path) -> None:
+    # Arrange: a file handler on Flower's logger, as flwr's configure(filename=...) leaves one
+    log_file = logging.FileHandler(tmp_path / "flwr.log", encoding="utf-8")
+    LOG.addHandler(log_file)
+    out = io.StringIO()
+    try:
+        # Act
+        with round_progress(3, console=Console(file=out, force_terminal=True, width=120)):
+            LOG.info(LINE.format(k=1, eps="1.250"))
+    finally:
+        LOG.removeHandler(log_file)
+        log_file.close()
+    # Assert
+    assert out.getvalue().count("round   1/3  accuracy") == 1
+    assert (tmp_path / "flwr.log").read_text(encoding="utf-8").count("round   1/3  accuracy") == 1
