@@ -72,10 +72,15 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
         "exchange_seconds": exch[-8:], "dim": dim,
         "client_cpu_seconds": res.stats.client_cpu_seconds,
         "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(cpu[1:] or cpu) if cpu else None,
-        # clients in a round (sampling may take fewer than the population): the per-client divisor
-        "participants": statistics.median([r["clients_sampled"] for r in saved["rounds"]][1:]
-                                          or [r["clients_sampled"] for r in saved["rounds"]]),
+        # clients in a round (sampling may take fewer than the population): the per-client divisor;
+        # None where the run keeps its counts private (central mode by default)
+        "participants": _median_count(saved["rounds"]),
     }
+
+
+def _median_count(rounds: list[dict[str, Any]]) -> float | None:
+    counts = [r["clients_sampled"] for r in rounds if r.get("clients_sampled") is not None]
+    return statistics.median(counts[1:] or counts) if counts else None
 
 
 _ROUND_LINE = re.compile(r"\s*round\s+\d+/\d+")  # a round's log line ("round   1/4  accuracy ...")
