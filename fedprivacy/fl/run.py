@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from fedprivacy.fl.checkpoint import Checkpoint
 
 __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedRun", "RunResult",
-           "check_resume", "missing_run_message", "plan_fingerprint", "read_participation",
+           "check_resume", "check_same_run", "missing_run_message", "plan_fingerprint", "read_participation",
            "resume_checkpoint", "resolve_run_dir", "run_federated"]
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
@@ -412,6 +412,13 @@ class FederatedRun:
                 "was charged and did not checkpoint; set resume=true to continue it (its charges stay) "
                 "or choose another run-name")
         journal = ChargeJournal.recover(path)
+        if checkpointed is None and journal.plan is not None and "config" in journal.plan:
+            # a journal-only resume (killed before the first checkpoint): the same checks as a checkpoint's
+            check_same_run(journal.plan["config"], journal.plan.get("population"), self.cfg,
+                           population=self.population)
+            self.resumes = [{"after_round": 0, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+            self.log(f"resuming {self.run_dir} from its privacy journal alone (no checkpoint yet; population, "
+                     "sampling, privacy, accountant and data settings checked against the journal)")
         self._check_plan(journal.plan, f"privacy journal {path}")
         fresh = {k: v for k, v in self.accountant.to_json().items() if k not in ("entries", "budget")}
         saved = {k: v for k, v in journal.accountant.to_json().items() if k not in ("entries", "budget")}
@@ -452,7 +459,8 @@ class FederatedRun:
     def _saved_plan(self) -> dict[str, Any]:
         """:func:`plan_fingerprint` and the ``num-server-rounds`` it was made for (journal, checkpoint)."""
         assert self.plan is not None
-        return {**plan_fingerprint(self.plan), "num_server_rounds": self.cfg.num_server_rounds}
+        return {**plan_fingerprint(self.plan), "num_server_rounds": self.cfg.num_server_rounds,
+                "config": self.cfg.to_mapping(), "population": self.population}
 
     def _check_plan(self, saved: Any, where: str) -> None:
         """Refuse to resume when the plan differs from the one the charged rounds ran with (F3).
@@ -472,7 +480,7 @@ class FederatedRun:
             raise ValueError(f"{where}: the saved privacy plan must be a JSON object, got {saved!r}")
         fresh = self._saved_plan()
         saved_rounds = saved.get("num_server_rounds")
-        keys = sorted((set(saved) | set(fresh)) - {"num_server_rounds"})
+        keys = sorted((set(saved) | set(fresh)) - {"num_server_rounds", "config", "population"})
         diff = [k for k in keys if not _json_equal(saved.get(k), fresh.get(k))]
         if not diff:
             return
@@ -917,14 +925,18 @@ def check_resume(ckpt: Checkpoint, cfg: RunConfig, *, population: int) -> None:
     Raises:
         ConfigError: naming the first key that differs, both values and how to fix it.
     """
+    check_same_run(ckpt.config, ckpt.extra.get("population"), cfg, population=population)
+
+
+def check_same_run(saved: dict[str, Any], saved_population: Any, cfg: RunConfig, *, population: int) -> None:
+    """:func:`check_resume` against a saved config and population (a checkpoint's or a journal's)."""
     from fedprivacy.errors import ConfigError
 
-    saved_population = ckpt.extra.get("population")
     if saved_population is not None and int(saved_population) != population:
         raise ConfigError(
             f"the number of clients differs from the checkpointed run ({saved_population} != {population}); "
             f"resume with {saved_population} clients (e.g. --num-supernodes {saved_population})")
-    saved, current = ckpt.config, cfg.to_mapping()
+    current = cfg.to_mapping()
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue

@@ -383,3 +383,20 @@ def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(
     (tmp_path / "sgd" / "privacy-journal-dpsgd.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"DP-SGD journal .*privacy-journal-dpsgd.jsonl is missing"):
         _run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), exchange=ex)
+
+
+def test_a_journal_only_resume_checks_the_config_and_says_it_resumed(tmp_path: Path) -> None:
+    # Arrange: killed after round 1's charge, before any checkpoint (review2 R3)
+    kw = {"privacy": "central", "sample-rate": 0.5, "run-name": "jo"}
+    with pytest.raises(_Killed):
+        _run(_cfg(tmp_path, **kw), aggregator=_KillingAggregator(clip_norm=1.0, noise_std=1.0))
+    assert not (tmp_path / "jo" / "checkpoint").exists()
+    # Act / Assert: another data or model setting, or population, is refused as with a checkpoint
+    with pytest.raises(ConfigError, match=r"local-epochs differs"):
+        _run(_cfg(tmp_path, **{**kw, "resume": True, "local-epochs": 3}))
+    with pytest.raises(ConfigError, match=r"number of clients differs"):
+        run_federated(_cfg(tmp_path, **{**kw, "resume": True}), population=N - 1, exchange=_exchange(),
+                      hooks=_hooks(), log=lambda _: None)
+    res = _run(_cfg(tmp_path, **{**kw, "resume": True}))
+    assert [r["after_round"] for r in res["resumed"]] == [0]
+    assert res["privacy"]["write_ahead"]["charged_rounds"] == [1, 1, 2, 3]
