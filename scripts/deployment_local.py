@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     watchdog = Watchdog(home, remove=[home])
     env = {**flwr_env(home), STATUS_ENV: str(status_path(home))}  # the ServerApp runs under the SuperLink
+    if not sys.stdout.isatty():  # its lines reach this stdout through flwr run: no colour codes there
+        env.setdefault("NO_COLOR", "1")
     bindir = Path(sys.executable).parent
     port = args.port or free_port()
 
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                            connection="loopback")
         return report(prog, pre, res)
     except KeyboardInterrupt as exc:
-        print(f"{prog}: interrupted ({exc or 'SIGINT'}): the SuperLink, the SuperNodes and the run were "
+        print(f"{prog}: interrupted ({str(exc) or 'SIGINT'}): the SuperLink, the SuperNodes and the run were "
               "stopped", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     finally:

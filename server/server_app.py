@@ -8,11 +8,13 @@ ended in the status file a launcher names with ``$FEDPRIVACY_STATUS_FILE``
 from __future__ import annotations
 
 import logging
+import os
 from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.common.logger import log as flwr_log
+from flwr.common.logger import update_console_handler
 from flwr.serverapp import Grid, ServerApp
 
 from fedprivacy.config import ConfigError
@@ -29,6 +31,10 @@ app = ServerApp()
 # are not for the console.
 logging.getLogger("flwr").propagate = False
 logging.getLogger("absl").setLevel(logging.ERROR)
+# NO_COLOR (no-color.org; the launchers set it when their output is not a terminal): plain level names,
+# since Flower colours them whatever the stream is and `flwr run --stream` forwards the codes as text.
+if os.environ.get("NO_COLOR"):
+    update_console_handler(colored=False)
 
 
 def _log(line: str) -> None:

@@ -215,6 +215,8 @@ def run_flwr(  # pylint: disable=too-many-arguments
     start = time.monotonic()
     pipe = subprocess.PIPE if capture else None
     env = {**flwr_env(home), STATUS_ENV: str(status_file)}
+    if not sys.stdout.isatty():  # the ServerApp's lines reach this stdout: no colour codes in a pipe/file
+        env.setdefault("NO_COLOR", "1")
     policy = _client_policy(app, run_config)
     if policy:  # the simulation fixes node_config: the clients read their floor from the environment
         env[ENV_VAR] = json.dumps(policy)

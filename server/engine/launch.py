@@ -71,6 +71,6 @@ def launch_flwr(*, num_supernodes: int, run_config: str, app_dir: Path, default_
                          app_dir=app_dir, flwr_home=flwr_home, timeout=timeout, echo=True,
                          **runner_kwargs)
     except KeyboardInterrupt as exc:
-        _err(prog, f"interrupted ({exc or 'SIGINT'}): the run and the processes it started were stopped")
+        _err(prog, f"interrupted ({str(exc) or 'SIGINT'}): the run and the processes it started were stopped")
         return int(ExitCode.INTERRUPTED)
     return report(prog, pre, res)
