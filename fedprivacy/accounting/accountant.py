@@ -288,13 +288,16 @@ class Accountant:
         *,
         round: int | None = None,
         write_ahead: Callable[[LedgerEntry], None] | None = None,
+        released: bool = False,
     ) -> None:
         """Record ``event``. Raises (ValueError, TypeError, PrivacyBudgetExhausted) before any change.
 
         Call it before the release: if it raises, nothing may be released. ``write_ahead`` is called
         with the new entry after every check and before the in-memory commit (a durable journal
         writes it there, :class:`fedprivacy.accounting.journal.ChargeJournal`); if it raises, the
-        accountant is unchanged.
+        accountant is unchanged. ``released=True`` records an event that has *already* been
+        released (found out after the fact): no budget check, since refusing would refund what was
+        seen; the caller checks :meth:`epsilon` against the budget afterwards and stops.
         """
         event = self._check_event(event)
         if round is not None and (isinstance(round, bool) or not isinstance(round, int)):
@@ -302,7 +305,7 @@ class Accountant:
         if round is not None and round < 0:
             raise ValueError(f"round must be >= 0, got {round}")
         runs, prefix, last_state = self._plan(event)
-        if self._budget is not None:
+        if self._budget is not None and not released:
             eps = self._epsilon_of(prefix, last_state, self._budget.delta)
             if eps > self._budget.epsilon:
                 raise PrivacyBudgetExhausted(

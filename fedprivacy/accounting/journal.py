@@ -152,16 +152,18 @@ class ChargeJournal:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def charge(self, event: PrivacyEvent, *, round: int | None = None) -> None:
+    def charge(self, event: PrivacyEvent, *, round: int | None = None, released: bool = False) -> None:
         """Spend ``event``: every check first, then the line on disk (fsync), then the ledger.
 
         Raises exactly as ``Accountant.spend`` (budget, unsupported event) with nothing written and
         nothing spent. When it returns, the charge survives any crash: release only then.
+        ``released=True``: the event was already released; charged without the budget check.
         """
         self.accountant.spend(
             event,
             round=round,
             write_ahead=lambda entry: self._append({"kind": "charge", "entry": entry.to_dict()}),
+            released=released,
         )
 
     def mark_completed(self, round: int) -> None:

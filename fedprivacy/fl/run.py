@@ -497,13 +497,13 @@ class FederatedRun:
             "already released would be accounted from noise they did not carry: resume with the "
             "config and fedprivacy version that started the run, or start a new run")
 
-    def _spend(self, event: PrivacyEvent, rnd: int) -> None:
+    def _spend(self, event: PrivacyEvent, rnd: int, *, released: bool = False) -> None:
         """The charge itself: on disk first when the run has a journal (then in the ledger)."""
         assert self.accountant is not None
         if self.journal is not None:
-            self.journal.charge(event, round=rnd)
+            self.journal.charge(event, round=rnd, released=released)
         else:
-            self.accountant.spend(event, round=rnd)
+            self.accountant.spend(event, round=rnd, released=released)
 
     def _charge_hook(self, rnd: int, event: PrivacyEvent | None) -> None:
         """:func:`fedprivacy.fl.charging.before_release` of round ``rnd`` (once per round)."""
@@ -665,7 +665,14 @@ class FederatedRun:
             elif outcome.event is not None and outcome.event != self._round_charge:
                 self.log(f"round {rnd}: released {outcome.event} differs from the charged "
                          f"{self._round_charge}; charging it as well")
-                self._spend(outcome.event, rnd)
+                # already released: charged whatever the budget (never refunded, review2 R6), then the
+                # run stops if the budget is exceeded (the aggregate is discarded)
+                self._spend(outcome.event, rnd, released=True)
+                budget = self.accountant.budget
+                if budget is not None and self.accountant.epsilon(delta=budget.delta) > budget.epsilon:
+                    raise PrivacyBudgetExhausted(
+                        f"the released event {outcome.event} was charged after the fact and takes ε above "
+                        f"the budget {budget.epsilon:g} at δ={budget.delta:g}")
         except PrivacyBudgetExhausted as exc:
             self._stop(f"round {rnd} discarded, its event exceeds the budget: {exc}")
             return False

@@ -400,3 +400,30 @@ def test_a_journal_only_resume_checks_the_config_and_says_it_resumed(tmp_path: P
     res = _run(_cfg(tmp_path, **{**kw, "resume": True}))
     assert [r["after_round"] for r in res["resumed"]] == [0]
     assert res["privacy"]["write_ahead"]["charged_rounds"] == [1, 1, 2, 3]
+
+
+def test_an_event_released_beyond_the_charge_is_charged_even_over_the_budget(tmp_path: Path) -> None:
+    # Arrange: a round function that charges the plan's event at its release point but reports that
+    # it released more (z = 0.5); the budget admits the first charge and not both (review2 R6)
+    from fedprivacy.accounting import Accountant, PrivacyEvent
+    from fedprivacy.fl.modes.base import plain_round
+
+    small = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=1, delta=1e-5, backend="rdp")
+    bigger = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=0.5))
+    inner = plain_round(_exchange(), PlainAggregator(clip_norm=1.0, noise_std=1.0), denominator=N)
+
+    def round_fn(instr, cohort, weights, rng):
+        return dataclasses.replace(inner(instr, cohort, weights, rng), event=bigger)
+
+    cfg = _cfg(tmp_path, **{"privacy": "central", "target-epsilon": small * 1.5, "run-name": "over"})
+    # Act
+    res = run_federated(cfg, population=N, round_fn=round_fn, hooks=_hooks(), log=lambda _: None)
+    # Assert: both events are in the journal (never refunded), the run stopped, nothing applied
+    journal = ChargeJournal.recover(tmp_path / "over" / "privacy-journal.jsonl")
+    assert [e.event.mechanism.noise_multiplier for e in journal.accountant.ledger] == [1.0, 0.5]
+    assert res["status"] == "budget-exhausted" and res["rounds"] == [] and "discarded" in res["stopped"]
+    both = Accountant(backend="rdp")
+    both.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0)))
+    both.spend(bigger)
+    assert res["privacy"]["epsilon"] == pytest.approx(both.epsilon(delta=1e-5), rel=1e-12)
+    assert res["privacy"]["epsilon"] > small * 1.5
