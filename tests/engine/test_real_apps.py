@@ -5,6 +5,7 @@ Also the equivalence with Flower's Ray engine (``flwr run``), marked slow.
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) ->
     assert rows == _rows(two.results_path)
     # one partition query per node, then 5 train messages per round
     assert one.stats.by_type.get("query") == 5 and one.stats.by_type.get("train") == 10
+    # the engine freezes the collector's old objects only while a run lasts (also for the forked pool)
+    assert gc.get_freeze_count() == 0
 
 
 def test_dropout_and_crash_do_not_stop_the_round(tmp_path: Path) -> None:
