@@ -963,7 +963,9 @@ OBSERVERS_THREAT_MODEL = (
     "same worst-case release, so nothing published depends on them; the models are a "
     "post-processing of the server's view, so this epsilon is never above the server's; "
     "amplification by the sampling that ran is claimed only when the released noise does not depend "
-    "on the survivors (exact XNoise without colluders) and the counts stay private")
+    "on the survivors (exact XNoise without colluders) and the counts stay private, at the inclusion "
+    "rate given that a round completes (which rounds complete is public: q / P[cohort >= max(t, 3)]); "
+    "a run with an aborted round claims none; dropouts are assumed independent of who was sampled")
 PARTICIPANTS_THREAT_MODEL = (
     "a client that takes part in rounds (or a coalition of max(c, 1) such clients, without the "
     "server): each round it takes part in tells it the roster and the survivors, so no amplification "
@@ -974,15 +976,19 @@ PARTICIPANTS_THREAT_MODEL = (
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
                    exact_noise: bool, sampled: bool = True,
-                   counts_published: bool = False) -> dict[str, Any]:
+                   counts_published: bool = False, aborted: bool = False) -> dict[str, Any]:
     """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
     if eps.amplified:
-        why = f"amplified by {sampling_description} (the public only; counts kept private)"
+        why = (f"amplified by {sampling_description}, at the inclusion rate given that a round completes "
+               "(the public only; counts kept private)")
     elif not sampled:
         why = "not amplified: every client takes part in every round"
     elif not exact_noise:
         why = ("not amplified: the released noise depends on how many survived (colluders > 0, or "
                "the legacy share), so its level could reveal whether a client was in the sum")
+    elif aborted:
+        why = ("not amplified: a round aborted, which the public sees (the model did not move), and "
+               "which rounds complete depends on the cohort (review2 R8)")
     elif counts_published:
         why = ("not amplified: the per-round client counts are published (publish-participation), and "
                "a known count changes the sampling the public faces (review F2)")

@@ -642,11 +642,13 @@ class FederatedRun:
         aggregate is then discarded, never applied or published).
         """
         if outcome.aborted is not None:  # secagg: nothing released, model unchanged
+            # the reason names counts ("cohort of 2 ..."): kept for the private log when they are private
+            why = outcome.aborted if self.publishes_participation else "reason in the private log"
             if self._round_charge is not None:
                 self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED after its release was "
-                         f"charged: {outcome.aborted}; the charge stays, global model unchanged")
+                         f"charged: {why}; the charge stays, global model unchanged")
             else:
-                self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {outcome.aborted}; "
+                self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {why}; "
                          "nothing released, no ε spent, global model unchanged")
             return True
         if self.accountant is None:

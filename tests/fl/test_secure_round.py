@@ -342,13 +342,17 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
                     "clients_aggregated", "noise_std_sum", "aborted"} & set(row)
     enc = make_encoding(cfg, population=12, dim=64 * 32 + 32 + 32 * 10 + 10, threshold=t)
     sigma2 = (cfg.noise_multiplier * enc.clip_norm * enc.scale) ** 2 * (1 - 1e-9)
+    # the public sees which rounds completed: the rate given completion, q / P[Bin(12, q) >= max(t, 3)]
+    from scipy import stats
+
+    q_complete = 0.5 / float(stats.binom.sf(max(t, 3) - 1, 12, 0.5))
     server = dp_accounting.pld.PLDAccountant()
     observers = dp_accounting.pld.PLDAccountant()
     for _ in private:
         d2 = rounded_l2_norm_bound(l2_norm=enc.clip_norm * enc.scale, dim=enc.padded_dim, beta=math.exp(-0.5))
         z = math.sqrt(sigma2 - SMOOTHING_VARIANCE) / d2
         server.compose(dp_accounting.GaussianDpEvent(noise_multiplier=z))
-        observers.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)))
+        observers.compose(dp_accounting.PoissonSampledDpEvent(q_complete, dp_accounting.GaussianDpEvent(z)))
     aud = res["privacy"]["distributed"]["audiences"]
     assert aud["server"]["epsilon"] == pytest.approx(server.get_epsilon(1e-4), rel=2e-3)
     assert aud["observers"]["epsilon"] == pytest.approx(observers.get_epsilon(1e-4), rel=2e-3)

@@ -30,6 +30,7 @@ from fedprivacy.fl.secure.params import (
     counts_private,
     largest_roster,
     make_encoding,
+    public_sampling,
     secagg_parameters,
 )
 from fedprivacy.fl.types import RoundFn, RoundRecord
@@ -52,14 +53,6 @@ def _adjacency(cfg: RunConfig) -> str:
                 "(KLS 2021); removing a client together with its noise share is not claimed")
     return ("replace-one: one client's update replaced (sensitivity doubled); every survivor's "
             "noise share present (KLS 2021)")
-
-
-def public_sampling(cfg: RunConfig, *, population: int) -> Sampling:
-    """The sampling the public's figure may claim: the run's when the noise is exact and the counts
-    stay private (:func:`fedprivacy.fl.secure.params.counts_private`), else none."""
-    from fedprivacy.accounting.events import NoSampling
-
-    return sampling_object(cfg, population) if counts_private(cfg) else NoSampling()
 
 
 def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling:
@@ -229,7 +222,8 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     dims = [s.dim for _, s in done if s.dim]
     if (done or cut_off) and plan is not None and dims:
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
-        exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps)
+        exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
+                                      aborted=any(r.aborted for r in records))
     if plan is not None:
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -260,8 +254,12 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
 
 
 def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
-               ddps: list[list[DistributedDPConfig]] | None = None) -> tuple[bool, dict[str, Any]]:
+               ddps: list[list[DistributedDPConfig]] | None = None,
+               aborted: bool = False) -> tuple[bool, dict[str, Any]]:
     """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case.
+
+    A run with an aborted round claims no amplification for the public (review2 R8: an abort is
+    visible, and its cause once the cohort was chosen is outside :func:`public_sampling`'s model).
 
     ``ddps`` (adaptive clipping): per charged round, the encodings it can have run with (one for a
     completed round, its own clip norm); the round is charged the worst case over them."""
@@ -280,7 +278,7 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
         participant = None
     sampling = sampling_object(cfg, plan.population)
     eps = audience_epsilons(worst_list, delta=cfg.target_delta,
-                            sampling=public_sampling(cfg, population=plan.population),
+                            sampling=None if aborted else public_sampling(cfg, population=plan.population),
                             neighbouring=cfg.neighbouring, backend=cfg.accountant,
                             participant_releases=participant)
     if participant is None:
@@ -288,7 +286,7 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
     exact = all(w.exact for w in worst_list)
     block = audience_claim(eps, sampling_description=sampling.describe(), colluders=cfg.secagg_colluders,
                            exact_noise=exact, sampled=sampling.rate < 1.0,
-                           counts_published=cfg.publish_participation)
+                           counts_published=cfg.publish_participation, aborted=aborted)
     return exact, block
 
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 from fedprivacy.secagg.encoding import EncodingSpec, largest_scale_encoding, round_parameters
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.events import Sampling
     from fedprivacy.config import RunConfig
 
-__all__ = ["counts_private", "encoding_kind", "expected_cohort_size", "largest_roster", "make_encoding",
+__all__ = ["counts_private", "encoding_kind", "public_sampling", "expected_cohort_size", "largest_roster", "make_encoding",
            "secagg_parameters"]
 
 
@@ -36,6 +37,32 @@ def counts_private(cfg: RunConfig) -> bool:
     sampled = cfg.sampling == "fixed" or cfg.sample_rate < 1.0
     return (cfg.privacy == "distributed" and sampled and cfg.secagg_colluders == 0
             and not cfg.publish_participation)
+
+
+def public_sampling(cfg: RunConfig, *, population: int) -> Sampling:
+    """The sampling the public's figure may claim: none unless :func:`counts_private`; else the run's,
+    with a Poisson rate raised to the inclusion rate *given that the round completed* (review2 R8).
+
+    Which rounds completed is public (the model moves or not). A Poisson round aborts before anything
+    is released when its cohort is below ``m0 = max(t, 3)`` (the threshold, and secure aggregation's
+    minimum), so given completion ``P[i in S] = P[i in S, n >= m0] / P[n >= m0] <= q / P[n >= m0]``
+    (``n ~ Bin(N, q)``): every completed round is accounted at ``q' = min(1, q / P[n >= m0])``.
+    (A round that aborts after its cohort was chosen, e.g. on dropouts, is handled by the summary: the
+    public's figure then claims no amplification.)
+    """
+    from fedprivacy.accounting.events import NoSampling, PoissonSampling
+    from fedprivacy.fl.privacy import sampling_object
+
+    if not counts_private(cfg):
+        return NoSampling()
+    sampling = sampling_object(cfg, population)
+    if not isinstance(sampling, PoissonSampling):
+        return sampling  # fixed cohorts: every round has the same size (>= t, checked by the config)
+    from scipy import stats
+
+    t, _ = secagg_parameters(cfg, population=population)
+    complete = float(stats.binom.sf(max(t, 3) - 1, population, sampling.rate))  # P[n >= m0]
+    return PoissonSampling(rate=min(1.0, sampling.rate / complete)) if complete > 0 else NoSampling()
 
 
 def secagg_parameters(cfg: RunConfig, *, population: int) -> tuple[int, int]:

@@ -47,9 +47,9 @@ import numpy as np
 
 from fedprivacy.fl.charging import before_release
 from fedprivacy.fl.secure.params import (
-    counts_private,
     largest_roster,
     make_encoding,
+    public_sampling,
     secagg_parameters,
 )
 from fedprivacy.fl.types import (
@@ -253,7 +253,6 @@ class SecureRound:
                                        noise_std_sum=0.0)
             return None, 0.0, info
         from fedprivacy.accounting.events import NoSampling
-        from fedprivacy.fl.privacy import sampling_object
 
         ddp = enc.ddp()
         rel = ddp.release(roster=info.roster or survivors, survivors=survivors)
@@ -266,8 +265,9 @@ class SecureRound:
                 <= worst.eta + worst.sampler_ratio and rel.sampler_tv <= worst.sampler_tv):
             raise ProtocolViolation(f"the round's noise ({rel.honest_variance:.17g}) is not covered by "
                                     f"the run's worst case ({worst.honest_variance:.17g})")
-        public = self.cfg.privacy_audience == "observers" and counts_private(self.cfg)
-        event = worst.event(sampling_object(self.cfg, self.population) if public else NoSampling())
+        observers = self.cfg.privacy_audience == "observers"
+        event = worst.event(public_sampling(self.cfg, population=self.population) if observers
+                            else NoSampling())
         noise_std = math.sqrt(rel.released_variance) / enc.scale
         return event, noise_std, dataclasses.replace(info, noise_std_sum=noise_std, dim=enc.padded_dim)
 
