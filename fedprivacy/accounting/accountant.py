@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,17 @@ def _run_key(event: PrivacyEvent) -> PrivacyEvent:
     return event.with_count(1)
 
 
+@dataclass(slots=True, kw_only=True)
+class _Plan:
+    """What spending ``event`` next would make of the ledger's composition (a cache, never state)."""
+
+    event: PrivacyEvent
+    runs: list[tuple[PrivacyEvent, int]]
+    prefix: Any
+    last_state: Any
+    epsilons: dict[float, float] = field(default_factory=dict)
+
+
 class Accountant:
     """Append-only privacy ledger with a budget, composed by one backend under one relation.
 
@@ -157,6 +168,7 @@ class Accountant:
         self._prefix: Any = None  # composed state of self._runs[:-1] (None if fewer than 2 runs)
         self._last_state: Any = None  # state of self._runs[-1], cached
         self._eps_cache: dict[float, float] = {}
+        self._planned: _Plan | None = None  # the last _plan (a cache: dropped by every change)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -222,7 +234,19 @@ class Accountant:
         return self._backend.compose(self._prefix, last)
 
     def _plan(self, event: PrivacyEvent) -> tuple[list[tuple[PrivacyEvent, int]], Any, Any]:
-        """Runs, prefix state and last-run state after appending ``event``; mutates nothing."""
+        """Runs, prefix state and last-run state after appending ``event``; mutates nothing.
+
+        Cached for the last event asked about: a round asks ``would_exceed``, ``epsilon_if`` and
+        ``spend`` about the same event, and each would otherwise self-compose the last run again.
+        """
+        planned = self._planned
+        if planned is not None and planned.event == event:
+            return planned.runs, planned.prefix, planned.last_state
+        runs, prefix, last_state = self._compute_plan(event)
+        self._planned = _Plan(event=event, runs=runs, prefix=prefix, last_state=last_state)
+        return runs, prefix, last_state
+
+    def _compute_plan(self, event: PrivacyEvent) -> tuple[list[tuple[PrivacyEvent, int]], Any, Any]:
         key = _run_key(event)
         b, nb = self._backend, self._neighbouring
         if self._runs and self._runs[-1][0] == key:
@@ -243,6 +267,16 @@ class Accountant:
             return 0.0
         state = last_state if prefix is None else self._backend.compose(prefix, last_state)
         return self._backend.epsilon(state, delta=delta)
+
+    def _planned_epsilon(self, event: PrivacyEvent, delta: float) -> float:
+        """Epsilon at ``delta`` after ``event`` (the same computation as ``epsilon`` after spending
+        it, so the value is carried over by ``spend``); cached with the plan."""
+        _, prefix, last_state = self._plan(event)
+        planned = self._planned
+        assert planned is not None
+        if delta not in planned.epsilons:
+            planned.epsilons[delta] = self._epsilon_of(prefix, last_state, delta)
+        return planned.epsilons[delta]
 
     # ------------------------------------------------------------------ queries
     def epsilon(self, *, delta: float) -> float:
@@ -271,8 +305,7 @@ class Accountant:
         """Epsilon at ``delta`` if ``event`` were spent next. Changes nothing."""
         delta = _check_delta(delta)
         event = self._check_event(event)
-        _, prefix, last_state = self._plan(event)
-        return self._epsilon_of(prefix, last_state, delta)
+        return self._planned_epsilon(event, delta)
 
     def would_exceed(self, event: PrivacyEvent) -> bool:
         """True if spending ``event`` would take epsilon above the budget (False without a budget)."""
@@ -306,7 +339,7 @@ class Accountant:
             raise ValueError(f"round must be >= 0, got {round}")
         runs, prefix, last_state = self._plan(event)
         if self._budget is not None and not released:
-            eps = self._epsilon_of(prefix, last_state, self._budget.delta)
+            eps = self._planned_epsilon(event, self._budget.delta)
             if eps > self._budget.epsilon:
                 raise PrivacyBudgetExhausted(
                     f"spending this event would raise epsilon to {eps:.6g} > budget "
@@ -319,7 +352,10 @@ class Accountant:
         # Commit: plain assignments only, after every check.
         self._ledger = (*self._ledger, entry)
         self._runs, self._prefix, self._last_state = runs, prefix, last_state
-        self._eps_cache = {}
+        planned = self._planned
+        # epsilon() of the new ledger is the planned epsilon: the same states composed the same way
+        self._eps_cache = dict(planned.epsilons) if planned is not None and planned.event == event else {}
+        self._planned = None
 
     # ------------------------------------------------------------------ reporting
     def claim(self, *, delta: float) -> dict[str, Any]:
@@ -443,6 +479,7 @@ class Accountant:
         self._prefix = prefix
         self._last_state = None
         self._eps_cache = {}
+        self._planned = None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the ledger as JSON atomically: a temporary file in the same directory, then rename."""

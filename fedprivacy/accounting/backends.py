@@ -84,6 +84,7 @@ from dp_accounting.pld import privacy_loss_mechanism as plm
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
+from fedprivacy.accounting import pld_kernels
 from fedprivacy.accounting.events import (
     BUILTIN_MECHANISMS,
     DiscreteGaussianEvent,
@@ -458,12 +459,13 @@ class PldBackend(Backend):
             pld = _registered_pld(event, neighbouring)
             if pld is None:
                 raise ValueError(self.unsupported_reason(event, neighbouring) or "unsupported event")
-            return pld.self_compose(count)
+            return pld_kernels.self_compose(pld, count)
         if isinstance(mech, GaussianEvent) and isinstance(event.sampling, NoSampling):
             # k Gaussian releases with ratio r compose exactly to one with ratio r / sqrt(k).
             r = mech.effective_noise_multiplier(neighbouring)
             return _GaussianState(mu_sq=count / r**2)
-        return _pld_single(event.with_count(1), neighbouring).self_compose(count)
+        # pld.self_compose(count), bit for bit, without recomputing its Chernoff bound's moments
+        return pld_kernels.self_compose(_pld_single(event.with_count(1), neighbouring), count)
 
     def compose(self, first: Any, second: Any) -> Any:
         if isinstance(first, _GaussianState) and isinstance(second, _GaussianState):
@@ -476,7 +478,7 @@ class PldBackend(Backend):
             return analytic_gaussian_epsilon(
                 noise_std=1.0 / math.sqrt(state.mu_sq), sensitivity=1.0, delta=delta
             )
-        return float(state.get_epsilon_for_delta(delta))
+        return float(pld_kernels.epsilon_for_delta(state, delta))  # = state.get_epsilon_for_delta
 
     def delta(self, state: Any, *, epsilon: float) -> float:
         if isinstance(state, _GaussianState):
