@@ -50,6 +50,12 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "output-dir": output_dir,
         "run-name": spec.key(),
         "eval-every": spec.eval_every,
+        "server-optimizer": spec.server_optimizer,
+        "server-learning-rate": spec.server_learning_rate,
+        "server-momentum": spec.server_momentum,
+        "server-beta-1": spec.server_beta_1,
+        "server-beta-2": spec.server_beta_2,
+        "server-tau": spec.server_tau,
     }
     if spec.mode == "dpsgd":
         cfg["dpsgd-noise-multiplier"] = float(spec.option("dpsgd_noise_multiplier", 1.0))

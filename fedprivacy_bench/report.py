@@ -16,7 +16,9 @@ from fedprivacy_bench.curves import (
     curve_goals,
     curve_points,
     curves_markdown,
+    experiment_title,
     is_curve_row,
+    membership_experiments,
     membership_markdown,
     plot_curves,
     plot_membership,
@@ -305,8 +307,11 @@ def make_plots(rows: Sequence[Row], outdir: Path,
     curve = plot_curves(curve_points(rows), outdir)
     if curve is not None:
         written.append(curve)
-    if membership:
-        mia = plot_membership(membership, outdir / "bench_membership_vs_epsilon.png")
+    for i, experiment in enumerate(membership_experiments(membership)):  # one figure per experiment
+        m = experiment[0]["summary"]
+        name = ("bench_membership_vs_epsilon.png" if i == 0 else
+                f"bench_membership_vs_epsilon_{m['clients']}x{m['per_client']}_{i}.png")
+        mia = plot_membership(experiment, outdir / name)
         if mia is not None:
             written.append(mia)
     usable = [r for r in rows if _usable(r) and not is_curve_row(r)]  # curves: their own plot
@@ -440,7 +445,9 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "Each setting trains K federated models on random halves of the candidate clients "
                   "and attacks each with the others as shadows (pooled); user level = a client's "
                   "score is the mean of its examples'. `FPR resolution` is 1 / non-member pairs: a "
-                  "TPR at a lower FPR is the TPR at FPR 0.", "", membership_markdown(membership)]
+                  "TPR at a lower FPR is the TPR at FPR 0."]
+        for experiment in membership_experiments(membership):
+            lines += ["", f"**{experiment_title(experiment)}**", "", membership_markdown(experiment)]
     lines += ["", "## Results", "", markdown_table(rows), ""]
     lines += [
         "Columns: `s/round` is the median of the steady-state rounds (all rounds after the first); "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,10 @@ class BenchSpec:
         workers: processes for fedprivacy's in-process engine.
         eval_every: fedprivacy rows evaluate the global model every k rounds and after the last
             (run-config ``eval-every``); the final accuracy is the same, the curve is sparser.
+        server_optimizer, server_learning_rate, server_momentum, server_beta_1, server_beta_2,
+            server_tau: fedprivacy rows' server step on the released mean update (the run-config
+            keys of the same names; post-processing, no privacy cost). ``server_learning_rate`` 0
+            is the optimizer's default.
         label: free text shown in the table (e.g. "100k params").
 
     Defaults: the fields a run config also has take its defaults (``fedprivacy.config.default``):
@@ -81,6 +85,12 @@ class BenchSpec:
     seed: int = 0
     workers: int = 1
     eval_every: int = 1
+    server_optimizer: str = default("server_optimizer")
+    server_learning_rate: float = default("server_learning_rate")
+    server_momentum: float = default("server_momentum")
+    server_beta_1: float = default("server_beta_1")
+    server_beta_2: float = default("server_beta_2")
+    server_tau: float = default("server_tau")
     label: str = ""
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -104,6 +114,8 @@ class BenchSpec:
                 f"clients_per_round must be <= num_clients, got {self.clients_per_round} > "
                 f"{self.num_clients}"
             )
+        if self.server_learning_rate < 0:
+            raise ValueError(f"server_learning_rate must be >= 0, got {self.server_learning_rate}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
         if self.clip_norm <= 0:
@@ -141,6 +153,8 @@ class BenchSpec:
             tag += f"-{self.model}"
         if self.partitioner != "iid":
             tag += f"-{self.partitioner}{self.dirichlet_alpha:g}-n{self.num_clients}"
+        if self.server_optimizer != "fedavg":
+            tag += f"-{self.server_optimizer}"
         if self.seed:
             tag += f"-s{self.seed}"
         if self.target_epsilon is not None:
@@ -204,3 +218,40 @@ def make_record(spec: BenchSpec, **values: Any) -> dict[str, Any]:
     if record["seconds_per_round"] is None and record["round_seconds"]:
         record["seconds_per_round"] = steady_state_seconds(record["round_seconds"])
     return record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FashionSetup:
+    """A named, reproducible Fashion-MNIST recipe (``--setup NAME``): everything but mode, ε and seed.
+
+    Attributes:
+        name: the ``--setup`` name.
+        summary: one line for the page (what the recipe is).
+        rounds: T, the server rounds (σ is calibrated for them).
+        training: ``BenchSpec`` fields of every row (data, population, cohort, model, local and
+            server optimisation, clip, δ, evaluation).
+    """
+
+    name: str
+    summary: str
+    rounds: int
+    training: Mapping[str, Any]
+
+    def spec(self, *, mode: str, seed: int, sigma: Callable[[float, float, int], float],
+             rounds: int | None = None, target_epsilon: float | None = None) -> BenchSpec:
+        """One row: ``mode`` none / central / distributed (σ of central at ``target_epsilon``) / local
+        (σ calibrated without amplification: every client in every round, the worst case).
+
+        ``sigma(target_epsilon, sample_rate, rounds)`` is the calibration (the benchmark's: PLD,
+        Poisson, δ of the setup).
+        """
+        t = rounds or self.rounds
+        fields = dict(self.training, rounds=t, label=f"fashion iid {self.name}", seed=seed)
+        fields["eval_every"] = min(int(fields.get("eval_every", 1)), t)
+        if mode != "none":
+            if target_epsilon is None:
+                raise ValueError(f"target_epsilon is required for mode {mode!r}")
+            q = 1.0 if mode == "local" else fields["clients_per_round"] / fields["num_clients"]
+            fields["noise_multiplier"] = sigma(target_epsilon, q, t)
+            fields["target_epsilon"] = target_epsilon
+        return BenchSpec(framework="fedprivacy", engine="inprocess", mode=mode, **fields)

@@ -34,7 +34,7 @@ from typing import Any
 
 from fedprivacy_bench import report
 from fedprivacy_bench.memory import PeakMemorySampler
-from fedprivacy_bench.spec import BenchSpec, make_record
+from fedprivacy_bench.spec import BenchSpec, FashionSetup, make_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -210,6 +210,73 @@ def fashion_budget_sweep(*, rounds: int | None = None) -> list[BenchSpec]:
 
     return [none(0), central(4.0, 0), central(1.0, 0), central(8.0, 0), central(2.0, 0), none(1),
             central(4.0, 1), central(4.0, 0, mode="distributed")]
+
+
+# ------------------------------------------------------------------ named Fashion-MNIST setups
+# Issue 13's >= 88% goal (session 3). The budget recipe (FedAvg, T = 100: 0.827) was still rising
+# ~0.3 points per 10 rounds. Only the server step changes here (same clients, model, local training,
+# clip): FedAdam (Reddi et al. 2021, Alg. 2; Flower's defaults lr 0.1, betas 0.9/0.99, tau 1e-3) or
+# FedAvgM (Hsu et al. 2019; server momentum is also the DP-FedAvg recipe of McMahan et al. 2018).
+# Probes at T = 30, non-DP, seed 0 (1 Dec 2026): FedAvg 0.764, FedAvgM 0.838, FedAdam 0.847,
+# FedAvgM with client lr 0.05 0.815; 5 local epochs cost 2.5x per round for +1 point at T = 20.
+_FASHION_IID = dict(FASHION_TRAINING, num_clients=3000, clients_per_round=100, partitioner="iid",
+                    eval_every=10, workers=1)
+_IID_SUMMARY = ("IID 3000 clients x 20, Poisson q = 100/3000, convnet (28,938 parameters), 2 local epochs "
+                "of SGD (lr 0.1, batch 10), clip C = 0.5, δ = 1e-5, eval-every 10, ")
+FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
+    s.name: s for s in (
+        FashionSetup(
+            name="fedadam", rounds=150,
+            summary=_IID_SUMMARY + "server FedAdam (server lr 0.1, β1 0.9, β2 0.99, τ 0.001)",
+            training=dict(_FASHION_IID, server_optimizer="fedadam", server_learning_rate=0.1,
+                          server_beta_1=0.9, server_beta_2=0.99, server_tau=0.001)),
+        FashionSetup(
+            name="fedavgm", rounds=150,
+            summary=_IID_SUMMARY + "server FedAvgM (server lr 1.0, momentum 0.9)",
+            training=dict(_FASHION_IID, server_optimizer="fedavgm", server_learning_rate=1.0,
+                          server_momentum=0.9)),
+    )
+}
+
+
+def _sigma(target_epsilon: float, sample_rate: float, rounds: int) -> float:
+    return calibrated_sigma(target_epsilon=target_epsilon, sample_rate=sample_rate, rounds=rounds,
+                            rel_tol=1e-3)
+
+
+def setup_sweep(name: str, *, rounds: int | None = None, seeds: Sequence[int] = (0,),
+                epsilons: Sequence[float] = (4.0,),
+                modes: Sequence[str] = ("none", "central")) -> list[BenchSpec]:
+    """The rows of ``--setup NAME``: per mode, every seed (and every ε for the private modes), the
+    first seed of each mode first (a stopped sweep keeps the pairs)."""
+    if name not in FASHION_SETUPS_NAMED:
+        raise ValueError(f"setup must be one of {sorted(FASHION_SETUPS_NAMED)}, got {name!r}")
+    setup = FASHION_SETUPS_NAMED[name]
+    specs = []
+    for seed in seeds:
+        for mode in modes:
+            for eps in ((None,) if mode == "none" else tuple(epsilons)):
+                specs.append(setup.spec(mode=mode, seed=seed, rounds=rounds, target_epsilon=eps,
+                                        sigma=_sigma))
+    return specs
+
+
+def setup_notes(name: str, specs: Sequence[BenchSpec]) -> list[str]:
+    """The page's description of a ``--setup`` run: the recipe and every row's σ, q, T, accountant."""
+    setup = FASHION_SETUPS_NAMED[name]
+    private = sorted({(s.mode, s.target_epsilon, s.noise_multiplier, s.rounds) for s in specs
+                      if s.mode != "none"}, key=lambda t: (t[0], t[1] or 0.0, t[3]))
+    q = setup.training["clients_per_round"] / setup.training["num_clients"]
+    return [
+        f"Setup `{name}` (`--setup {name}`): {setup.summary}; Fashion-MNIST from Debian's "
+        "`dataset-fashion-mnist` (the official 60,000 training images split over the clients, the "
+        "official 10,000 test images as the server's test set); fedprivacy's apps on the in-process "
+        f"engine ({setup.training['workers']} worker), seeded research mode.",
+        "Its private rows (σ from `fedprivacy.accounting.calibrate_noise_multiplier`, PLD, to the "
+        f"target ε at δ = {DELTA:g}; central: Poisson q = {q:.4g}, the T that ran; local: q = 1, no "
+        "amplification): " + "; ".join(f"{m} ε={e:g}, T={t} → σ={sig:.4f}" for m, e, sig, t in private)
+        + "." if private else f"Setup `{name}`: no private rows ran.",
+    ]
 
 
 # ------------------------------------------------------------------------------------------ sweeps
@@ -423,7 +490,7 @@ def write_outputs(payload: dict[str, Any], *, json_path: Path | None, md_path: P
         written.append(json_path)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
-        copy = results_dir / f"benchmark_{payload['sweep']}.json"
+        copy = results_dir / f"benchmark_{payload['sweep'].replace(' ', '_')}.json"
         copy.write_text(text)
         written.append(copy)
     plots: list[Path] = []
@@ -529,6 +596,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sweep, <= 5 minutes on 2 cores")
     parser.add_argument("--budget", action="store_true",
                         help="the cut Fashion-MNIST sweep that fits ~1 hour of a shared 2-core machine")
+    parser.add_argument("--setup", default=None, choices=sorted(FASHION_SETUPS_NAMED),
+                        help="a named Fashion-MNIST recipe (FASHION_SETUPS_NAMED): its non-DP and "
+                             "private rows; never writes the committed docs")
+    parser.add_argument("--seeds", default="0", help="with --setup: comma-separated seeds")
+    parser.add_argument("--epsilons", default="4", help="with --setup: comma-separated target ε")
+    parser.add_argument("--modes", default="none,central",
+                        help="with --setup: comma-separated modes (none, central, distributed, local)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--rounds", type=int, default=None, help="override the rounds per run")
     parser.add_argument("--only", default="",
@@ -551,10 +625,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None and args.rounds < 2:
         print("error: --rounds must be >= 2 (the first round is start-up)", file=sys.stderr)
         return 2
-    # --budget, like --quick, never writes the committed docs (render them with --from-json)
-    md, img, res = output_paths(quick=args.quick or args.budget,
-                                out=args.out or (BUDGET_OUT if args.budget else None),
-                                no_docs=args.no_docs)
+    try:
+        setup_specs = None if args.setup is None else setup_sweep(
+            args.setup, rounds=args.rounds, seeds=[int(x) for x in args.seeds.split(",") if x],
+            epsilons=[float(x) for x in args.epsilons.split(",") if x],
+            modes=[m for m in args.modes.split(",") if m])
+    except ValueError as exc:
+        print(f"error: --setup/--seeds/--epsilons/--modes: {exc}", file=sys.stderr)
+        return 2
+    # --budget and --setup, like --quick, never write the committed docs (render them with --from-json)
+    default_out = (BUDGET_OUT if args.budget else
+                   REPO / "runs" / f"benchmark-{args.setup}" if args.setup else None)
+    md, img, res = output_paths(quick=args.quick or args.budget or args.setup is not None,
+                                out=args.out or default_out, no_docs=args.no_docs)
 
     if args.from_json is not None:
         given = sys.argv[1:] if argv is None else list(argv)
@@ -566,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t0 = time.perf_counter()
-    specs = (fashion_budget_sweep(rounds=args.rounds) if args.budget else
+    specs = (setup_specs if setup_specs is not None else
+             fashion_budget_sweep(rounds=args.rounds) if args.budget else
              build_sweep(quick=args.quick, rounds=args.rounds))
     if args.only:
         keys = [k for k in args.only.split(",") if k]
@@ -589,10 +673,11 @@ def main(argv: list[str] | None = None) -> int:
     if partial is not None and partial.exists():
         partial.unlink()
     runtime = time.perf_counter() - t0
-    payload = build_payload(rows, sweep="budget" if args.budget else "quick" if args.quick else "full",
-                            command=command,
-                            runtime=runtime,
-                            notes=BUDGET_NOTES if args.budget else
+    sweep = (f"setup {args.setup}" if args.setup else "budget" if args.budget else
+             "quick" if args.quick else "full")
+    payload = build_payload(rows, sweep=sweep, command=command, runtime=runtime,
+                            notes=setup_notes(args.setup, specs) if args.setup else
+                            BUDGET_NOTES if args.budget else
                             sweep_notes(specs, quick=args.quick, native_threads=args.native_threads))
     if args.budget:
         payload["scope"] = BUDGET_SCOPE

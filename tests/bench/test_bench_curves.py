@@ -8,6 +8,8 @@ from fedprivacy_bench.curves import (
     curve_goals,
     curve_points,
     curves_markdown,
+    experiment_title,
+    membership_experiments,
     membership_markdown,
     plot_curves,
     plot_membership,
@@ -84,3 +86,23 @@ def test_issue_13_goals_follow_the_figures(tmp_path: Path) -> None:
     table = membership_markdown(useful)
     assert table.count("\n") == 2 + 2 * 4 - 1 and "| no DP | – |" in table
     assert plot_membership(useful, tmp_path / "m.png").stat().st_size > 10_000
+
+
+def test_membership_experiments_are_judged_apart_and_one_meeting_both_halves_meets_the_goal() -> None:
+    def pool(setting: dict, clients: int) -> dict:
+        return {**setting, "summary": {**setting["summary"], "clients": clients}}
+
+    small = [_mia(None, auc=0.75, tpr=0.17, acc=0.82), _mia(4.0, auc=0.57, tpr=0.03, acc=0.48)]  # useless
+    large = [pool(_mia(None, auc=0.70, tpr=0.08, acc=0.85), 1000),
+             pool(_mia(4.0, auc=0.55, tpr=0.012, acc=0.80), 1000)]  # chance on a useful model
+    mixed = [small[0], large[0], small[1], large[1]]  # the order settings come from several JSONs
+
+    experiments = membership_experiments(mixed)
+    verdict = curve_goals([], mixed)[2]
+    only_small = curve_goals([], small)[2]
+
+    assert [[s["summary"]["clients"] for s in e] for e in experiments] == [[100, 100], [1000, 1000]]
+    assert "100 candidate clients x 100" in experiment_title(experiments[0])
+    assert verdict["verdict"] == "met" and only_small["verdict"] == "missed"
+    assert verdict["figures"].count("[missed]") == 1 and verdict["figures"].count("[met]") == 1
+    assert "[chance, useful]" in verdict["figures"].split("[met]")[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark.py"
 
 
@@ -107,3 +109,34 @@ def test_several_saved_sweeps_render_on_one_page_with_the_membership_figure(tmp_
     assert "python scripts/user_membership.py --epsilons 2" in text and "| 2 (1e-05) |" in text
     assert (out / "img" / "bench_membership_vs_epsilon.png").is_file()
     assert "--from-json" in text.split("```bash")[1].split("```")[0]  # the render command itself
+
+
+def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_the_docs(monkeypatch) -> None:
+    bench = _script()
+    asked: list[tuple[float, float, int]] = []
+
+    def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float) -> float:
+        asked.append((target_epsilon, sample_rate, rounds))  # the calibration itself: tests/accounting
+        return 1.0 / target_epsilon
+
+    monkeypatch.setattr(bench, "calibrated_sigma", sigma)
+    setup = bench.FASHION_SETUPS_NAMED["fedavgm"]
+    specs = bench.setup_sweep("fedavgm", seeds=(0, 1), epsilons=(4.0, 1.0),
+                              modes=("none", "central", "local"))
+
+    assert [(s.mode, s.seed, s.target_epsilon) for s in specs[:3]] == [
+        ("none", 0, None), ("central", 0, 4.0), ("central", 0, 1.0)]  # the first pair first
+    assert len({s.key() + s.mode for s in specs}) == len(specs) == 10
+    assert all(s.server_optimizer == "fedavgm" and s.server_momentum == 0.9 and s.rounds == setup.rounds
+               and s.label == "fashion iid fedavgm" and s.num_clients == 3000 for s in specs)
+    # central: Poisson q of the setup; local: no amplification (q = 1); both for the T that runs
+    assert set(asked) == {(e, q, setup.rounds) for e in (4.0, 1.0) for q in (100 / 3000, 1.0)}
+    assert all(s.noise_multiplier == 1.0 / s.target_epsilon for s in specs if s.mode != "none")
+    assert {s.rounds for s in bench.setup_sweep("fedavgm", rounds=20)} == {20}
+    with pytest.raises(ValueError, match="setup must be one of"):
+        bench.setup_sweep("nope")
+    notes = bench.setup_notes("fedavgm", specs)
+    assert "central ε=4, T=150 → σ=0.2500" in notes[1] and "FedAvgM" in notes[0]
+    rc = bench.main(["--setup", "fedavgm", "--only", "no-such-row", "--no-docs"])
+    assert rc == 0  # nothing ran, nothing written
+    assert bench.main(["--setup", "fedavgm", "--seeds", "x"]) == 2

@@ -127,6 +127,12 @@ def test_run_config_uses_only_keys_fedprivacy_accepts() -> None:
     synthetic = RunConfig.from_mapping(run_config_for(_spec(dataset="synthetic", hidden=140),
                                                       output_dir="out"))
     assert synthetic.dataset == "synthetic"
+    adam = RunConfig.from_mapping(run_config_for(
+        _spec(server_optimizer="fedadam", server_learning_rate=0.05, server_beta_1=0.8,
+              server_beta_2=0.95, server_tau=0.01), output_dir="out"))
+    assert (adam.server_optimizer, adam.server_learning_rate, adam.server_beta_1, adam.server_beta_2,
+            adam.server_tau) == ("fedadam", 0.05, 0.8, 0.95, 0.01)
+    assert _spec(server_optimizer="fedadam").key().endswith("-fedadam-r5")  # rows of other optimizers differ
 
 
 def test_memory_sampler_sees_child_processes() -> None:
