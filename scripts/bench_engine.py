@@ -342,6 +342,17 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _loop_seconds(w1: dict[str, Any] | None, loops: list[dict[str, Any]]) -> float | None:
+    """The torch loop's steady round for ``w1``'s model: its paired run, else the separate loop row."""
+    if not w1:
+        return None
+    paired = _steady(w1.get("paired_loop_round_seconds"))
+    if paired:
+        return paired
+    same = [r for r in loops if r.get("model") == w1.get("model") and r.get("population") == w1.get("population")]
+    return same[0].get("steady_round_seconds") if same else None
+
+
 def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
     """Issue 16's ratios, per tree, from the rows of this run (None where a row is missing)."""
     out: dict[str, Any] = {}
@@ -353,6 +364,7 @@ def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
             return hit[0] if hit else None
 
         g: dict[str, Any] = {}
+        loops = [r for r in mine if r.get("kind") == "loop"]
         for model in sorted({r["model"] for r in mine if r.get("kind") == "engine"}):
             w1 = one(kind="engine", model=model, workers=1, population=population, privacy="none")
             w2 = one(kind="engine", model=model, workers=2, population=population)
@@ -364,6 +376,13 @@ def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
                 "flower_over_engine (goal >= 8)": (fl and w1 and fl.get("steady_round_seconds")
                                                    and w1.get("steady_round_seconds")
                                                    and fl["steady_round_seconds"] / w1["steady_round_seconds"]),
+                # The ceiling of the ratio above: an engine with zero overhead runs at the loop's pace.
+                # The issue's ">= 8x" came from its own figures (Ray 2.631 s vs loop 0.257 s = 10.2x,
+                # so 1.3x the loop is ~8x Ray); Ray runs these same, since sped-up, ClientApps, so
+                # when this is below 8 * 1.3 = 10.4 the two goals cannot both hold.
+                "flower_over_loop (ceiling of flower_over_engine)": (
+                    fl and fl.get("steady_round_seconds") and _loop_seconds(w1, loops)
+                    and fl["steady_round_seconds"] / _loop_seconds(w1, loops)),
                 "workers2_speedup_wall": (w1 and w2 and w2.get("steady_round_seconds")
                                           and w1["steady_round_seconds"] / w2["steady_round_seconds"]),
                 "workers_client_cpu_seconds (w1, w2)": (w1 and w1.get("client_cpu_seconds"),

@@ -50,13 +50,24 @@ TAIL_BITS = 256
 PRECISION_BITS = TAIL_BITS + 128
 _U = 2.0**-53  # unit roundoff of float64
 _MAX_ENTRIES = 1 << 23
-_GUIDE_BITS = 20
+_GUIDE_BITS = 20  # at most: 2^20 buckets (4 MB of int32)
+
+
+def _guide_bits(entries: int) -> int:
+    """Guide-table size for a table of ``entries``: ~8 buckets per entry, 2^14..2^20 buckets.
+
+    Only a speed trade-off (the located index is the same for any size, tested): a small guide stays
+    in cache (2^20 buckets for 379 entries made every lookup a cache miss, ~2x slower), while too few
+    buckets send more draws to the bisection.
+    """
+    return min(_GUIDE_BITS, max(14, (entries - 1).bit_length() + 3))
 
 
 class TabulatedDiscreteGaussian:
     """``N_Z(0, variance)`` by inversion of an exact integer CDF (module docstring). Immutable; cached."""
 
-    __slots__ = ("_frac", "_guide", "_next", "_top", "_total", "k", "ratio_bound", "tail_mass", "variance")
+    __slots__ = ("_frac", "_guide", "_next", "_shift", "_top", "_total", "k", "ratio_bound", "tail_mass",
+                 "variance")
 
     def __init__(self, variance: float) -> None:
         v = float(variance)
@@ -82,7 +93,9 @@ class TabulatedDiscreteGaussian:
             raise ArithmeticError("table total exceeds 2^S")
         self._top = np.array([c >> (s - 64) for c in cum[:-1]], dtype=np.uint64)
         # guide table (indexed search): the entry holding the start of each of 2^GUIDE_BITS buckets
-        starts = np.arange(1 << _GUIDE_BITS, dtype=np.uint64) << np.uint64(64 - _GUIDE_BITS)
+        bits = _guide_bits(2 * k + 1)
+        self._shift = np.uint64(64 - bits)
+        starts = np.arange(1 << bits, dtype=np.uint64) << self._shift
         self._guide = (np.searchsorted(self._top, starts, side="right") - 1).astype(np.int32)
         self._next = np.append(self._top[1:], np.uint64(2**64 - 1))  # C_top[i+1] (last: +inf)
         self.ratio_bound, self.tail_mass = law_bounds(v)
@@ -122,7 +135,7 @@ class TabulatedDiscreteGaussian:
 
     def _locate(self, top: np.ndarray) -> np.ndarray:
         """Largest ``i`` with ``C_top[i] <= top``: guide table, one step, bisection for the rest."""
-        idx = self._guide[top >> np.uint64(64 - _GUIDE_BITS)]
+        idx = self._guide[top >> self._shift]
         nxt = self._next[idx]
         more = np.flatnonzero(nxt <= top)  # the bucket holds more than one entry boundary (rare)
         if more.size:

@@ -135,3 +135,40 @@ def test_law_bounds_sup_covers_every_variance_in_its_range() -> None:
     for v in np.geomspace(0.8, 4e9, 400):
         r, tail = law_bounds(float(v))
         assert r <= r_sup and tail <= tail_sup
+
+
+@pytest.mark.parametrize("variance", [2.0, 100.0, 2500.0, 40000.0, 4e6])
+def test_guide_table_of_any_size_locates_what_a_plain_bisection_locates(variance: float) -> None:
+    """The guide table only speeds up the search (issue 16: its size now follows the table's): for
+    every size, random words, every table word and its neighbours, and the extremes, the located
+    index is the plain ``searchsorted`` answer, so the seeded stream cannot change with it."""
+    import fedprivacy.dp.tabulated as tab
+
+    t = TabulatedDiscreteGaussian(variance)
+    words = np.random.default_rng(11).integers(0, 2**64, size=20000, dtype=np.uint64, endpoint=False)
+    edges = t._top.astype(object)
+    near = [int(w) + d for w in edges[:: max(1, len(edges) // 2000)] for d in (-1, 0, 1)]
+    near += [0, 1, 2**63, 2**64 - 2, 2**64 - 1]
+    words = np.concatenate([words, np.array([w for w in near if 0 <= w < 2**64], dtype=np.uint64)])
+    want = np.searchsorted(t._top, words, side="right") - 1
+    assert np.array_equal(t._locate(words), want)
+    for bits in sorted({14, 64 - int(t._shift), tab._GUIDE_BITS}):
+        shift = np.uint64(64 - bits)
+        starts = np.arange(1 << bits, dtype=np.uint64) << shift
+        guide = (np.searchsorted(t._top, starts, side="right") - 1).astype(np.int32)
+        idx = guide[words >> shift]
+        more = np.flatnonzero(t._next[idx] <= words)
+        idx[more] = np.searchsorted(t._top, words[more], side="right") - 1
+        assert np.array_equal(idx, want), bits
+
+
+def test_seeded_stream_known_answer() -> None:
+    """SHA-256 of seeded draws, recorded before the guide-table change (the XNoise KAT covers one
+    variance; these cover the sizes of guide from 2^14 to 2^20 buckets)."""
+    import hashlib
+
+    want = {2.0: "0c507a069a5e2fba", 100.0: "00c4a835191616ad", 2500.0: "a51a7e5630d116b4",
+            40000.0: "b2767f277dd8530a", 4e6: "3ed35b6294db3759"}
+    for v, digest in want.items():
+        x = sample_tabulated_discrete_gaussian(variance=v, size=300000, rng=RandomSource.seeded(5))
+        assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == digest, v
