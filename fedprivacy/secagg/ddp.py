@@ -33,6 +33,7 @@ present.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -66,6 +67,11 @@ __all__ = ["MAX_COMPONENT_VARIANCE", "DistributedDPConfig", "decode_count", "dec
 #: ~620k entries (its build time and memory grow with the std). Far above what 20 bits leave room for;
 #: at 32 bits it bounds the scale (the rounding then costs <= ~0.1% of sensitivity at d = 2^20, z = 1).
 MAX_COMPONENT_VARIANCE = 2.0**30
+
+
+@functools.lru_cache(maxsize=256)
+def _release(config: DistributedDPConfig, roster: int, survivors: int) -> DistributedRelease:
+    return config._release(roster, survivors)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,7 +172,14 @@ class DistributedDPConfig:
     def release(self, *, roster: int, survivors: int) -> DistributedRelease:
         """The privacy of a completed round from the noise left in its sum: XNoise
         (:func:`~fedprivacy.accounting.distributed.release_privacy`) or the legacy share
-        (:func:`~fedprivacy.accounting.distributed.legacy_release`, not exact)."""
+        (:func:`~fedprivacy.accounting.distributed.legacy_release`, not exact).
+
+        A pure function of the (frozen) config and the counts, cached: every client of an in-process
+        simulation checks the same round's release (``ClientPolicy.check_distributed``), ~1 ms each.
+        """
+        return _release(self, roster, survivors)
+
+    def _release(self, roster: int, survivors: int) -> DistributedRelease:
         if self.xnoise:
             rel = release_privacy(self.design(roster=roster), survivors=survivors,
                                   clip_norm=self.clip_norm, scale=self.scale, dim=self.padded_dim,

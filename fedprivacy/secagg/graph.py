@@ -48,6 +48,7 @@ sum over all of them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -97,7 +98,15 @@ def harary_neighbours(
         raise ValueError(f"need at least 2 clients, got {n}")
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise ValueError(f"degree must be an int >= 1, got {degree!r}")
-    k = effective_degree(n, degree)
+    return dict(_harary(tuple(ids), effective_degree(n, degree), bytes(seed)))
+
+
+@functools.lru_cache(maxsize=16)
+def _harary(ids: tuple[int, ...], k: int, seed: bytes) -> dict[int, tuple[int, ...]]:
+    """The graph of :func:`harary_neighbours` (validated ids, effective degree ``k``), cached: every
+    client of a round builds the same graph (n SHA-256 and n k set insertions, ~1 ms at n = 100);
+    callers get a copy of the dict (its values are tuples)."""
+    n = len(ids)
     if k == n - 1:
         return {i: tuple(sorted(j for j in ids if j != i)) for i in ids}
     order = sorted(ids, key=lambda i: hashlib.sha256(seed + struct.pack(">Q", i)).digest())
