@@ -142,6 +142,62 @@ def test_laplace_and_gaussian_mechanism_noise_distribution(rng: RandomSource) ->
     assert np.ndim(scalar) == 0
 
 
+def test_laplace_release_lies_on_its_power_of_two_grid() -> None:
+    """Mironov 2012: a float ``x + Lap`` reveals x through which doubles can occur; on the grid every
+    output of any input is a multiple of γ, so the support is the same for every input."""
+    rng = RandomSource.seeded(7)
+    gamma = 2.0**-31  # default for Δ₁ = 1, d = 2000: the largest power of two ≤ 2⁻²⁰/2000
+    for x in (0.0, 1.0, 0.3, -12.75):
+        out = laplace_mechanism(np.full(2000, x), sensitivity=1.0, epsilon=1.0, rng=rng)
+        assert np.array_equal(out / gamma, np.rint(out / gamma))
+    coarse = laplace_mechanism(np.zeros(50), sensitivity=1.0, epsilon=1.0, rng=rng, granularity=0.25)
+    assert np.array_equal(coarse * 4, np.rint(coarse * 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    d=st.integers(min_value=1, max_value=6),
+    sens=st.floats(min_value=1e-3, max_value=1e3),
+    eps=st.floats(min_value=0.05, max_value=10.0),
+    data=st.data(),
+)
+def test_laplace_neighbours_privacy_loss_is_at_most_epsilon(
+    d: int, sens: float, eps: float, data: st.DataObject
+) -> None:
+    """Coupling: with the same random stream, neighbours' outputs differ by ``γ(k − k')``; the exact
+    discrete Laplace of scale Δ_γ/ε then gives every output a log-probability ratio
+    ``ε‖k − k'‖₁/Δ_γ``, which must be ≤ ε for any inputs with ``‖x − x'‖₁ ≤ Δ₁``."""
+    x = np.array(data.draw(st.lists(st.floats(-1e4, 1e4), min_size=d, max_size=d)))
+    step = np.array(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=d, max_size=d)))
+    if np.abs(step).sum() > 0:
+        step = step / np.abs(step).sum() * sens * data.draw(st.floats(0.0, 1.0))
+    x2 = x + step
+    assert np.abs(x2 - x).sum() <= sens * (1 + 1e-12)
+    out = laplace_mechanism(x, sensitivity=sens, epsilon=eps, rng=RandomSource.seeded(3))
+    out2 = laplace_mechanism(x2, sensitivity=sens, epsilon=eps, rng=RandomSource.seeded(3))
+    gamma = math.ldexp(1.0, math.frexp(sens / d)[1] - 1 - 20)
+    grid_sens = math.ceil(sens / gamma) + d
+    shift = np.abs(out - out2).sum() / gamma
+    assert shift == int(shift) and shift <= grid_sens
+    assert eps * shift / grid_sens <= eps
+    # the noise scale in the value's unit is Δ₁/ε up to the grid's 2⁻¹⁹ factor
+    assert sens / eps <= gamma * grid_sens / eps <= sens / eps * (1 + 2.0**-19)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"granularity": 0.3}, "granularity must be a power of two"),
+        ({"granularity": -0.5}, "granularity"),
+        ({"granularity": 2.0**-40, "value": 1e6}, "too large for granularity"),
+    ],
+)
+def test_laplace_grid_errors_name_the_parameter(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    value = kwargs.pop("value", 1.0)
+    with pytest.raises(ValueError, match=match):
+        laplace_mechanism(value, sensitivity=1.0, epsilon=1.0, rng=RandomSource.seeded(0), **kwargs)
+
+
 def test_mechanisms_default_to_a_secure_source(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[RandomSource] = []
     secure = RandomSource.secure
