@@ -246,3 +246,27 @@ def test_load_apps_takes_objects_or_references_and_refuses_the_wrong_kind(toyapp
         load_apps(spec, spec.client_app_ref, None)
     with pytest.raises(LoadClientAppError, match=f"{spec.server_app_ref} is not a ClientApp"):
         load_apps(spec, None, spec.server_app_ref)
+
+
+def test_engine_log_line_does_not_disclose_the_message_count(toyapp_dir: Path) -> None:
+    """review3 V8: the closing line counted every message (the sum of the cohort sizes, private when
+    the run keeps its counts private); it names supernodes, workers and seconds only."""
+    import logging
+
+    from server.engine import run_inprocess
+
+    lines: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Grab()
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        run_inprocess(num_supernodes=4, app_dir=toyapp_dir)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    engine = [line for line in lines if line.startswith("in-process engine:")]
+    assert len(engine) == 1 and "4 supernodes" in engine[0]
+    assert "messages" not in engine[0]
