@@ -95,13 +95,14 @@ def secagg_masked(msg: Message, context: Context) -> Message:
 def secagg_consistency(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
-    return secagg_handlers.consistency(msg, context)
+    cfg, pid, _ = _node(context)
+    return secagg_handlers.consistency(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
 
 
 @app.query("secagg_unmask")
 def secagg_unmask(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
-    _, pid, _ = _node(context)
-    return secagg_handlers.unmask(msg, context, partition_id=pid, policy=_policy(context))
+    cfg, pid, _ = _node(context)
+    return secagg_handlers.unmask(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
 # ---- end of secure aggregation stages

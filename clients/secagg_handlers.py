@@ -56,34 +56,65 @@ def _advertise(context: Context, setup: object, *, partition_id: int, policy: Cl
     return keys
 
 
-def _reply(msg: Message, stage: str, out: object, *, modulus_bits: int | None = None,
-           **extra: object) -> Message:
+def _reply(msg: Message, stage: str, out: object, context: Context, *, next_part: _Next | None,
+           modulus_bits: int | None = None, **extra: object) -> Message:
     content = to_records(stage, out, modulus_bits=modulus_bits)
     content.update(extra)
+    if next_part is not None:
+        next_part.run(msg, context, content)
     return Message(RecordDict(content), reply_to=msg)
+
+
+class _Next:
+    """Round r+1's key stage riding on a round-r message (``secagg-next``: advertise or share), run
+    after round r's part. If only this part fails (the client's floor refuses round r+1, say), round
+    r's reply still goes back, with ``secagg-next-error``: the client is a dropout of round r+1 only."""
+
+    def __init__(self, *, cfg: RunConfig, partition_id: int, policy: ClientPolicy) -> None:
+        self.cfg, self.partition_id, self.policy = cfg, partition_id, policy
+
+    def run(self, msg: Message, context: Context, content: dict[str, Any]) -> None:
+        record = codec.optional_record(msg.content, "secagg-next", ConfigRecord)
+        if record is None:
+            return
+        stage = record.get("stage")
+        try:
+            if stage == "advertise":
+                setup = from_records(msg.content, stage="advertise", name="secagg-next")
+                out = _advertise(context, setup, partition_id=self.partition_id, policy=self.policy)
+            elif stage == "share":
+                out = _share(msg, context, cfg=self.cfg, policy=self.policy, suffix="-next")
+            else:
+                raise ValueError(f"secagg-next carries stage {stage!r}, not 'advertise' or 'share'")
+        except Exception as exc:  # noqa: BLE001 -- any refusal of round r+1 must not lose round r's reply
+            content["secagg-next-error"] = ConfigRecord({"error": f"{type(exc).__name__}: {exc}"})
+            return
+        content.update(to_records(str(stage), out, record="secagg-next"))
+
+
+def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPolicy, suffix: str = "") -> object:
+    """Stage 2: the client checks the encoding against its own floor before it shares anything."""
+    request = from_records(msg.content, stage="share", name="secagg" + suffix)
+    encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding" + suffix, ConfigRecord)))
+    instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
+    return client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
+                        cfg=cfg, policy=policy)
 
 
 def advertise(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:
     setup = from_records(msg.content, stage="advertise")
-    return _reply(msg, "advertise", _advertise(context, setup, partition_id=partition_id, policy=policy))
+    return _reply(msg, "advertise", _advertise(context, setup, partition_id=partition_id, policy=policy),
+                  context, next_part=None)
 
 
 def share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPolicy) -> Message:
-    """Stage 2: the client checks the encoding against its own floor before it shares anything."""
-    request = from_records(msg.content, stage="share")
-    encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding", ConfigRecord)))
-    instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config", ConfigRecord)))
-    return _reply(msg, "share", client_share(_store(context), _key(context), request, encoding=encoding,
-                                             instructions=instr, cfg=cfg, policy=policy))
-
-
-def consistency(msg: Message, context: Context) -> Message:
-    request = from_records(msg.content, stage="consistency")
-    return _reply(msg, "consistency", client_consistency(_store(context), _key(context), request))
+    """Stage 2 (the client checks the encoding against its own floor before it shares anything)."""
+    return _reply(msg, "share", _share(msg, context, cfg=cfg, policy=policy), context, next_part=None)
 
 
 def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, num_partitions: int,
            policy: ClientPolicy) -> Message:
+    """Stage 3 (+ round r+1's advertise on the semi-honest schedule)."""
     request = from_records(msg.content, stage="masked")
     instr, weights = codec.decode_train(msg)
     # the ring width of the encoding this client accepted at its share stage: the upload is packed
@@ -91,22 +122,23 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
                                     num_partitions=num_partitions, policy=policy)
-    return _reply(msg, "masked", out, modulus_bits=bits, metrics=codec.metrics_record(meta))
+    return _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
+                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
 
 
-def unmask(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:
-    """Round r's unmask (``secagg``) and/or round r+1's advertise (``secagg-next``), in that order."""
-    content: dict[str, Any] = {}
-    if codec.optional_record(msg.content, "secagg", ConfigRecord) is not None:
-        request = from_records(msg.content, stage="unmask")
-        content.update(to_records("unmask", client_unmask(_store(context), _key(context), request)))
-    if codec.optional_record(msg.content, "secagg-next", ConfigRecord) is not None:
-        setup = from_records(msg.content, stage="advertise", name="secagg-next")
-        keys = _advertise(context, setup, partition_id=partition_id, policy=policy)
-        content.update(to_records("advertise", keys, record="secagg-next"))
-    if not content:
-        raise ValueError("secagg unmask message carries neither 'secagg' nor 'secagg-next'")
-    return Message(RecordDict(content), reply_to=msg)
+def consistency(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
+                policy: ClientPolicy) -> Message:
+    """Stage 4 (+ round r+1's advertise on the active schedule)."""
+    request = from_records(msg.content, stage="consistency")
+    return _reply(msg, "consistency", client_consistency(_store(context), _key(context), request), context,
+                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+
+
+def unmask(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, policy: ClientPolicy) -> Message:
+    """Stage 5 (+ round r+1's share stage)."""
+    request = from_records(msg.content, stage="unmask")
+    return _reply(msg, "unmask", client_unmask(_store(context), _key(context), request), context,
+                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
 
 
 __all__ = ["advertise", "consistency", "masked", "share", "unmask"]

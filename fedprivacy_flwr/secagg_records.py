@@ -46,7 +46,7 @@ def to_records(stage: str, msg: object, *, record: str = "secagg",
         array = np.frombuffer(packed, dtype=np.uint8)
     out: dict[str, Any] = {record: ConfigRecord({"stage": stage, "kind": kind, **fields})}
     if array is not None:
-        out["secagg-masked"] = arrays_to_record([array])
+        out[f"{record}-masked"] = arrays_to_record([array])
     return out
 
 
@@ -74,7 +74,7 @@ def from_records(content: RecordDict, *, stage: str, name: str = "secagg") -> An
     if not isinstance(kind, str):
         raise ValueError("secagg record has no kind")
     fields = {k: list(v) if isinstance(v, list | tuple) else v for k, v in fields.items()}
-    masked = optional_record(content, "secagg-masked", ArrayRecord)
+    masked = optional_record(content, f"{name}-masked", ArrayRecord)  # (this record's own vector)
     if masked is not None:
         (array,) = record_to_arrays(masked)
         array = np.asarray(array)

@@ -12,9 +12,14 @@ train.secagg_masked    ``arrays`` (model), ``config`` (round          ``secagg``
                        instructions), ``secagg``                     ``secagg-masked`` ArrayRecord
                        (MaskedInputRequest)                          (residues packed to b bits:
                                                                      ceil(m b/8) bytes), ``metrics``
-query.secagg_unmask    ``secagg`` (UnmaskRequest) and/or             ``secagg`` (UnmaskResponse),
-                       ``secagg-next`` (SetupRequest of round r+1)   ``secagg-next`` (AdvertiseKeys r+1)
+query.secagg_consist. ``secagg`` (ConsistencyRequest)               ``secagg`` (ConsistencyResponse)
+query.secagg_unmask    ``secagg`` (UnmaskRequest)                    ``secagg`` (UnmaskResponse)
 =====================  ============================================  ==================================
+
+(``query.secagg_consist.`` = ``query.secagg_consistency``.) Round r+1's key stage riding on round r's exchange (:meth:`GridSecureTransport.stage_with_next`): a node
+in both gets one message of round r's type and group carrying round r+1's part as ``secagg-next`` (and
+the share stage's ``config-next``, ``encoding-next``); its reply carries ``secagg-next`` (or
+``secagg-next-error`` when only that part failed). A node only in round r+1 gets that stage's own message.
 
 Every ``secagg`` record holds ``stage``, ``kind`` (:data:`fedprivacy.secagg.wire.MESSAGE_TYPES`) and the
 message's flat fields from :func:`fedprivacy.secagg.wire.encode`; only public keys, sealed shares,
@@ -45,49 +50,68 @@ class GridSecureTransport:
         self.nodes = dict(nodes)
         self.timeout = timeout
 
-    def _message(self, name: str, pid: int, request: Any, *, shared: dict[str, Any]) -> Message:
-        content = to_records(name, request)
-        content.update(shared)
+    def _message(self, name: str, pid: int, request: Any, content: dict[str, Any]) -> Message:
         return Message(content=RecordDict(content), dst_node_id=self.nodes[pid],
                        message_type=MESSAGE_TYPES[name], group_id=str(request.round))
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,
               weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
               ) -> tuple[dict[int, Any], dict[int, str]]:
-        shared = _stage_records(name, instructions=instructions, weights=weights, encoding=encoding)
-        messages = [self._message(name, pid, req, shared=shared) for pid, req in requests.items()]
-        pid_of = {self.nodes[pid]: pid for pid in requests}
+        payload = {"instructions": instructions, "weights": weights, "encoding": encoding}
+        return self.stage_with_next(name, requests, payload, "advertise", {}, {})[0]
+
+    def stage_with_next(self, name: str, requests: Mapping[int, Any], payload: Mapping[str, Any],
+                        next_name: str, next_requests: Mapping[int, Any], next_payload: Mapping[str, Any],
+                        ) -> tuple[tuple[dict[int, Any], dict[int, str]], tuple[dict[int, Any], dict[int, str]]]:
+        """One exchange: stage ``name`` of round r and stage ``next_name`` of round r+1 (module docstring)."""
+        shared = _stage_records(name, **payload)
+        nxt_shared = _stage_records(next_name, **next_payload) if next_requests else {}
+        messages = []
+        for pid, req in requests.items():
+            content = to_records(name, req)
+            content.update(shared)
+            if pid in next_requests:
+                content.update(to_records(next_name, next_requests[pid], record="secagg-next"))
+                content.update({f"{key}-next": rec for key, rec in nxt_shared.items()})
+            messages.append(self._message(name, pid, req, content))
+        messages += [self._message(next_name, pid, req, {**to_records(next_name, req), **nxt_shared})
+                     for pid, req in next_requests.items() if pid not in requests]
+        pid_of = {self.nodes[pid]: pid for pid in set(requests) | set(next_requests)}
         replies = self.grid.send_and_receive(messages, timeout=self.timeout) if messages else []
-        out: dict[int, Any] = {}
-        failures: dict[int, str] = {}
+        main: tuple[dict[int, Any], dict[int, str]] = ({}, {})
+        nxt: tuple[dict[int, Any], dict[int, str]] = ({}, {})
         for reply in replies:
-            pid = pid_of.get(reply.metadata.src_node_id)
-            if pid is None:
+            src = pid_of.get(reply.metadata.src_node_id)
+            if src is None:
                 continue
-            if reply.has_error():
-                failures[pid] = f"secagg {name}: {codec.error_text(reply)}"
-                continue
-            try:
-                msg = from_records(reply.content, stage=name)
-                if name == "masked":
-                    out[pid] = (msg, codec.update_metadata(reply.content, pid))
-                else:
-                    out[pid] = msg
-            except (KeyError, ValueError, TypeError) as exc:
-                failures[pid] = f"secagg {name}: malformed reply: {exc}"
-        for pid in requests:
-            if pid not in out and pid not in failures:
-                failures[pid] = f"secagg {name}: no reply within client-timeout ({self.timeout:g} s)"
-        return out, failures
+            pid = src
+            parts = [(name, "secagg", main)] if pid in requests else []
+            if pid in next_requests:
+                parts.append((next_name, "secagg-next" if pid in requests else "secagg", nxt))
+            for stage, record, (out, failures) in parts:
+                if reply.has_error():
+                    failures[pid] = f"secagg {stage}: {codec.error_text(reply)}"
+                    continue
+                error = codec.optional_record(reply.content, f"{record}-error", ConfigRecord)
+                if error is not None:
+                    why = error.get("error")
+                    failures[pid] = f"secagg {stage}: {why if isinstance(why, str) else 'failed'}"
+                    continue
+                try:
+                    msg = from_records(reply.content, stage=stage, name=record)
+                    out[pid] = (msg, codec.update_metadata(reply.content, pid)) if stage == "masked" else msg
+                except (KeyError, ValueError, TypeError) as exc:
+                    failures[pid] = f"secagg {stage}: malformed reply: {exc}"
+        for stage, want, (out, failures) in ((name, requests, main), (next_name, next_requests, nxt)):
+            for pid in want:
+                if pid not in out and pid not in failures:
+                    failures[pid] = f"secagg {stage}: no reply within client-timeout ({self.timeout:g} s)"
+        return main, nxt
 
-    def unmask_and_advertise(self, unmask: Mapping[int, Any], setups: Mapping[int, Any]
-                             ) -> tuple[dict[int, Any], dict[int, str], dict[int, Any], dict[int, str]]:
-        """Round r's unmask stage and round r+1's advertise stage in one exchange."""
-        return _unmask_and_advertise(self, unmask, setups)
 
-
-def _stage_records(name: str, *, instructions: RoundInstructions | None,
-                   weights: Sequence[np.ndarray] | None, encoding: EncodingSpec | None) -> dict[str, Any]:
+def _stage_records(name: str, *, instructions: RoundInstructions | None = None,
+                   weights: Sequence[np.ndarray] | None = None, encoding: EncodingSpec | None = None,
+                   ) -> dict[str, Any]:
     """The records every message of a stage shares (built once per stage, not once per client):
     ``share`` carries the instructions and the encoding, ``masked`` the instructions and the model."""
     if name == "share":
@@ -100,48 +124,3 @@ def _stage_records(name: str, *, instructions: RoundInstructions | None,
             raise ValueError("the masked stage needs the round instructions and the model")
         return {"arrays": codec.arrays_to_record(weights), "config": ConfigRecord(instructions.to_record())}
     return {}
-
-
-def _unmask_and_advertise(transport: GridSecureTransport, unmask: Mapping[int, Any],
-                          setups: Mapping[int, Any]) -> tuple[dict[int, Any], dict[int, str],
-                                                              dict[int, Any], dict[int, str]]:
-    """One exchange: round r's ``UnmaskRequest`` (``secagg``) and round r+1's ``SetupRequest``
-    (``secagg-next``), merged into one ``query.secagg_unmask`` message per node."""
-    messages = []
-    for pid in sorted(set(unmask) | set(setups)):
-        content: dict[str, Any] = {}
-        if pid in unmask:
-            content.update(to_records("unmask", unmask[pid]))
-        if pid in setups:
-            content.update(to_records("advertise", setups[pid], record="secagg-next"))
-        rnd = unmask[pid].round if pid in unmask else setups[pid].round - 1
-        messages.append(Message(content=RecordDict(content), dst_node_id=transport.nodes[pid],
-                                message_type=MESSAGE_TYPES["unmask"], group_id=str(rnd)))
-    pid_of = {transport.nodes[pid]: pid for pid in set(unmask) | set(setups)}
-    replies = transport.grid.send_and_receive(messages, timeout=transport.timeout) if messages else []
-    unm: dict[int, Any] = {}
-    adv: dict[int, Any] = {}
-    unm_fail: dict[int, str] = {}
-    adv_fail: dict[int, str] = {}
-    for reply in replies:
-        src = pid_of.get(reply.metadata.src_node_id)
-        if src is None:
-            continue
-        pid = src
-        if reply.has_error():
-            for want, fail in ((unmask, unm_fail), (setups, adv_fail)):
-                if pid in want:
-                    fail[pid] = f"secagg unmask/advertise: {codec.error_text(reply)}"
-            continue
-        for want, name, stage, out, fail in ((unmask, "secagg", "unmask", unm, unm_fail),
-                                             (setups, "secagg-next", "advertise", adv, adv_fail)):
-            if pid in want:
-                try:
-                    out[pid] = from_records(reply.content, stage=stage, name=name)
-                except (KeyError, ValueError, TypeError) as exc:
-                    fail[pid] = f"secagg {stage}: malformed reply: {exc}"
-    for want, out, fail, stage in ((unmask, unm, unm_fail, "unmask"), (setups, adv, adv_fail, "advertise")):
-        for pid in want:
-            if pid not in out and pid not in fail:
-                fail[pid] = f"secagg {stage}: no reply within client-timeout ({transport.timeout:g} s)"
-    return unm, unm_fail, adv, adv_fail

@@ -290,6 +290,7 @@ class FederatedRun:
         self.stopped: str | None = None
         self._started = 0.0
         self.resumes: list[dict[str, Any]] = []  # one entry per resumption: after which round, when
+        self._inputs: dict[int, tuple[RoundInstructions, list[int], RandomSource]] = {}
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> None:
@@ -317,6 +318,9 @@ class FederatedRun:
             assert self._transport is not None  # checked in __init__
             self._round_fn = self.mode.round_fn(cfg, plan, self._transport, aggregator=self.aggregator,
                                                 log=self.log)
+        set_lookahead = getattr(self._round_fn, "set_lookahead", None)
+        if set_lookahead is not None:  # a secure round runs the next round's key stages ahead
+            set_lookahead(self.round_inputs)
         if ckpt is not None:
             self._resume(ckpt)
         else:
@@ -550,8 +554,8 @@ class FederatedRun:
         t0 = time.perf_counter()
         if self._budget_stops(rnd):
             return None
-        rng = self.root.child("server", rnd)
-        cohort = sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling"))
+        instructions, cohort, round_rng = (self._inputs.pop(rnd) if rnd in self._inputs
+                                           else self._draw_inputs(rnd))
         assert self._round_fn is not None
         from fedprivacy.accounting.accountant import PrivacyBudgetExhausted
         from fedprivacy.fl.charging import charging
@@ -559,8 +563,7 @@ class FederatedRun:
         self._round_charge = None
         try:
             with charging(functools.partial(self._charge_hook, rnd)):
-                outcome = self._round_fn(self._instructions(rnd), cohort, self.weights,
-                                         rng.child("aggregate"))
+                outcome = self._round_fn(instructions, cohort, self.weights, round_rng)
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return None
@@ -619,6 +622,24 @@ class FederatedRun:
     def _stop(self, reason: str) -> None:
         self.status, self.stopped = "budget-exhausted", reason
         self.log(reason)
+
+    def _draw_inputs(self, rnd: int) -> tuple[RoundInstructions, list[int], RandomSource]:
+        rng = self.root.child("server", rnd)
+        cohort = sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling"))
+        return self._instructions(rnd), cohort, rng.child("aggregate")
+
+    def round_inputs(self, rnd: int) -> tuple[RoundInstructions, list[int], RandomSource] | None:
+        """Round ``rnd``'s instructions, cohort and source, drawn once (None past the last round).
+
+        A round function may ask for the next round's inputs while the current round runs (the secure
+        round sends round r+1's key stages with round r's exchanges); ``step`` then uses exactly these.
+        They depend on no data: the cohort is Poisson/fixed sampling from the round's own source.
+        """
+        if rnd > self.cfg.num_server_rounds:
+            return None
+        if rnd not in self._inputs:
+            self._inputs[rnd] = self._draw_inputs(rnd)
+        return self._inputs[rnd]
 
     def _instructions(self, rnd: int) -> RoundInstructions:
         cfg, plan, hooks = self.cfg, self.plan, self.hooks

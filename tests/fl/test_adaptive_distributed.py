@@ -269,6 +269,8 @@ def test_engine_distributed_run_moves_the_clip_norm_by_the_papers_rule_and_charg
     rows = res["rounds"]
     clips = [r["clip_norm"] for r in rows]
     assert clips[0] == 0.1 and len(set(clips)) == 3
+    # the next round's encoding follows this round's count: only its advertise rides ahead (docs/SECAGG.md)
+    assert [r["secagg_exchanges"] for r in rows] == [5, 4, 4]
     for a, b in zip(rows, rows[1:], strict=False):
         assert b["clip_norm"] == pytest.approx(
             a["clip_norm"] * math.exp(-0.2 * (a["clip_unclipped_fraction"] - 0.5)), rel=1e-12)

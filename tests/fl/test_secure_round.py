@@ -270,10 +270,10 @@ def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unm
 
 
 def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_nothing(tmp_path: Path) -> None:
-    # Arrange: 3 rounds, 6 clients, t = 4; round 2 loses 3 clients at the share stage (below t: abort);
-    # round 3 loses one at the masked stage (5 noisy survivors)
+    # Arrange: 3 rounds, 6 clients, t = 4; round 2 loses 3 clients at the masked stage (below t: abort,
+    # before its release point); round 3 loses one at the masked stage (5 noisy survivors)
     faults = FaultPlan(rules=(
-        FaultRule(action="drop", message_type="query.secagg_share", rounds=(2,), partition_ids=(0, 1, 2)),
+        FaultRule(action="drop", message_type="train.secagg_masked", rounds=(2,), partition_ids=(0, 1, 2)),
         FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,), partition_ids=(5,)),
     ))
     # Act
@@ -393,23 +393,60 @@ def test_a_reply_from_another_round_counts_as_a_dropout_not_an_abort() -> None:
     assert np.max(np.abs(got - _clipped_sum(updates, [1, 2, 3, 4, 5], 0.5))) <= bound < 1e-3
 
 
-def test_engine_pipelined_rounds_take_four_exchanges_and_survive_a_merged_exchange_dropout(
-        tmp_path: Path) -> None:
-    # Arrange: partition 4 misses round 1's merged unmask+advertise exchange: it is in round 1's sum
-    # (it uploaded its masked input) but has no keys for round 2, like a client dropped in plain round 2
+@pytest.mark.parametrize(("schedule", "first", "steady"), [("active", 5, 3), ("semi-honest", 4, 2)])
+def test_engine_steady_state_takes_three_exchanges_active_two_semi_honest_with_a_merged_dropout(
+        tmp_path: Path, schedule: str, first: int, steady: int) -> None:
+    # Arrange: partition 4 misses round 1's unmask exchange, which carries round 2's share stage: it is
+    # in round 1's sum (it uploaded its masked input) but not in round 2's, like a client dropped in
+    # plain round 2; partition 1 misses round 2's masked upload (a dropout in steady state)
     secure_faults = FaultPlan(rules=(
-        FaultRule(action="drop", message_type="query.secagg_unmask", rounds=(1,), partition_ids=(4,)),))
+        FaultRule(action="drop", message_type="query.secagg_unmask", rounds=(1,), partition_ids=(4,)),
+        FaultRule(action="drop", message_type="train.secagg_masked", rounds=(2,), partition_ids=(1,))))
+    # (semi-honest: round 2's masked exchange carries round 3's advertise, so 1 misses round 3 too)
     plain_faults = FaultPlan(rules=(
-        FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(4,)),))
+        FaultRule(action="drop", message_type="train", rounds=(2,), partition_ids=(4, 1)),
+        *((FaultRule(action="drop", message_type="train", rounds=(3,), partition_ids=(1,)),)
+          if schedule == "semi-honest" else ())))
     # Act
-    secure = _run(tmp_path, "pipe", secure_faults, privacy="none", secagg=True, **{"num-server-rounds": 2})
-    plain = _run(tmp_path, "plain2", plain_faults, privacy="none", secagg=False, **{"num-server-rounds": 2})
-    # Assert
-    r1, r2 = secure["rounds"]
-    assert (r1["secagg_exchanges"], r2["secagg_exchanges"]) == (5, 4) and r2["secagg_pipelined"]
-    assert secure["_by_type"]["query.secagg_advertise"] == 6  # only round 1 has its own advertise exchange
-    assert (r1["secagg_survivors"], r2["secagg_survivors"]) == (6, 5)
-    assert [r["clients_aggregated"] for r in plain["rounds"]] == [6, 5]
-    # two rounds of quantisation error (n/s each), the second propagated through local training
+    secure = _run(tmp_path, "pipe", secure_faults, privacy="none", secagg=True,
+                  **{"num-server-rounds": 3, "secagg-schedule": schedule})
+    plain = _run(tmp_path, "plain3", plain_faults, privacy="none", secagg=False, **{"num-server-rounds": 3})
+    # Assert: every round after the first runs on the exchanges of the round before it plus its own
+    # masked (consistency) and unmask exchanges
+    rows = secure["rounds"]
+    assert [r["secagg_exchanges"] for r in rows] == [first, steady, steady]
+    assert [bool(r.get("secagg_pipelined")) for r in rows] == [False, True, True]
+    # a node in round r+1's cohort that takes no part in round r's carrier stage gets that key stage as
+    # a message of its own (in the same exchange): 4 and 1 for round 3 (active: 1 sent no masked input,
+    # so no view to sign; semi-honest: the masked stage carries round 3's keys, and 4 was not in round 2)
+    extra = {"active": 2, "semi-honest": 1}[schedule]
+    assert secure["_by_type"]["query.secagg_advertise"] == 6 + extra
+    third = 6 if schedule == "active" else 5
+    assert [r["secagg_survivors"] for r in rows] == [6, 4, third]
+    assert [r["clients_aggregated"] for r in plain["rounds"]] == [6, 4, third]
+    # three rounds of quantisation error (n/s each), propagated through local training
     for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
-        assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= 1e-4
+        assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= 2e-4
+
+
+def test_engine_poisson_sampled_rounds_take_three_exchanges_on_the_cohorts_the_run_samples(
+        tmp_path: Path) -> None:
+    # Arrange: 12 clients, Poisson q = 0.6, 5 rounds; round 3 loses two clients at the masked stage
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,),
+                                        partition_ids=tuple(range(12))[::5]),))
+    plain_faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train", rounds=(3,),
+                                              partition_ids=tuple(range(12))[::5]),))
+    common = {"num-server-rounds": 5, "sample-rate": 0.6}
+    # Act
+    secure = _run(tmp_path, "sampled", faults, num_supernodes=12, privacy="none", secagg=True, **common)
+    plain = _run(tmp_path, "plain-sampled", plain_faults, num_supernodes=12, privacy="none", secagg=False,
+                 **common)
+    # Assert: the secure run aggregates exactly the plain run's sampled cohorts (the next round's key
+    # stages went to the cohort the run then used), in three exchanges per round after the first
+    rows = secure["rounds"]
+    assert [r["clients_sampled"] for r in rows] == [r["clients_sampled"] for r in plain["rounds"]]
+    assert [r["secagg_survivors"] for r in rows] == [r["clients_aggregated"] for r in plain["rounds"]]
+    assert len({r["clients_sampled"] for r in rows}) > 1  # the cohorts really vary
+    assert [r["secagg_exchanges"] for r in rows] == [5, 3, 3, 3, 3]
+    for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
+        assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= 5e-4

@@ -17,12 +17,18 @@ exchange                 server -> each client                   client -> serve
 5 ``unmask``             ``UnmaskRequest`` (+ certificate)       ``UnmaskResponse``
 =======================  ======================================  =======================================
 
-With full participation (``sample-rate = 1`` or a fixed cohort of everyone) the cohort of round r+1 is
-known before round r ends and does not depend on data, so round r+1's advertise stage rides on round
-r's unmask exchange when the transport is a :class:`PipelinedTransport`: four exchanges per round after
-the first on the active schedule, three on the semi-honest one (``SecureRoundInfo.pipelined``). The
-protocol's minimum is three and two (``docs/SECAGG.md``, "Exchanges per round"); reaching it needs
-the shares of round r+1 to ride on round r's exchanges too (two live sessions per client).
+Pipelining (``docs/SECAGG.md``, "Exchanges per round"): the run gives the round its next round's
+inputs (:meth:`SecureRound.set_lookahead`: instructions, cohort and source, drawn from the run's own
+source and independent of any data, with Poisson sampling too); when the transport is a
+:class:`PipelinedTransport`, round r+1's advertise stage rides on round r's last exchange before the
+unmask (consistency; on the semi-honest schedule, masked) and its share stage on round r's unmask
+exchange. A client then holds two live sessions (rounds r and r+1) in its node state. Steady state:
+three exchanges per round on the active schedule, two on the semi-honest one (the first round: five and
+four). The share stage rides ahead only when the round's encoding is the run's
+(:meth:`SecureRound._encoding` not overridden: adaptive clipping's follows round r's release), else the
+round runs it itself (four and three). A client missing a merged exchange is a dropout of both rounds'
+stages it carried; a round that aborts before its consistency (masked) exchange leaves round r+1 to run
+its own key stages.
 
 Privacy (``distributed``): every client adds exact XNoise components (:mod:`fedprivacy.secagg.xnoise`,
 all from the exact-law sampler) for the design it builds itself from the encoding it checked at its
@@ -80,6 +86,8 @@ if TYPE_CHECKING:
 
 __all__ = ["STAGES", "PipelinedTransport", "SecureRound", "SecureTransport"]
 
+Lookahead = Callable[[int], "tuple[RoundInstructions, Sequence[int], RandomSource] | None"]
+
 STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 _REPLY_TYPES = {"advertise": AdvertiseKeys, "share": SharedKeys, "masked": MaskedInput,
                 "consistency": ConsistencyResponse, "unmask": UnmaskResponse}
@@ -103,14 +111,17 @@ class SecureTransport(Protocol):
 
 @runtime_checkable
 class PipelinedTransport(SecureTransport, Protocol):
-    """A :class:`SecureTransport` that can merge round r's unmask stage with round r+1's advertise."""
+    """A :class:`SecureTransport` that also sends one key stage of round r+1 (``next_name``:
+    ``advertise`` or ``share``) in the same exchange as a stage of round r: one message per node
+    carrying both parts, or either part alone. Returns ``(replies, failures)`` of each part."""
 
-    def unmask_and_advertise(self, unmask: Mapping[int, Any], setups: Mapping[int, Any]
-                             ) -> tuple[dict[int, Any], dict[int, str], dict[int, Any], dict[int, str]]: ...
+    def stage_with_next(self, name: str, requests: Mapping[int, Any], payload: Mapping[str, Any],
+                        next_name: str, next_requests: Mapping[int, Any], next_payload: Mapping[str, Any],
+                        ) -> tuple[Replies, Replies]: ...
 
 
 class SecureRound:
-    """The secure :data:`fedprivacy.fl.types.RoundFn` (four exchanges per round, three pipelined)."""
+    """The secure :data:`fedprivacy.fl.types.RoundFn` (five exchanges per round, three pipelined)."""
 
     def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
                  log: Callable[[str], None] = print) -> None:
@@ -125,29 +136,38 @@ class SecureRound:
         self.population = population
         self.threshold, self.degree = secagg_parameters(cfg, population=population)
         self.log = log
-        self._pending: tuple[SetupRequest, tuple[int, ...], dict[int, Any], dict[int, str]] | None = None
+        self.lookahead: Lookahead | None = None
+        self._ahead: _Ahead | None = None  # round r+1's key stages done during round r
         self.denominator = expected_cohort(sampling=cfg.sampling, population=population,
                                            sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
 
-    def _next_round_setup(self, instr: RoundInstructions, *, dim: int
-                          ) -> tuple[SetupRequest, tuple[int, ...]] | None:
-        """Round r+1's setup and cohort, when both are known now (else None: no pipelining).
+    def set_lookahead(self, lookahead: Lookahead) -> None:
+        """``lookahead(r)``: round r's instructions, cohort and source exactly as the run will pass them
+        (None past the last round); :meth:`fedprivacy.fl.run.FederatedRun.round_inputs`."""
+        self.lookahead = lookahead
 
-        Only with full participation (``sample-rate = 1``, or a fixed cohort of the whole
-        population): then the next cohort is every partition, independent of any data, as the merging
-        rule in :mod:`fedprivacy.secagg.protocol` requires. The transport must support it.
+    def _plan_ahead(self, instr: RoundInstructions, enc: EncodingSpec, *, dim: int) -> _Ahead | None:
+        """Round r+1's setup (and, when it is the run's, its encoding), to run its key stages now.
+
+        None without a lookahead or a pipelining transport, after the last round, or for a next cohort
+        below the threshold (that round aborts at once). The next cohort comes from the run's sampling,
+        independent of any data (the merging rule in :mod:`fedprivacy.secagg.protocol`).
         """
-        cfg = self.cfg
-        if instr.round >= cfg.num_server_rounds or not isinstance(self.transport, PipelinedTransport):
+        if self.lookahead is None or not isinstance(self.transport, PipelinedTransport):
             return None
-        full = ((cfg.sampling == "poisson" and cfg.sample_rate >= 1.0)
-                or (cfg.sampling == "fixed" and cfg.cohort_size == self.population))
-        if not full:
+        inputs = self.lookahead(instr.round + 1)
+        if inputs is None or len(inputs[1]) < self.threshold:
             return None
-        cohort = tuple(range(self.population))
-        k = round_degree(cohort=len(cohort), degree=self.degree, threshold=self.threshold,
-                         colluders=cfg.secagg_colluders)
-        return self._setup(instr.round + 1, degree=k, dim=dim), cohort
+        nxt_instr, nxt_cohort, nxt_rng = inputs
+        degree = round_degree(cohort=len(nxt_cohort), degree=self.degree, threshold=self.threshold,
+                              colluders=self.cfg.secagg_colluders)
+        nxt_enc = None
+        if type(self)._encoding is SecureRound._encoding:  # the run's encoding: known before round r ends
+            nxt_enc = self._encoding(nxt_instr, dim=dim, threshold=self.threshold,
+                                     rotation_seed=nxt_rng.child("rotation").random_bytes(32))
+        setup = self._setup(nxt_instr.round, degree=degree, dim=(nxt_enc or enc).padded_dim)
+        self._ahead = _Ahead(instructions=nxt_instr, cohort=tuple(nxt_cohort), setup=setup, encoding=nxt_enc)
+        return self._ahead
 
     def _setup(self, round_: int, *, degree: int, dim: int) -> SetupRequest:
         cfg = self.cfg
@@ -181,62 +201,65 @@ class SecureRound:
         return kept
 
     def _stage(self, name: str, requests: Mapping[int, Any], progress: _Progress, *, round: int,
-               **payload: Any) -> dict[int, Any]:
-        replies, f = self.transport.stage(name, requests, **payload)
+               ahead: _Ahead | None = None, **payload: Any) -> dict[int, Any]:
+        """One exchange: this round's stage ``name``, and round r+1's next key stage if ``ahead`` has one."""
+        nxt = None if ahead is None else ahead.next_stage()
+        if nxt is None:
+            replies, f = self.transport.stage(name, requests, **payload)
+        else:
+            assert ahead is not None
+            transport: Any = self.transport
+            (replies, f), (nxt_replies, nxt_f) = transport.stage_with_next(
+                name, requests, payload, nxt[0], nxt[1], nxt[2])
+            ahead.failures.update(nxt_f)
+            ahead.received(nxt[0], self._check(nxt[0], nxt_replies, ahead.failures, round=ahead.setup.round))
         progress.failures.update(f)
         kept = self._check(name, replies, progress.failures, round=round)
         progress.exchanges += 1
         return kept
 
-    def _advertise(self, setup: SetupRequest, cohort: Sequence[int], progress: _Progress) -> dict[int, Any]:
-        """Stage 1, or the keys that already came with the previous round's unmask exchange."""
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] == setup and pending[1] == tuple(cohort):
-            progress.pipelined = True
-            progress.failures.update(pending[3])
-            return self._check("advertise", pending[2], progress.failures, round=setup.round)
-        return self._stage("advertise", {pid: setup for pid in cohort}, progress, round=setup.round)
-
-    def _unmask(self, instr: RoundInstructions, ureqs: Mapping[int, Any], progress: _Progress, *,
-                dim: int) -> dict[int, Any]:
-        """Stage 4, carrying round r+1's stage 1 when the next cohort is already known."""
-        nxt = self._next_round_setup(instr, dim=dim)
-        if nxt is None:
-            return self._stage("unmask", ureqs, progress, round=instr.round)
-        next_setup, next_cohort = nxt
-        transport: Any = self.transport
-        unm, f, adv_next, f_next = transport.unmask_and_advertise(
-            ureqs, {pid: next_setup for pid in next_cohort})
-        self._pending = (next_setup, next_cohort, adv_next, f_next)
-        progress.failures.update(f)
-        kept = self._check("unmask", unm, progress.failures, round=instr.round)
-        progress.exchanges += 1
-        return kept
-
-    def _protocol(self, server: ServerSession, instr: RoundInstructions, cohort: Sequence[int],
-                  weights: Sequence[np.ndarray], enc: EncodingSpec, progress: _Progress
-                  ) -> tuple[np.ndarray, dict[int, ClientUpdate]]:
-        """The four stages; returns the unmasked sum mod 2^b and the metadata the clients disclosed.
-
-        Raises RoundAborted or ProtocolViolation (then the caller releases nothing).
-        """
+    def _keys(self, server: ServerSession, cohort: Sequence[int], instr: RoundInstructions, enc: EncodingSpec,
+              progress: _Progress, pending: _Ahead | None) -> dict[int, Any]:
+        """Stages 1 and 2 (or what of them rode on the previous round): the masked-input requests."""
         rnd = instr.round
-        adv = self._advertise(server.setup, cohort, progress)
+        if pending is not None and pending.advertised is not None:
+            progress.pipelined = True
+            progress.failures.update(pending.failures)
+            if pending.aborted is not None:
+                raise RoundAborted(pending.aborted)
+            if pending.masked_requests is not None:
+                progress.roster = pending.roster
+                return pending.masked_requests
+        adv = (pending.advertised if pending is not None and pending.advertised is not None
+               else self._stage("advertise", {pid: server.setup for pid in cohort}, progress, round=rnd))
         roster = server.receive_keys(list(adv.values()))
         progress.roster = len(roster.node_ids)
         shared = self._stage("share", {pid: roster for pid in roster.node_ids}, progress, round=rnd,
                              instructions=instr, encoding=enc)
-        mreqs = server.receive_shares(list(shared.values()))
-        masked = self._stage("masked", mreqs, progress, round=rnd, instructions=instr, weights=weights)
+        return server.receive_shares(list(shared.values()))
+
+    def _protocol(self, server: ServerSession, instr: RoundInstructions, cohort: Sequence[int],
+                  weights: Sequence[np.ndarray], enc: EncodingSpec, progress: _Progress,
+                  pending: _Ahead | None = None) -> tuple[np.ndarray, dict[int, ClientUpdate]]:
+        """The stages; returns the unmasked sum mod 2^b and the metadata the clients disclosed.
+
+        Raises RoundAborted or ProtocolViolation (then the caller releases nothing).
+        """
+        rnd = instr.round
+        mreqs = self._keys(server, cohort, instr, enc, progress, pending)
+        ahead = self._plan_ahead(instr, enc, dim=int(sum(np.size(w) for w in weights)))
+        active = server.setup.active
+        masked = self._stage("masked", mreqs, progress, round=rnd, ahead=None if active else ahead,
+                             instructions=instr, weights=weights)
         updates = {pid: upd for pid, (_, upd) in masked.items()}
         ureqs = server.receive_masked([m for m, _ in masked.values()])
-        if server.setup.active:  # every survivor signs the one view before anyone reveals a share
-            views = self._stage("consistency", ureqs, progress, round=rnd)
+        if active:  # every survivor signs the one view before anyone reveals a share
+            views = self._stage("consistency", ureqs, progress, round=rnd, ahead=ahead)
             ureqs = server.receive_consistency(list(views.values()))
         # The survivors (server.u3) and hence the round's event are known here, before the unmask
         # requests go out: the write-ahead charge of the release (issue 11; raises on the budget).
         before_release(self._event(enc, len(server.u3), progress.info())[0])
-        unm = self._unmask(instr, ureqs, progress, dim=enc.padded_dim)
+        unm = self._stage("unmask", ureqs, progress, round=rnd, ahead=ahead)
         return server.receive_unmask(list(unm.values())), updates
 
     def _event(self, enc: EncodingSpec, survivors: int, info: SecureRoundInfo
@@ -276,17 +299,27 @@ class SecureRound:
         cfg = self.cfg
         n, t = len(cohort), self.threshold
         progress = _Progress(threshold=t)
+        pending, self._ahead = self._ahead, None
         if n < t:
             return self._aborted(f"cohort of {n} is below the secagg threshold {t}", like=weights,
                                  failures=progress.failures, info=progress.info())
         progress.degree = round_degree(cohort=n, degree=self.degree, threshold=t,
                                        colluders=cfg.secagg_colluders)
-        enc = self._encoding(instr, dim=int(sum(np.size(w) for w in weights)), threshold=t,
-                             rotation_seed=rng.child("rotation").random_bytes(32))
-        server = ServerSession(self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim),
-                               noise_design=_noise_design(enc))
+        if pending is not None and (pending.setup.round != instr.round or pending.cohort != tuple(cohort)
+                                    or (pending.encoding is not None and pending.instructions != instr)):
+            pending = None  # not this round's inputs (the run did not follow its lookahead)
+        if pending is not None and pending.encoding is not None:
+            enc = pending.encoding
+        else:
+            enc = self._encoding(instr, dim=int(sum(np.size(w) for w in weights)), threshold=t,
+                                 rotation_seed=rng.child("rotation").random_bytes(32))
+        setup = self._setup(instr.round, degree=progress.degree, dim=enc.padded_dim)
+        if pending is not None and pending.setup != setup:
+            pending = None
+        server = (pending.server if pending is not None and pending.server is not None
+                  else ServerSession(setup, noise_design=_noise_design(enc)))
         try:
-            total, updates = self._protocol(server, instr, cohort, weights, enc, progress)
+            total, updates = self._protocol(server, instr, cohort, weights, enc, progress, pending)
         except (RoundAborted, ProtocolViolation) as exc:
             progress.merge(server.failures)
             return self._aborted(f"secure aggregation aborted: {exc}", like=weights,
@@ -330,6 +363,50 @@ def _noise_design(enc: EncodingSpec) -> Callable[[int], XNoiseDesign] | None:
         return None
     ddp = enc.ddp()
     return lambda n: ddp.design(roster=n)
+
+
+@dataclasses.dataclass(slots=True)
+class _Ahead:
+    """Round r+1's key stages as they ride on round r's exchanges (mutable, held by the SecureRound)."""
+
+    instructions: RoundInstructions
+    cohort: tuple[int, ...]
+    setup: SetupRequest
+    encoding: EncodingSpec | None  # None: the round's encoding is not known ahead (no share stage ahead)
+    advertised: dict[int, Any] | None = None
+    server: ServerSession | None = None
+    roster: int | None = None
+    masked_requests: dict[int, Any] | None = None
+    aborted: str | None = None
+    failures: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def next_stage(self) -> tuple[str, dict[int, Any], dict[str, Any]] | None:
+        """The next key stage to send (name, requests, payload), or None (done, or not possible ahead)."""
+        if self.aborted is not None:
+            return None
+        if self.advertised is None:
+            return "advertise", {pid: self.setup for pid in self.cohort}, {}
+        if self.encoding is None or self.server is not None:
+            return None
+        self.server = ServerSession(self.setup, noise_design=_noise_design(self.encoding))
+        try:
+            roster = self.server.receive_keys(list(self.advertised.values()))
+        except (RoundAborted, ProtocolViolation) as exc:
+            self.aborted = str(exc)
+            return None
+        self.roster = len(roster.node_ids)
+        return "share", {pid: roster for pid in roster.node_ids}, {"instructions": self.instructions,
+                                                                  "encoding": self.encoding}
+
+    def received(self, name: str, replies: dict[int, Any]) -> None:
+        if name == "advertise":
+            self.advertised = replies
+            return
+        assert self.server is not None
+        try:
+            self.masked_requests = self.server.receive_shares(list(replies.values()))
+        except (RoundAborted, ProtocolViolation) as exc:
+            self.aborted = str(exc)
 
 
 @dataclasses.dataclass(slots=True)
