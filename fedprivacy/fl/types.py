@@ -145,9 +145,10 @@ class SecureRoundInfo:
 
     Attributes:
         threshold: the round's Shamir threshold ``t``.
-        exchanges: message exchanges the round took (3 when its stage 1 rode on the previous round).
+        exchanges: message exchanges the round took (its key stages riding on the previous round's
+            exchanges: 3 on the active schedule, 2 on the semi-honest one; ``docs/SECAGG.md``).
         degree: the masking graph's degree ``k`` (None if the round aborted before choosing it).
-        pipelined: the round's key advertisement rode on the previous round's unmask exchange.
+        pipelined: the round's key advertisement (and share stage) rode on the previous round's exchanges.
         survivors: clients whose masked input is in the released sum (None if aborted).
         rho: zCDP ρ of the released sum (privacy ``distributed``).
         max_abs_error: bound on the fixed-point decoding error per coordinate (privacy ``none``).

@@ -137,6 +137,65 @@ def test_secure_round_gives_the_exact_survivors_sum_with_a_dropout_at_every_stag
     assert 1 not in states  # 1 never started
 
 
+class PipeliningTransport(DirectTransport):
+    """DirectTransport that also carries round r+1's key stage (the real client steps, in order: round
+    r's part first); a node dropped at round r's stage misses both parts, one in ``refuse_next`` fails
+    only round r+1's part (its floor refuses that round), as ``clients/secagg_handlers.py`` answers."""
+
+    def __init__(self, *args: Any, refuse_next: Mapping[int, set[int]] | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.refuse_next = dict(refuse_next or {})
+        self.log: list[tuple[str, str | None]] = []
+
+    def stage(self, name: str, requests: Mapping[int, Any], **kw: Any) -> tuple[dict[int, Any], dict[int, str]]:
+        self.log.append((name, None))
+        return super().stage(name, requests, **kw)
+
+    def stage_with_next(self, name: str, requests: Mapping[int, Any], payload: Mapping[str, Any],
+                        next_name: str, next_requests: Mapping[int, Any], next_payload: Mapping[str, Any],
+                        ) -> tuple[tuple[dict[int, Any], dict[int, str]], tuple[dict[int, Any], dict[int, str]]]:
+        main = DirectTransport.stage(self, name, requests, **payload)
+        lost = set(main[1]) | self.refuse_next.get(next(iter(requests.values())).round, set())
+        nxt = DirectTransport.stage(self, next_name, {p: r for p, r in next_requests.items() if p not in lost},
+                                    **next_payload)
+        nxt[1].update({p: f"lost at {name}" for p in next_requests if p in lost})
+        self.log.append((name, next_name))
+        return main, nxt
+
+
+@pytest.mark.parametrize(("schedule", "first", "steady"), [("active", 5, 3), ("semi-honest", 4, 2)])
+def test_pipelined_rounds_on_changing_cohorts_give_each_rounds_exact_sum(
+        schedule: str, first: int, steady: int) -> None:
+    # Arrange: 10 clients, three rounds on different cohorts (as Poisson sampling gives); client 3 refuses
+    # only round 2's part of a merged exchange of round 1; client 8 vanishes at round 2's masked stage
+    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5, num_server_rounds=3, secagg_schedule=schedule)
+    like = [np.zeros((7, 5), np.float32), np.zeros(5, np.float32)]
+    updates = _updates(10, like, seed=9)
+    cohorts = {1: list(range(10)), 2: [0, 1, 2, 3, 5, 6, 8, 9], 3: [1, 2, 3, 4, 5, 6, 7, 9]}
+    transport = PipeliningTransport(cfg, updates, {"masked": {8}}, refuse_next={1: {3}})
+    rnd = SecureRound(cfg, transport, population=10, log=lambda _: None)
+    rnd.set_lookahead(lambda r: (_instr(r), cohorts[r], RandomSource.seeded(r)) if r in cohorts else None)
+    # Act
+    outcomes = [rnd(_instr(r), cohorts[r], like, RandomSource.seeded(r)) for r in (1, 2, 3)]
+    # Assert: each round's sum is exactly its survivors' (3 left round 2 only; 8 was dropped at the
+    # masked stage of every round by this transport, so never in a sum)
+    expect = {1: [0, 1, 2, 3, 4, 5, 6, 7, 9], 2: [0, 1, 2, 5, 6, 9], 3: [1, 2, 3, 4, 5, 6, 7, 9]}
+    for r, out in zip((1, 2, 3), outcomes, strict=True):
+        assert out.aborted is None and out.aggregate.aggregated == tuple(expect[r])
+        got = np.concatenate([a.astype(np.float64).ravel() for a in out.aggregate.mean_update]) * 10
+        assert np.max(np.abs(got - _clipped_sum(updates, expect[r], 0.5))) <= out.secagg.max_abs_error + 1e-5
+    assert 3 in outcomes[1].failures and 3 not in outcomes[0].failures
+    assert [o.secagg.exchanges for o in outcomes] == [first, steady, steady]
+    carrier = "consistency" if schedule == "active" else "masked"
+    assert (carrier, "advertise") in transport.log and ("unmask", "share") in transport.log
+    # the unmask stage deleted round 3's survivors' secrets; 8 (never unmasked) holds two live sessions
+    # on the active schedule, rounds 1 and 2 (an advertise forgets only rounds before the previous one);
+    # on the semi-honest one it missed round 2's advertise with its round-1 masked exchange
+    assert all(not transport.states[pid] for pid in expect[3])
+    held = sorted(k for k in transport.states[8] if "encoding" not in k)
+    assert held == (["secagg-session/1", "secagg-session/2"] if schedule == "active" else ["secagg-session/1"])
+
+
 def test_below_threshold_round_aborts_releasing_nothing() -> None:
     # Arrange: 6 clients, t = 4; three vanish at the share stage
     cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", clip_norm=0.5,
@@ -450,3 +509,40 @@ def test_engine_poisson_sampled_rounds_take_three_exchanges_on_the_cohorts_the_r
     assert [r["secagg_exchanges"] for r in rows] == [5, 3, 3, 3, 3]
     for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
         assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= 5e-4
+
+
+def test_a_refused_next_round_part_fails_alone_and_round_rs_reply_still_goes_back() -> None:
+    # Arrange: a node that advertised keys for round 2 (its round log says so), then gets a round-r
+    # message whose secagg-next part asks it to advertise round 2 again (a replayed round)
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from clients.secagg_handlers import _Next, advertise
+    from fedprivacy_flwr.secagg_records import from_records, to_records
+    from server.engine._flwr_private import TaskIdentityScope
+
+    cfg = RunConfig(privacy="none", secagg=True, clip_norm=0.5)
+    policy = ClientPolicy.for_simulation(cfg, colluders=0, schedule="active")
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 6}, state=RecordDict(),
+                  run_config=cfg.to_mapping())
+
+    def setup(r: int) -> SetupRequest:
+        return SetupRequest(round=r, threshold=4, degree=5, dim=64, min_survivors=4, modulus_bits=20, active=True)
+
+    with TaskIdentityScope(1):
+        first = Message(RecordDict(to_records("advertise", setup(2))), dst_node_id=7,
+                        message_type="query.secagg_advertise")
+        advertise(first, ctx, partition_id=0, policy=policy)
+        part = _Next(cfg=cfg, partition_id=0, policy=policy)
+        # Act
+        replayed: dict[str, Any] = {"secagg": ConfigRecord({"round r's": "reply"})}
+        part.run(Message(RecordDict(to_records("advertise", setup(2), record="secagg-next")), dst_node_id=7,
+                         message_type="query.secagg_unmask"), ctx, replayed)
+        fresh: dict[str, Any] = {}
+        part.run(Message(RecordDict(to_records("advertise", setup(3), record="secagg-next")), dst_node_id=7,
+                         message_type="query.secagg_unmask"), ctx, fresh)
+    # Assert: the replay is refused for round 2 only (round r's part of the reply is untouched); round 3
+    # is admitted and its keys travel as secagg-next
+    assert "ProtocolViolation" in replayed["secagg-next-error"]["error"] and "secagg-next" not in replayed
+    assert dict(replayed["secagg"]) == {"round r's": "reply"}
+    keys = from_records(RecordDict(fresh), stage="advertise", name="secagg-next")
+    assert keys.round == 3 and keys.node_id == 0 and "secagg-next-error" not in fresh

@@ -151,7 +151,8 @@ class SecureRound:
 
         None without a lookahead or a pipelining transport, after the last round, or for a next cohort
         below the threshold (that round aborts at once). The next cohort comes from the run's sampling,
-        independent of any data (the merging rule in :mod:`fedprivacy.secagg.protocol`).
+        independent of any data; its sessions are separate from round r's (fresh keys, seeds, round
+        number), so merging the messages changes what no client reveals (``docs/SECAGG.md``).
         """
         if self.lookahead is None or not isinstance(self.transport, PipelinedTransport):
             return None
