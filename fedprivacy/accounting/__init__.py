@@ -13,6 +13,7 @@ from fedprivacy.accounting.accountant import (
 )
 from fedprivacy.accounting.backends import BACKENDS, get_backend, to_dp_event
 from fedprivacy.accounting.calibration import calibrate_noise_multiplier
+from fedprivacy.accounting.completion import CompletedRoundGaussian  # registers its kind (journals)
 from fedprivacy.accounting.events import (
     AccountedMechanism,
     DiscreteGaussianEvent,
@@ -35,6 +36,7 @@ __all__ = [
     "Accountant",
     "Budget",
     "ChargeJournal",
+    "CompletedRoundGaussian",
     "DiscreteGaussianEvent",
     "ExponentialEvent",
     "FixedCohortSampling",

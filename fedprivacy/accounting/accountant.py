@@ -364,12 +364,14 @@ class Accountant:
         kinds = sorted({ev.mechanism.kind for ev, _ in self._runs})
         multipliers = sorted(
             {
-                ev.mechanism.noise_multiplier
+                float(getattr(ev.mechanism, "noise_multiplier", 0.0))
                 for ev, _ in self._runs
-                if isinstance(ev.mechanism, GaussianEvent)
+                if isinstance(ev.mechanism, GaussianEvent) or hasattr(ev.mechanism, "sampling_description")
             }
         )
-        samplings = list(dict.fromkeys(ev.sampling.describe() for ev, _ in self._runs))
+        # a registered mechanism that carries its own sampling (fedprivacy.accounting.completion) says so
+        samplings = list(dict.fromkeys(getattr(ev.mechanism, "sampling_description", None)
+                                       or ev.sampling.describe() for ev, _ in self._runs))
         return {
             "unit": self._unit,
             "neighbouring": self._neighbouring.value,

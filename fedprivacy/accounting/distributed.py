@@ -138,7 +138,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
@@ -151,6 +151,9 @@ from fedprivacy.accounting.events import (
     Sampling,
 )
 from fedprivacy.accounting.events import _check_int as _int_arg
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.completion import CohortRuleSampling
 
 __all__ = [
     "AUDIENCES",
@@ -574,8 +577,15 @@ class DistributedRelease:
         """Std of the dominating continuous Gaussian over ``Delta_2``: the accounted ``z``."""
         return self.continuous_std / self.l2_sensitivity
 
-    def event(self, sampling: Sampling | None = None) -> PrivacyEvent:
-        """The dominating Gaussian release (central DP's event) under ``sampling`` (default none)."""
+    def event(self, sampling: Sampling | CohortRuleSampling | None = None) -> PrivacyEvent:
+        """The dominating Gaussian release (central DP's event) under ``sampling`` (default none);
+        under :class:`fedprivacy.accounting.completion.CohortRuleSampling` (Poisson rounds whose
+        completion is public) the completed round's pair
+        :class:`fedprivacy.accounting.completion.CompletedRoundGaussian`."""
+        from fedprivacy.accounting.completion import CohortRuleSampling
+
+        if isinstance(sampling, CohortRuleSampling):
+            return sampling.event_for(self.noise_multiplier)
         return PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.noise_multiplier),
                             sampling=sampling if sampling is not None else NoSampling())
 
@@ -790,7 +800,7 @@ class AudienceEpsilons:
     participants: float | None = None
 
 
-def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling, *,
+def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling | CohortRuleSampling, *,
                       delta: float, neighbouring: Neighbouring, backend: str) -> float:
     from fedprivacy.accounting.accountant import Accountant
 
@@ -830,7 +840,7 @@ class _Composed:
                              "variance below ~1 integer unit, or a huge model); raise the scale or noise")
         return h
 
-    def pld(self, sampling: Sampling) -> float:
+    def pld(self, sampling: Sampling | CohortRuleSampling) -> float:
         slack, tv = self.slack, self.tv
         d_eff = self.delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
         eps = _gaussian_epsilon(self.releases, sampling, delta=d_eff, neighbouring=self.neighbouring,
@@ -854,7 +864,7 @@ class _Composed:
 
 
 def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
-                      sampling: Sampling | None = None,
+                      sampling: Sampling | CohortRuleSampling | None = None,
                       neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
                       backend: str = "pld",
                       participant_releases: Sequence[DistributedRelease] | None = None,
@@ -907,7 +917,7 @@ def accounted_noise_multiplier(*, noise_multiplier: float, clip_scale: float, l2
 
 
 def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: int,
-                          audience: str = "server", sampling: Sampling | None = None,
+                          audience: str = "server", sampling: Sampling | CohortRuleSampling | None = None,
                           neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
                           encoding_for: Callable[[float], tuple[float, float]],
                           smoothing_variance: float = SMOOTHING_VARIANCE,
@@ -930,11 +940,20 @@ def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: 
         raise ValueError(f"audience must be one of {AUDIENCES}, got {audience!r}")
     if not target_epsilon > 2 * max_slack:
         raise ValueError(f"target_epsilon must be > {2 * max_slack:g}, got {target_epsilon}")
-    samp: Sampling = NoSampling() if audience == "server" or sampling is None else sampling
-    z_acc = calibrate_noise_multiplier(
-        target_epsilon=target_epsilon - 2.0 * max_slack,
-        target_delta=target_delta * math.exp(-max_slack), sampling=samp, steps=steps,
-        backend="pld", neighbouring=neighbouring, rel_tol=rel_tol)
+    from fedprivacy.accounting.completion import CohortRuleSampling, calibrate_completed
+
+    samp = NoSampling() if audience == "server" or sampling is None else sampling
+    if isinstance(samp, CohortRuleSampling):  # the public's completed-round pair
+        if Neighbouring.parse(neighbouring) is not Neighbouring.ADD_REMOVE:
+            raise ValueError("the completed-round pair is proved for zero-out (neighbouring=add-remove) only")
+        z_acc = calibrate_completed(target_epsilon=target_epsilon - 2.0 * max_slack,
+                                    target_delta=target_delta * math.exp(-max_slack), sampling=samp,
+                                    steps=steps, rel_tol=rel_tol)
+    else:
+        z_acc = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon - 2.0 * max_slack,
+            target_delta=target_delta * math.exp(-max_slack), sampling=samp, steps=steps,
+            backend="pld", neighbouring=neighbouring, rel_tol=rel_tol)
     z = z_acc
     for _ in range(64):
         clip_scale, l2 = encoding_for(z)
@@ -963,9 +982,14 @@ OBSERVERS_THREAT_MODEL = (
     "same worst-case release, so nothing published depends on them; the models are a "
     "post-processing of the server's view, so this epsilon is never above the server's; "
     "amplification by the sampling that ran is claimed only when the released noise does not depend "
-    "on the survivors (exact XNoise without colluders) and the counts stay private, at the inclusion "
-    "rate given that a round completes (which rounds complete is public: q / P[cohort >= max(t, 3)]); "
-    "a run with an aborted round claims none; dropouts are assumed independent of who was sampled")
+    "on the survivors (exact XNoise without colluders) and the counts stay private; which rounds "
+    "complete is public, so a completed Poisson round is accounted as the pair in which the public "
+    "also learns how many other clients were sampled: with the probability that client i decided "
+    "the round's completion it is an unamplified Gaussian, else the subsampled one "
+    "(fedprivacy.accounting.completion; zero-out adjacency); rounds aborted by the cohort-size rule "
+    "are inside that pair, a run with a round aborted for another reason (dropouts, a protocol "
+    "violation) claims no amplification; dropouts in completed rounds are assumed independent of "
+    "who was sampled and of the data")
 PARTICIPANTS_THREAT_MODEL = (
     "a client that takes part in rounds (or a coalition of max(c, 1) such clients, without the "
     "server): each round it takes part in tells it the roster and the survivors, so no amplification "
@@ -979,16 +1003,17 @@ def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluder
                    counts_published: bool = False, aborted: bool = False) -> dict[str, Any]:
     """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
     if eps.amplified:
-        why = (f"amplified by {sampling_description}, at the inclusion rate given that a round completes "
-               "(the public only; counts kept private)")
+        why = (f"amplified by {sampling_description}, with which rounds completed public (each completed "
+               "round: an unamplified Gaussian with the probability that the client decided its "
+               "completion, else subsampled; the public only; counts kept private)")
     elif not sampled:
         why = "not amplified: every client takes part in every round"
     elif not exact_noise:
         why = ("not amplified: the released noise depends on how many survived (colluders > 0, or "
                "the legacy share), so its level could reveal whether a client was in the sum")
     elif aborted:
-        why = ("not amplified: a round aborted, which the public sees (the model did not move), and "
-               "which rounds complete depends on the cohort (review2 R8)")
+        why = ("not amplified: a round aborted after its cohort was chosen (dropouts or a protocol "
+               "violation), which the public sees and whose cause is not modelled (review2 R8)")
     elif counts_published:
         why = ("not amplified: the per-round client counts are published (publish-participation), and "
                "a known count changes the sampling the public faces (review F2)")

@@ -47,13 +47,17 @@ def test_observers_get_the_amplification_of_the_sampling_that_ran() -> None:
     server = get_mode("distributed").plan(_cfg(privacy_audience="server", sample_rate=0.5),
                                           population=20, dim=DIM)
     # at the rate given that the round completes (which the public sees: review2 R8)
+    from fedprivacy.accounting.completion import CompletedRoundGaussian
     from fedprivacy.fl.secure.params import public_sampling
 
     cfg = _cfg(privacy_audience="observers", sample_rate=0.5)
-    assert observers.event.sampling == public_sampling(cfg, population=20)
-    assert isinstance(observers.event.sampling, PoissonSampling) and observers.event.sampling.rate > 0.5
+    public = public_sampling(cfg, population=20)
+    assert observers.event == public.event_for(server.event.mechanism.noise_multiplier)
+    mech = observers.event.mechanism
+    assert isinstance(mech, CompletedRoundGaussian) and mech.sample_rate == 0.5
+    assert 0 < mech.gaussian_weight < 0.5 and public.inclusion_rate > 0.5
     assert isinstance(server.event.sampling, NoSampling)
-    assert observers.event.mechanism == server.event.mechanism
+    assert mech.noise_multiplier == server.event.mechanism.noise_multiplier
     assert "exact XNoise" in observers.mechanism and "legacy" not in observers.mechanism
 
 

@@ -401,20 +401,26 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
                     "clients_aggregated", "noise_std_sum", "aborted"} & set(row)
     enc = make_encoding(cfg, population=12, dim=64 * 32 + 32 + 32 * 10 + 10, threshold=t)
     sigma2 = (cfg.noise_multiplier * enc.clip_norm * enc.scale) ** 2 * (1 - 1e-9)
-    # the public sees which rounds completed: the rate given completion, q / P[Bin(12, q) >= max(t, 3)]
+    # the public sees which rounds completed: each completed round is the labelled mixture whose
+    # Gaussian weight is P[client i decided the completion | completed] (n >= max(t, 3) completes;
+    # the worse of 11 and 12 other clients), built here from dp-accounting's own PLDs mixed as pmfs
     from scipy import stats
 
-    q_complete = 0.5 / float(stats.binom.sf(max(t, 3) - 1, 12, 0.5))
+    from tests.accounting.test_accounting_completion import reference_pld
+
+    m0 = max(t, 3)
+    decided = max(0.5 * stats.binom.pmf(m0 - 1, o, 0.5)
+                  / (0.5 * stats.binom.sf(m0 - 2, o, 0.5) + 0.5 * stats.binom.sf(m0 - 1, o, 0.5))
+                  for o in (11, 12))
     server = dp_accounting.pld.PLDAccountant()
-    observers = dp_accounting.pld.PLDAccountant()
+    d2 = rounded_l2_norm_bound(l2_norm=enc.clip_norm * enc.scale, dim=enc.padded_dim, beta=math.exp(-0.5))
+    z = math.sqrt(sigma2 - SMOOTHING_VARIANCE) / d2
     for _ in private:
-        d2 = rounded_l2_norm_bound(l2_norm=enc.clip_norm * enc.scale, dim=enc.padded_dim, beta=math.exp(-0.5))
-        z = math.sqrt(sigma2 - SMOOTHING_VARIANCE) / d2
         server.compose(dp_accounting.GaussianDpEvent(noise_multiplier=z))
-        observers.compose(dp_accounting.PoissonSampledDpEvent(q_complete, dp_accounting.GaussianDpEvent(z)))
+    observers = reference_pld(z=z, q=0.5, gaussian_weight=decided).self_compose(len(private))
     aud = res["privacy"]["distributed"]["audiences"]
     assert aud["server"]["epsilon"] == pytest.approx(server.get_epsilon(1e-4), rel=2e-3)
-    assert aud["observers"]["epsilon"] == pytest.approx(observers.get_epsilon(1e-4), rel=2e-3)
+    assert aud["observers"]["epsilon"] == pytest.approx(observers.get_epsilon_for_delta(1e-4), rel=2e-3)
     assert aud["observers"]["epsilon"] < 0.8 * aud["server"]["epsilon"]
     assert any(r["secagg_survivors"] < r["secagg_roster"] for r in private)  # a round with dropouts
     assert res["privacy"]["epsilon"] == aud["observers"]["epsilon"]  # the ledger's audience

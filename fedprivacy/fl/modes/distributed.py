@@ -28,6 +28,7 @@ from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
 from fedprivacy.fl.secure.params import (
     counts_private,
+    is_cohort_rule_abort,
     largest_roster,
     make_encoding,
     public_sampling,
@@ -37,6 +38,7 @@ from fedprivacy.fl.types import RoundFn, RoundRecord
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.completion import CohortRuleSampling
     from fedprivacy.accounting.events import Sampling
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
@@ -55,7 +57,7 @@ def _adjacency(cfg: RunConfig) -> str:
             "noise share present (KLS 2021)")
 
 
-def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling:
+def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortRuleSampling:
     """The sampling the ledger's event carries: the public's (``privacy-audience=observers``) or none."""
     from fedprivacy.accounting.events import NoSampling
 
@@ -223,7 +225,8 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     if (done or cut_off) and plan is not None and dims:
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
         exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
-                                      aborted=any(r.aborted for r in records))
+                                      aborted=any(r.aborted and not is_cohort_rule_abort(r.aborted)
+                                                  for r in records))
     if plan is not None:
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -258,8 +261,10 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
                aborted: bool = False) -> tuple[bool, dict[str, Any]]:
     """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case.
 
-    A run with an aborted round claims no amplification for the public (review2 R8: an abort is
-    visible, and its cause once the cohort was chosen is outside :func:`public_sampling`'s model).
+    Rounds aborted by the cohort-size rule are inside :func:`public_sampling`'s pair (which rounds
+    complete is public: :mod:`fedprivacy.accounting.completion`); a run with a round aborted for
+    another reason (after its cohort was chosen: dropouts, a protocol violation) claims no
+    amplification for the public (review2 R8: the abort is visible and its cause is not modelled).
 
     ``ddps`` (adaptive clipping): per charged round, the encodings it can have run with (one for a
     completed round, its own clip norm); the round is charged the worst case over them."""
