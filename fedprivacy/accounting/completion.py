@@ -327,7 +327,7 @@ class CompletedRoundGaussian:
         a = np.asarray(orders, dtype=np.float64)
         acc = rdp_lib.RdpAccountant(orders=[float(x) for x in a])
         acc.compose(dp_event.PoissonSampledDpEvent(self.sample_rate, dp_event.GaussianDpEvent(self.ratio)))
-        r_s = np.asarray(acc._rdp, dtype=np.float64)
+        r_s = np.asarray(acc.rdp, dtype=np.float64)
         r_g = a / (2.0 * self.ratio**2)
         terms = []
         with np.errstate(divide="ignore"):

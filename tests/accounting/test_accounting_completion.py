@@ -232,7 +232,7 @@ def test_rdp_is_a_valid_cross_check_above_the_pld() -> None:
     acc = rdp_lib.RdpAccountant(orders=orders)
     acc.compose(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.0)))
     ours = mech.rdp(orders, neighbouring=Neighbouring.ADD_REMOVE, sampling=NoSampling())
-    assert np.allclose(ours, acc._rdp, rtol=1e-9)
+    assert np.allclose(ours, acc.rdp, rtol=1e-9)
 
 
 def test_replace_one_and_an_outer_sampling_are_refused() -> None:
