@@ -115,6 +115,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import special, stats
 
+from fedprivacy.accounting.backends import PLD_VALUE_DISCRETIZATION
 from fedprivacy.accounting.events import (
     Neighbouring,
     NoSampling,
@@ -135,8 +136,8 @@ __all__ = [
     "round_weights",
 ]
 
-#: PLD discretisation of the privacy loss (the backends' ``PLD_VALUE_DISCRETIZATION``).
-GRID = 1e-4
+#: PLD discretisation of the privacy loss (the backends').
+GRID = PLD_VALUE_DISCRETIZATION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

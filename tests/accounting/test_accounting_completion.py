@@ -38,14 +38,10 @@ def _at_least(m0: int):  # noqa: ANN202 - a cohort rule
     return lambda n: n >= m0
 
 
-def reference_pld(*, z: float, q: float, gaussian_weight: float, null_weight: float = 0.0,
-                  grid: float = 1e-4) -> pld_lib.PrivacyLossDistribution:
-    """The labelled mixture from dp-accounting's own (pessimistic) Gaussian PLDs, mixed as pmfs:
-    an independent construction of the pair (no profile, no connect-the-dots of ours)."""
-    parts = [(gaussian_weight, pld_lib.from_gaussian_mechanism(z, value_discretization_interval=grid)),
-             (1.0 - gaussian_weight - null_weight,
-              pld_lib.from_gaussian_mechanism(z, sampling_prob=q, value_discretization_interval=grid)),
-             (null_weight, None)]
+def mixture(parts: list[tuple[float, pld_lib.PrivacyLossDistribution | None]], *, grid: float,
+            pessimistic: bool) -> pld_lib.PrivacyLossDistribution:
+    """The PLD of a view that *observes* which part ran (weights independent of the data): the
+    mixture of the parts' loss pmfs (None: the part tells nothing, loss 0), both orders."""
     sides = []
     for side in ("_pmf_remove", "_pmf_add"):
         pieces = []
@@ -62,8 +58,18 @@ def reference_pld(*, z: float, q: float, gaussian_weight: float, null_weight: fl
         probs = np.zeros(max(p[1] + len(p[2]) for p in pieces) - lo)
         for w, lo_, pr, _ in pieces:
             probs[lo_ - lo: lo_ - lo + len(pr)] += w * pr
-        sides.append(pld_pmf.DensePLDPmf(grid, lo, probs, sum(p[0] * p[3] for p in pieces), True))
+        sides.append(pld_pmf.DensePLDPmf(grid, lo, probs, sum(p[0] * p[3] for p in pieces), pessimistic))
     return pld_lib.PrivacyLossDistribution(sides[0], sides[1])
+
+
+def reference_pld(*, z: float, q: float, gaussian_weight: float, null_weight: float = 0.0,
+                  grid: float = 1e-4) -> pld_lib.PrivacyLossDistribution:
+    """The labelled mixture from dp-accounting's own (pessimistic) Gaussian PLDs, mixed as pmfs:
+    an independent construction of the pair (no profile, no connect-the-dots of ours)."""
+    return mixture([(gaussian_weight, pld_lib.from_gaussian_mechanism(z, value_discretization_interval=grid)),
+                    (1.0 - gaussian_weight - null_weight,
+                     pld_lib.from_gaussian_mechanism(z, sampling_prob=q, value_discretization_interval=grid)),
+                    (null_weight, None)], grid=grid, pessimistic=True)
 
 
 # ------------------------------------------------------------------------------ (a) brute force

@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import pytest
-from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import stats
 
@@ -52,24 +51,10 @@ def _summary(cfg: RunConfig, counts: list[tuple[int, int]]) -> dict:
 
 def _mixture(parts: list[tuple[float, pld_lib.PrivacyLossDistribution | None]]
              ) -> pld_lib.PrivacyLossDistribution:
-    """The PLD of a view that *observes* which part ran (weights independent of the data): the
-    mixture of the parts' loss distributions (None: the round tells nothing, loss 0)."""
-    sides = []
-    for side in ("_pmf_remove", "_pmf_add"):
-        pieces = []
-        for w, p in parts:
-            if p is None:
-                pieces.append((w, 0, np.array([1.0]), 0.0))
-                continue
-            d = getattr(p, side)
-            d = d if isinstance(d, pld_pmf.DensePLDPmf) else d.to_dense_pmf()
-            pieces.append((w, d._lower_loss, d._probs, d._infinity_mass))
-        lo = min(lo for _, lo, _, _ in pieces)
-        probs = np.zeros(max(lo_ + len(pr) for _, lo_, pr, _ in pieces) - lo)
-        for w, lo_, pr, _ in pieces:
-            probs[lo_ - lo: lo_ - lo + len(pr)] += w * pr
-        sides.append(pld_pmf.DensePLDPmf(GRID, lo, probs, sum(w * m for w, _, _, m in pieces), False))
-    return pld_lib.PrivacyLossDistribution(sides[0], sides[1])
+    """The PLD of a view that *observes* which part ran (optimistic pmfs mixed: a lower bound)."""
+    from tests.accounting.test_accounting_completion import mixture
+
+    return mixture(parts, grid=GRID, pessimistic=False)
 
 
 def _gauss(rate: float, z: float) -> pld_lib.PrivacyLossDistribution:
