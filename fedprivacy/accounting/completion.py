@@ -385,7 +385,8 @@ def _pld(mech: CompletedRoundGaussian) -> Any:
     eps = np.arange(lower, upper + 1, dtype=np.float64) * GRID
     pmfs = []
     for remove in (True, False):
-        deltas = np.minimum.accumulate(mech.profile(eps, remove=remove))  # non-increasing (round-off)
+        # non-increasing, as a profile is: round-off is repaired upwards (pessimistic)
+        deltas = np.maximum.accumulate(mech.profile(eps, remove=remove)[::-1])[::-1]
         pmfs.append(pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(GRID, lower, upper, deltas))
     return pld_lib.PrivacyLossDistribution(pmfs[0], pmfs[1])
 
