@@ -127,7 +127,10 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
                                ("secure-semi", "plain", "none"),
                                ("distributed-semi", "central", "distributed")):
         if secure in sec and base in sec and by[secure].get("dim"):
-            n = int(round(by[secure].get("participants") or clients))  # the protocol's n, not the population
+            # the protocol's n, not the population; a run that keeps its counts private (central,
+            # distributed by default) reports none: every mode samples alike, so take another row's
+            known = next((r["participants"] for r in rows if r.get("participants")), None)
+            n = int(round(by[secure].get("participants") or known or clients))
             floor = _floor(kind, clients=n, dim=by[secure]["dim"])
             per_client = (sec[secure] - sec[base]) / n
             out[secure] = {"participants_per_round": n, "overhead_per_client_seconds": per_client,
