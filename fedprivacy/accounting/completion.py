@@ -96,9 +96,14 @@ Not claimed. (1) Removing ``i`` from the population: in the revealed view, with 
 ``b not in G``, ``D`` completes with probability ``q`` and ``D'`` never does: an infinite privacy loss
 of mass ``q P[B = b]``, larger than any useful delta, so no amplified figure follows from this
 argument. (2) Rounds that abort after the cohort was chosen (dropouts, protocol violations): their
-cause is not modelled; the summary claims no amplification for such a run. Rounds that complete
-after dropouts are assumed to have dropouts independent of who was sampled and of the data (the
-threat model says so); the completion rule above counts the cohort, not the survivors.
+cause is not modelled; the summary claims no amplification for such a run. (3) Dropouts in rounds
+that complete: the pair models completion by the cohort size. When sampled clients can drop out,
+the survivor count also decides completion (``s >= t``), so client ``i`` can decide it through the
+survivors too, and conditioning on "no dropout" lowers the effective rate to ``q (1 - rho)`` whose
+``w_g`` can be larger. The figure is proved for runs in which no sampled client drops out; with a
+dropout rate ``rho > 0`` it is an assumption (stated in the threat model), as it was for the rate
+``q / P[n >= m0]`` this replaces. Revealing the others' dropouts too extends the proof, with
+``w_g`` then depending on ``rho`` (an assumed bound on it would be needed).
 """
 
 from __future__ import annotations

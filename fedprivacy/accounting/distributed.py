@@ -988,8 +988,10 @@ OBSERVERS_THREAT_MODEL = (
     "the round's completion it is an unamplified Gaussian, else the subsampled one "
     "(fedprivacy.accounting.completion; zero-out adjacency); rounds aborted by the cohort-size rule "
     "are inside that pair, a run with a round aborted for another reason (dropouts, a protocol "
-    "violation) claims no amplification; dropouts in completed rounds are assumed independent of "
-    "who was sampled and of the data")
+    "violation) claims no amplification; the pair is proved for completion decided by the cohort "
+    "size, i.e. no sampled client dropping out of a completed round: with dropouts (assumed "
+    "independent of who was sampled and of the data) a client can also decide completion through "
+    "the survivor count, which the figure does not model")
 PARTICIPANTS_THREAT_MODEL = (
     "a client that takes part in rounds (or a coalition of max(c, 1) such clients, without the "
     "server): each round it takes part in tells it the roster and the survivors, so no amplification "
