@@ -176,9 +176,11 @@ def test_the_public_sees_which_rounds_completed_and_the_rate_is_conditioned_on_i
     cfg = _cfg(num_server_rounds=3)
     plan = get_mode("distributed").plan(cfg, population=N, dim=DIM)
     records = _records(cfg, [(10, 10), (10, 10)])
-    for reason, amplified in ((f"{COHORT_RULE_ABORT}4 is below the secagg threshold 6", True),
-                              ("secure aggregation aborted: 5 survivors, fewer than 6", False)):
-        run = records + [dataclasses.replace(records[-1], round=3, aborted=reason,
+    for reason, cohort, amplified in ((f"{COHORT_RULE_ABORT}4 is below the secagg threshold 6", 4, True),
+                                      # a cohort the secure round never completes (review3 V4a), any reason
+                                      ("secure aggregation aborted: unsafe for the 2 clients present", 2, True),
+                                      ("secure aggregation aborted: 5 survivors, fewer than 6", 10, False)):
+        run = records + [dataclasses.replace(records[-1], round=3, aborted=reason, clients_sampled=cohort,
                                              secagg=dataclasses.replace(records[-1].secagg, survivors=None))]
         obs = distributed_summary(cfg, run, epsilon=None, plan=plan)["distributed"]["audiences"]["observers"]
         assert obs["amplification"] is amplified

@@ -27,6 +27,7 @@ from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
 from fedprivacy.fl.secure.params import (
+    completes,
     counts_private,
     is_cohort_rule_abort,
     largest_roster,
@@ -225,8 +226,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     if (done or cut_off) and plan is not None and dims:
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
         exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
-                                      aborted=any(r.aborted and not is_cohort_rule_abort(r.aborted)
-                                                  for r in records))
+                                      aborted=_unmodelled_abort(cfg, records, population=plan.population))
     if plan is not None:
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -254,6 +254,27 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
                                  "δ, PLD accountant: without sampling (the server's reference) and "
                                  "with the sampling that ran (the public's reference)"),
     }}
+
+
+def _unmodelled_abort(cfg: RunConfig, records: Sequence[RoundRecord], *, population: int) -> bool:
+    """Whether a round aborted for a reason the public's pair does not model.
+
+    Modelled (:func:`fedprivacy.fl.secure.params.public_sampling`): the cohort size alone decided it,
+    i.e. SecureRound's cohort-size abort, or any abort of a round whose cohort size (the server's
+    private count) is one the secure round never completes (:func:`completes`: e.g. a cohort of 2
+    with ``t = 2`` aborts inside the protocol, review3 V4a). Anything else (an abort of a round whose
+    cohort could have completed: dropouts, a protocol violation) is not modelled.
+    """
+    aborts = [r for r in records if r.aborted]
+    if not aborts:
+        return False
+    try:
+        rule = completes(cfg, population=population)
+    except ValueError:
+        return True
+    return any(not (is_cohort_rule_abort(r.aborted)
+                    or (r.clients_sampled is not None and not rule(int(r.clients_sampled))))
+               for r in aborts)
 
 
 def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
