@@ -73,8 +73,12 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | Non
     import matplotlib.pyplot as plt
 
     setups = sorted({(p["label"], p["rounds"]) for p in points})
-    fig, axes = plt.subplots(1, len(setups), figsize=(6.5 * len(setups), 4.5), squeeze=False)
-    for ax, (setup, rounds) in zip(axes[0], setups, strict=True):
+    ncols = min(3, len(setups))  # rows of three panels
+    nrows = -(-len(setups) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.5 * nrows), squeeze=False)
+    for ax in axes.flat[len(setups):]:
+        ax.set_visible(False)
+    for ax, (setup, rounds) in zip(axes.flat, setups, strict=False):
         here = [p for p in points if (p["label"], p["rounds"]) == (setup, rounds)]
         for p in here:
             if p["mode"] == "none":

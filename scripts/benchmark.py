@@ -174,7 +174,8 @@ BUDGET_SCOPE = [
     "rows: `scripts/methods_bench.py` (not on this page).",
     "**What that means for the figures**: the models are not converged (non-DP 0.76 at T = 30, 0.83 at "
     "T = 100 and still rising), so the curves show what DP costs in the first 30–100 rounds, not at "
-    "convergence, and the ≥ 88% non-DP goal is not reached. One or two seeds per point: the min–max "
+    "convergence, and the ≥ 88% non-DP goal is not reached by this (FedAvg) recipe at these T (the "
+    "named `--setup` recipes below change the server step). One or two seeds per point: the min–max "
     "bands are not a spread estimate. Every ε is a valid claim for the model it reports (σ "
     "calibrated for the T that ran). The distributed row's ε is what fedprivacy's distributed mode "
     "reports (the server's view: no amplification by sampling, docs/DISTRIBUTED_DP.md), hence 66.8 "
@@ -235,8 +236,43 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
             summary=_IID_SUMMARY + "server FedAvgM (server lr 1.0, momentum 0.9)",
             training=dict(_FASHION_IID, server_optimizer="fedavgm", server_learning_rate=1.0,
                           server_momentum=0.9)),
+        # Under central DP at ε = 4 the 100-per-round recipes plateau (FedAvgM ~0.81, FedAdam ~0.77
+        # by round 80): the noise on the mean update, σC/m, is amplified ~10x by the server step.
+        # Three times the cohort for two thirds of the rounds (about the same client work) halves
+        # it: σ/m = 1.387/300 = 0.0046 at T = 100 against 0.852/100 = 0.0085 at T = 150.
+        FashionSetup(
+            name="fedavgm-c300", rounds=100,
+            summary=_IID_SUMMARY.replace("q = 100/3000", "q = 300/3000")
+            + "server FedAvgM (server lr 1.0, momentum 0.9)",
+            training=dict(_FASHION_IID, clients_per_round=300, server_optimizer="fedavgm",
+                          server_learning_rate=1.0, server_momentum=0.9)),
     )
 }
+
+
+# What the page says about the --setup runs (1 December 2026, session 3); rendered once per page.
+SETUP_SCOPE: list[str] = [
+    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:05 UTC, load average 5–14 "
+    "from other work; one process per row, at most two at a time): `--setup NAME` recipes = the "
+    "budget recipe above with only the server step changed (and, for `fedavgm-c300`, the cohort). "
+    "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100 "
+    "and at T = 150 (`--rounds 150`); `fedavgm` (FedAvgM, 100 per round, T = 150): central ε = 4. "
+    "Seed 0 everywhere: one run per point, so the min–max bands are not a spread estimate.",
+    "**Why 300 per round**: with 100 per round, FedAvgM reaches 0.888 without DP at T = 150 (a probe "
+    "with the identical recipe, `runs/probe.py` in the data3 worktree, not on the curves: rounds "
+    "10..150 .727 .808 .838 .845 .856 .857 .869 .864 .872 .874 .877 .882 .881 .887 .888), but central "
+    "DP at ε = 4 (σ = 0.852) plateaus at ~0.81 from round 30 and ends at 0.798, −9 points: the server "
+    "step (momentum 0.9, ~10x the step of FedAvg) amplifies the noise on the mean update (σC/m per "
+    "coordinate) as much as the signal. FedAdam (Reddi et al. 2021; server lr 0.1, β 0.9/0.99, τ "
+    "1e-3) was faster without DP in a probe (0.892 at round 140, 0.881 at 150) and worse with it (0.757 "
+    "at round 80 at ε = 4, stopped). The same ε with three times the cohort needs σ = 1.387 (T = 100) "
+    "or 1.586 (T = 150), divided by 300 instead of 100: about half the noise on the mean (0.0046 and "
+    "0.0053 against 0.0085 per unit of C), for twice (T = 100) or three times (T = 150) the client work "
+    "of 100 per round at T = 150.",
+    "**Not run** for the named setups (time: a T = 150 run at 300 per round took ~20 minutes here "
+    "with one worker; the session had ~2 hours of a shared 2-core machine): seeds 1 and 2, ε ∈ {1, 2, "
+    "8}, the Dirichlet(0.5) setup, distributed and local DP, Flower's DP wrapper at the same σ.",
+]
 
 
 def _sigma(target_epsilon: float, sample_rate: float, rounds: int) -> float:
@@ -549,6 +585,8 @@ def rendered_payload(paths: Sequence[Path], *, membership: Sequence[Path] | None
     for s in saved:  # a budget sweep's notes and scope are the ones written in this script
         if s["sweep"] == "budget":
             s["notes"], s["scope"] = list(BUDGET_NOTES), s.get("scope") or list(BUDGET_SCOPE)
+        elif s["sweep"].startswith("setup "):  # so are the named setups' scope (what ran, what not)
+            s["scope"] = list(SETUP_SCOPE) + list(s.get("scope") or [])
     rows = [r for s in saved for r in s["rows"]]
     notes = list(dict.fromkeys(n for s in saved for n in s.get("notes", [])))  # once each, in order
     first = saved[0]

@@ -57,6 +57,17 @@ def test_runs_of_different_lengths_are_different_curves() -> None:
         ("central", 100, 0.84), ("central", 200, 0.78), ("none", 100, 0.86), ("none", 200, 0.80)]
 
 
+def test_many_setups_plot_in_rows_of_three_panels(tmp_path: Path) -> None:
+    rows = [dict(_row(mode, 0, acc, eps=eps, target=eps), label=f"fashion iid {name}")
+            for name in ("a", "b", "c", "d") for mode, acc, eps in (("none", 0.88, None), ("central", 0.85, 4.0))]
+    path = plot_curves(curve_points(rows), tmp_path)
+    assert path is not None
+    from PIL import Image
+
+    width, height = Image.open(path).size
+    assert (width, height) == (round(6.5 * 3 * 110), round(4.5 * 2 * 110))  # 3 columns, 2 rows at 110 dpi
+
+
 def _mia(eps: float | None, *, auc: float, tpr: float, acc: float) -> dict:
     rows = [{"attack": a, "level": lvl, "auc": auc if lvl == "user" else 0.5, "tpr_at_fpr_1pct": tpr,
              "tpr_at_fpr_01pct": tpr, "members": 200, "nonmembers": 200, "fpr_resolution": 0.005}
