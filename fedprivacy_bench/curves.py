@@ -252,6 +252,18 @@ def _iid_none(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [p for p in points if p["mode"] == "none" and "iid" in str(p["label"])]
 
 
+def _chance_tpr(row: Mapping[str, Any], *, fpr: float = 0.01) -> bool:
+    """TPR at ``fpr`` within 3 standard errors of ``fpr``, the value of an attack that knows nothing.
+
+    Under the null (member and non-member scores from one distribution) the empirical TPR at the
+    empirical ``fpr`` threshold varies with both samples: se = sqrt(fpr (1 - fpr) (1/members +
+    1/non-members)).
+    """
+    members, nonmembers = max(int(row.get("members") or 0), 1), max(int(row.get("nonmembers") or 0), 1)
+    se = (fpr * (1 - fpr) * (1 / members + 1 / nonmembers)) ** 0.5
+    return float(row["tpr_at_fpr_1pct"]) <= fpr + 3 * se
+
+
 def curve_goals(points: Sequence[Mapping[str, Any]],
                 membership: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, str]]:
     """Issue 13's goals against what ran: each entry ``goal``, ``verdict`` (met / missed / not
@@ -306,7 +318,8 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
             b = best(s)
             m = s["summary"]
             top_auc = max(r["auc"] for r in s["rows"] if r["level"] == "user")
-            useful_chance = top_auc < 0.6 and m["test_accuracy"] >= 0.5
+            useful_chance = (top_auc < 0.6 and m["test_accuracy"] >= 0.5
+                             and all(_chance_tpr(r) for r in s["rows"] if r["level"] == "user"))
             chance_useful |= useful_chance
             dp_figs.append(f"ε={m['epsilon']:.3g} (σ={m['noise_multiplier']:.3f}): strongest user-level "
                            f"attack {b['attack']} AUC {b['auc']:.3f}, TPR@1% {b['tpr_at_fpr_1pct']:.3f}, "
@@ -319,8 +332,10 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     if judged:
         goals.append({"goal": goal, "verdict": "met" if any(ok for ok, _ in judged) else "missed",
                       "figures": " — ".join(f"[{'met' if ok else 'missed'}] {text}" for ok, text in judged)
-                                 + " (\"chance on a useful model\" read as every user-level attack's AUC "
-                                   "< 0.6 at test accuracy ≥ 0.5; met if one experiment has both)"})
+                                 + " (\"chance on a useful model\" read as every user-level attack at AUC "
+                                   "< 0.6 and TPR at 1% FPR within 3 standard errors of 0.01 (member and "
+                                   "non-member pairs both sampled), at test accuracy ≥ 0.5; \"clearly "
+                                   "succeeds\" as TPR at 1% FPR > 0.05; met if one experiment has both)"})
     else:
         goals.append({"goal": goal, "verdict": "not measured",
                       "figures": "no membership run with and without DP"})

@@ -252,11 +252,12 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
 
 # What the page says about the --setup runs (1 December 2026, session 3); rendered once per page.
 SETUP_SCOPE: list[str] = [
-    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:05 UTC, load average 5–14 "
+    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:20 UTC, load average 5–14 "
     "from other work; one process per row, at most two at a time): `--setup NAME` recipes = the "
     "budget recipe above with only the server step changed (and, for `fedavgm-c300`, the cohort). "
-    "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100 "
-    "and at T = 150 (`--rounds 150`); `fedavgm` (FedAvgM, 100 per round, T = 150): central ε = 4. "
+    "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100, "
+    "120 and 150 (`--rounds`; σ calibrated for each T); `fedavgm` (FedAvgM, 100 per round, T = 150): "
+    "central ε = 4. "
     "Seed 0 everywhere: one run per point, so the min–max bands are not a spread estimate.",
     "**Why 300 per round**: with 100 per round, FedAvgM reaches 0.888 without DP at T = 150 (a probe "
     "with the identical recipe, `runs/probe.py` in the data3 worktree, not on the curves: rounds "
@@ -269,6 +270,16 @@ SETUP_SCOPE: list[str] = [
     "or 1.586 (T = 150), divided by 300 instead of 100: about half the noise on the mean (0.0046 and "
     "0.0053 against 0.0085 per unit of C), for twice (T = 100) or three times (T = 150) the client work "
     "of 100 per round at T = 150.",
+    "**Membership inference, larger pools** (session 3; `scripts/user_membership.py`, commands above): "
+    "to keep DP models useful the noise on the mean update must shrink, so more clients per round: "
+    "200 candidate clients x 100 images (100 per model, q = 0.4, 40 per round) at no DP and central "
+    "ε = 2, 4, 1 (one run: 26 minutes wall, 9 of them paused by me while a benchmark row ran), and "
+    "1000 x 50 (500 per model, q = 0.2, 100 per round), stopped after its no-DP setting because the "
+    "attack found almost nothing there (train 0.824, test 0.811: the models generalise), so its DP "
+    "settings could show nothing. Both: K = 4, T = 30, 5 local epochs, `mlp` with 64 hidden units, "
+    "C = 1. The verdict rule is the one above; at 200 x 100, ε = 4 keeps AUC ≤ 0.552 but the loss "
+    "attack's TPR at 1% FPR is 0.048 (not chance at low FPR); ε = 2 is at chance on both measures "
+    "with test accuracy 0.528.",
     "**Not run** for the named setups (time: a T = 150 run at 300 per round took ~20 minutes here "
     "with one worker; the session had ~2 hours of a shared 2-core machine): seeds 1 and 2, ε ∈ {1, 2, "
     "8}, the Dirichlet(0.5) setup, distributed and local DP, Flower's DP wrapper at the same σ.",

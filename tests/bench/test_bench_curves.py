@@ -117,3 +117,8 @@ def test_membership_experiments_are_judged_apart_and_one_meeting_both_halves_mee
     assert verdict["verdict"] == "met" and only_small["verdict"] == "missed"
     assert verdict["figures"].count("[missed]") == 1 and verdict["figures"].count("[met]") == 1
     assert "[chance, useful]" in verdict["figures"].split("[met]")[1]
+    # AUC below 0.6 is not enough: TPR at 1% FPR 0.06 with 200 + 200 pairs is > 0.01 + 3 se (0.040)
+    low_fpr_leak = [large[0], pool(_mia(4.0, auc=0.55, tpr=0.06, acc=0.80), 1000)]
+    assert curve_goals([], low_fpr_leak)[2]["verdict"] == "missed"
+    assert curve_goals([], [large[0], pool(_mia(4.0, auc=0.55, tpr=0.039, acc=0.80), 1000)])[2][
+        "verdict"] == "met"
