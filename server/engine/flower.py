@@ -65,13 +65,37 @@ def run_flower_simulation(  # pylint: disable=too-many-arguments
     ``flwr run`` itself uses inside its simulation process (see
     :func:`server.engine._flwr_private.run_simulation_as_flwr_run`): the ClientApps get the fused run
     config from ``app_dir`` plus the overrides carried by the ``Run``, and the ServerApp gets it in its
-    Context. Returns the ServerApp's final Context.
+    Context. Returns the ServerApp's final Context. The clients' floor (``FEDPRIVACY_CLIENT_POLICY``) is
+    the one the run asks for, as with ``flwr run``; Ray must not be initialised yet in this process
+    (its workers take the environment of the first ``ray.init``).
     """
-    from server.engine._flwr_private import TaskIdentityScope
+    from server.engine.appspec import simulation_node_config
 
     spec = load_app_spec(app_dir)
     overrides = parse_overrides(run_config)
     fused = fuse_dicts(spec.default_config, overrides)
+    # The simulated clients' floor, as `flwr run` (run_flwr) and the in-process engine give it: without
+    # it every client refused e.g. privacy 'none' (code defaults: distributed or local only) and a
+    # "round" here was 100 refusals (issue 16's Ray figures). Ray's processes, started below, inherit
+    # this process's environment.
+    policy = dict(simulation_node_config(fused))
+    saved = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = json.dumps(policy)
+    try:
+        return _run_on_ray(spec, overrides, fused, num_supernodes=num_supernodes,
+                           backend_config=backend_config, server_app=server_app, client_app=client_app)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = saved
+
+
+def _run_on_ray(spec: Any, overrides: dict[str, Any], fused: dict[str, Any], *, num_supernodes: int,
+                backend_config: Mapping[str, Any] | None, server_app: str | None,
+                client_app: str | None) -> Context:
+    from server.engine._flwr_private import TaskIdentityScope
+
     run_id = secrets.randbits(63) | 1
     run = make_run(spec, overrides, run_id)
     context = server_context(run_id, fused)

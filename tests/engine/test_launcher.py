@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from server.engine.flower import stop_started_by
 
@@ -74,3 +75,22 @@ def test_results_path_is_the_one_the_server_app_wrote(tmp_path: Path) -> None:
                                     "run-name": "mine"}, num_supernodes=3, app_dir=REPO_DIR)
     # Assert
     assert res.results_path == tmp_path / "mine" / "results.json" and res.results_path.is_file()
+
+
+def test_ray_simulation_sets_the_runs_client_floor_for_its_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_flower_simulation`` puts the floor of the run asked for in ``FEDPRIVACY_CLIENT_POLICY`` while
+    Ray starts (its processes inherit it) and restores the caller's value afterwards (issue 16: without
+    it every client refused privacy 'none' and bench_engine's Ray rows timed refusals)."""
+    import json as _json
+
+    from fedprivacy.fl.client_policy import ENV_VAR
+    from server.engine import flower
+
+    seen: list[dict[str, object]] = []
+    monkeypatch.setenv(ENV_VAR, '{"client-privacy-modes": "distributed"}')
+    monkeypatch.setattr(flower, "_run_on_ray", lambda *a, **k: seen.append(_json.loads(os.environ[ENV_VAR])))
+    repo = Path(__file__).resolve().parents[2]
+    flower.run_flower_simulation(run_config={"privacy": "none", "secagg": False}, num_supernodes=3,
+                                 app_dir=repo)
+    assert "none" in str(seen[0]["client-privacy-modes"]).split(",")
+    assert os.environ[ENV_VAR] == '{"client-privacy-modes": "distributed"}'
