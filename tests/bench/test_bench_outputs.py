@@ -34,15 +34,22 @@ def test_quick_never_writes_the_committed_docs(tmp_path: Path) -> None:
     assert bench.output_paths(quick=True, out=tmp_path, no_docs=True) == (None, None, None)
 
 
-def test_budget_sweep_is_the_declared_cut_and_never_writes_the_docs(monkeypatch) -> None:
-    bench = _script()
+def _fake_calibration(monkeypatch, bench) -> list[tuple[float, float, int]]:
+    """sigma = 1 / target epsilon; returns the (epsilon, q, T) the sweep asked for (the calibration
+    itself is tested in tests/accounting)."""
     asked: list[tuple[float, float, int]] = []
 
     def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float) -> float:
-        asked.append((target_epsilon, sample_rate, rounds))  # the calibration itself: tests/accounting
+        asked.append((target_epsilon, sample_rate, rounds))
         return 1.0 / target_epsilon
 
     monkeypatch.setattr(bench, "calibrated_sigma", sigma)
+    return asked
+
+
+def test_budget_sweep_is_the_declared_cut_and_never_writes_the_docs(monkeypatch) -> None:
+    bench = _script()
+    asked = _fake_calibration(monkeypatch, bench)
     specs = bench.fashion_budget_sweep()
     assert len({s.key() for s in specs}) == len(specs) == 8
     assert all(s.dataset == "fashion-mnist" and s.partitioner == "iid" and s.num_clients == 3000
@@ -113,13 +120,7 @@ def test_several_saved_sweeps_render_on_one_page_with_the_membership_figure(tmp_
 
 def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_the_docs(monkeypatch) -> None:
     bench = _script()
-    asked: list[tuple[float, float, int]] = []
-
-    def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float) -> float:
-        asked.append((target_epsilon, sample_rate, rounds))  # the calibration itself: tests/accounting
-        return 1.0 / target_epsilon
-
-    monkeypatch.setattr(bench, "calibrated_sigma", sigma)
+    asked = _fake_calibration(monkeypatch, bench)
     setup = bench.FASHION_SETUPS_NAMED["fedavgm"]
     specs = bench.setup_sweep("fedavgm", seeds=(0, 1), epsilons=(4.0, 1.0),
                               modes=("none", "central", "local"))
