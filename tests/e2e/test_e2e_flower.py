@@ -91,6 +91,9 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
     results = json.loads((out / "deploy" / "results.json").read_text())
     assert results["population"] == 3
     assert [(r["round"], r["clients_aggregated"]) for r in results["rounds"]] == [(1, 3), (2, 3)]
+    # the default secure round: round 2's key stages rode on round 1's exchanges (docs/SECAGG.md), with the
+    # sessions of two rounds in each SuperNode's node state at once
+    assert [r["secagg_exchanges"] for r in results["rounds"]] == [5, 3]
     assert results["privacy"]["epsilon"] > 0
     assert left == []
 
