@@ -15,6 +15,8 @@ Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placeme
 1. budget check *before* any release: if the round's event would overspend ``(target-epsilon,
    target-delta)``, stop cleanly and say so;
 2. sample partition ids with ``RandomSource(...).child("server", r)`` exactly as the plan reports;
+   with DP-SGD (modes none/central) every sampled client's planned example-level spend is written to
+   ``<run dir>/privacy-journal-dpsgd.jsonl`` (fsync) before any instruction is sent;
 3. run the round (clients train, clip, maybe noise; the aggregate is summed, maybe noised, divided by
    the fixed denominator). At the round's release point (:mod:`fedprivacy.fl.charging`: before the
    unmask requests, the server's noise, or the clients' noised updates) the event is charged through
@@ -71,7 +73,7 @@ __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedR
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
-#: The journal of the example-level DP-SGD spends (per client), written as soon as the server holds them.
+#: The journal of the example-level DP-SGD spends (per client), written before the instructions leave.
 DPSGD_JOURNAL_NAME = "privacy-journal-dpsgd.jsonl"
 #: The private server log of per-round client counts, in ``<run dir>/private/`` (issue 11).
 PARTICIPATION_LOG = "participation.jsonl"
@@ -166,26 +168,38 @@ def _read_json_lines(path: Path, *, what: str) -> list[dict[str, Any]]:
 
 
 class _DpsgdLedger:
-    """Per-client sample-level accountants for DP-SGD (unit: one training example)."""
+    """Per-client sample-level accountants for DP-SGD (unit: one training example).
+
+    Write-ahead (issue 11, review2 R9): for the example-level unit the server is in the audience, and
+    each client's reply (its DP-SGD-noised update) is the release, visible to the server (and to
+    Flower's message store) from the moment it arrives. So the spend of every client sent
+    instructions is planned from the partition's size and the round's instructions
+    (:func:`fedprivacy.ml.train.dpsgd_schedule`) and written (fsync) before the instructions leave
+    (:meth:`plan_round`); when the replies arrive, a client reporting another spend than planned is
+    charged that too (:meth:`spend_round`: never less than what ran). A planned round that never
+    finished stays charged: its replies may have been seen. DP-SGD composes adaptively like any
+    sequence of Poisson-subsampled Gaussians (Abadi et al. 2016, Thm. 1; Mironov 2017, Prop. 1).
+    """
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.accountants: dict[int, Accountant] = {}
         self.journal: Path | None = None
+        self._planned: dict[int, dict[int, tuple[int, float]]] = {}  # round -> pid -> (steps, rate)
 
     def open_journal(self, path: Path) -> None:
         """Replay ``path`` (every spend written so far; a torn last line is dropped) or create it.
 
-        The DP-SGD spends of a round are written (fsync) as soon as the server holds the clients'
-        updates, before anything of the round is applied or published, so a crash before the checkpoint
-        does not drop them (issue 11, review-dp N3); the repeated round is spent again.
+        Every line is a charge that stays: ``planned`` (written before the round's instructions left)
+        and ``spends`` (reported beyond the plan, or, without a plan, as soon as the replies
+        arrived); a round repeated after a crash is charged again.
         """
         if path.exists():
             self.accountants = {}
             for rec in _read_json_lines(path, what="DP-SGD journal"):
                 if rec.get("kind") == "snapshot" and isinstance(rec.get("ledgers"), dict):
                     self.load(rec["ledgers"])
-                elif rec.get("kind") == "spends" and isinstance(rec.get("spends"), list):
+                elif rec.get("kind") in ("planned", "spends") and isinstance(rec.get("spends"), list):
                     for pid, steps, rate in rec["spends"]:
                         self.spend(int(pid), steps=int(steps), rate=float(rate), round=int(rec["round"]))
                 else:
@@ -193,6 +207,18 @@ class _DpsgdLedger:
         else:
             _append_line(path, {"kind": "snapshot", "ledgers": self.to_json()}, create=True)
         self.journal = path
+
+    def plan_round(self, cohort: Sequence[int], schedule: Callable[[int], tuple[int, float]], *,
+                   round: int) -> None:
+        """Charge the planned DP-SGD spend of every client in ``cohort`` (on disk first), before
+        the round's instructions are sent."""
+        spends = [(int(pid), *schedule(int(pid))) for pid in cohort]
+        if spends and self.journal is not None:
+            _append_line(self.journal, {"kind": "planned", "round": round,
+                                        "spends": [[p, int(s), float(q)] for p, s, q in spends]})
+        self._planned[round] = {p: (int(s), float(q)) for p, s, q in spends}
+        for pid, steps, rate in spends:
+            self.spend(pid, steps=int(steps), rate=float(rate), round=round)
 
     def spend(self, pid: int, *, steps: int, rate: float, round: int) -> None:
         from fedprivacy.accounting.accountant import Accountant
@@ -207,13 +233,19 @@ class _DpsgdLedger:
                              sampling=PoissonSampling(rate=rate), count=steps)
         acc.spend(event, round=round)
 
-    def spend_round(self, updates: Sequence[ClientUpdate], in_sum: set[int], *, round: int) -> None:
-        spends = [(u.partition_id, int(u.metrics["dpsgd_steps"]), float(u.metrics.get("dpsgd_sample_rate", 0.0)))
-                  for u in updates if u.partition_id in in_sum and "dpsgd_steps" in u.metrics]
-        if spends and self.journal is not None:  # on disk first
-            _append_line(self.journal, {"kind": "spends", "round": round, "spends": [list(x) for x in spends]})
-        for pid, steps, rate in spends:
+    def spend_round(self, updates: Sequence[ClientUpdate], *, round: int) -> list[tuple[int, int, float]]:
+        """Charge what the replies report beyond the round's plan (every reply received, aggregated or
+        not: the server saw it); returns those extra spends. Without a plan every report is charged."""
+        planned = self._planned.pop(round, None)
+        reported = [(u.partition_id, int(u.metrics["dpsgd_steps"]), float(u.metrics.get("dpsgd_sample_rate", 0.0)))
+                    for u in updates if "dpsgd_steps" in u.metrics]
+        extra = [(pid, steps, rate) for pid, steps, rate in reported
+                 if planned is None or not _same_spend(planned.get(pid), (steps, rate))]
+        if extra and self.journal is not None:  # on disk first
+            _append_line(self.journal, {"kind": "spends", "round": round, "spends": [list(x) for x in extra]})
+        for pid, steps, rate in extra:
             self.spend(pid, steps=steps, rate=rate, round=round)
+        return extra
 
     def epsilon(self) -> float | None:
         if not self.accountants:
@@ -238,6 +270,11 @@ class _DpsgdLedger:
             "note": ("Composed over every round the client took part in, Poisson sampling at the "
                      "client's DP-SGD rate; only disclosed in modes none/central."),
         }
+
+
+def _same_spend(planned: tuple[int, float] | None, reported: tuple[int, float]) -> bool:
+    return planned is not None and planned[0] == reported[0] and math.isclose(planned[1], reported[1],
+                                                                             rel_tol=1e-12, abs_tol=0.0)
 
 
 class FederatedRun:
@@ -561,14 +598,18 @@ class FederatedRun:
         from fedprivacy.fl.charging import charging
 
         self._round_charge = None
+        self._plan_dpsgd(rnd, cohort)
         try:
             with charging(functools.partial(self._charge_hook, rnd)):
                 outcome = self._round_fn(instructions, cohort, self.weights, round_rng)
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return None
-        if self.dpsgd is not None and outcome.aborted is None:  # the server holds the updates: on disk now
-            self.dpsgd.spend_round(outcome.updates, set(outcome.aggregate.aggregated), round=rnd)
+        if self.dpsgd is not None:  # the server holds the replies: what they report beyond the plan
+            for pid, steps, rate in self.dpsgd.spend_round(outcome.updates, round=rnd):
+                if self._dpsgd_planned:
+                    self.log(f"  round {rnd}: client {pid} reports DP-SGD {steps} steps at rate {rate:g}, "
+                             "not the planned spend; charged as well")
         if not self.charge_before_release(rnd, outcome):
             return None
         if outcome.aborted is None:
@@ -588,6 +629,20 @@ class FederatedRun:
         if self.journal is not None:
             self.journal.mark_completed(rnd)
         return record
+
+    @property
+    def _dpsgd_planned(self) -> bool:
+        """Whether DP-SGD spends are charged before the instructions leave (:meth:`_plan_dpsgd`)."""
+        return (self.dpsgd is not None and self.hooks is not None and self.hooks.dpsgd_schedule is not None
+                and self.cfg.privacy in ("none", "central"))
+
+    def _plan_dpsgd(self, rnd: int, cohort: Sequence[int]) -> None:
+        """The write-ahead DP-SGD charge of round ``rnd``: every sampled client's planned spend is on
+        disk before any instruction is sent (review2 R9). Only where the clients report their steps
+        (modes none/central); elsewhere the example-level figure is not published."""
+        if self._dpsgd_planned:
+            assert self.dpsgd is not None and self.hooks is not None and self.hooks.dpsgd_schedule is not None
+            self.dpsgd.plan_round(cohort, self.hooks.dpsgd_schedule, round=rnd)
 
     def _check_failures(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome) -> None:
         """Stop after a round in which every sampled client failed, or more than

@@ -35,7 +35,19 @@ def default_hooks(cfg: RunConfig, *, population: int) -> ModelHooks:
         init=lambda seed: initial_weights(cfg, input_shape=test.feature_shape, num_classes=k, seed=seed),
         evaluate=lambda w: evaluate_weights(cfg, w, test, num_classes=k),
         num_classes=k,
+        dpsgd_schedule=functools.partial(dpsgd_schedule_of, cfg, num_partitions=population) if cfg.dpsgd else None,
     )
+
+
+def dpsgd_schedule_of(cfg: RunConfig, partition_id: int, *, num_partitions: int) -> tuple[int, float]:
+    """``(steps, sample rate)`` of the DP-SGD :func:`local_training` runs for ``partition_id`` in one
+    round (:func:`fedprivacy.ml.train.dpsgd_schedule` of its partition's size and the run's
+    ``local-epochs`` / ``batch-size``, which the round instructions carry)."""
+    from fedprivacy.ml.partition import partition_sizes
+    from fedprivacy.ml.train import dpsgd_schedule
+
+    n = partition_sizes(cfg, num_partitions)[partition_id]
+    return dpsgd_schedule(num_examples=int(n), batch_size=cfg.batch_size, epochs=cfg.local_epochs)
 
 
 def _torch_threads() -> None:

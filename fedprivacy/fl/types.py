@@ -301,11 +301,16 @@ class ModelHooks:
         init: initial global weights from an integer seed.
         evaluate: ``(loss, accuracy)`` of weights on the server's held-out test set.
         num_classes: number of classes (sent to the clients in the round instructions).
+        dpsgd_schedule: ``partition id -> (steps, sample rate)`` of the DP-SGD that client's local
+            training runs in one round (:func:`fedprivacy.ml.train.dpsgd_schedule` of its partition's
+            size); the server charges it before the instructions leave (issue 11, review2 R9). None:
+            DP-SGD spends are journaled when the replies arrive.
     """
 
     init: Callable[[int], list[np.ndarray]]
     evaluate: Callable[[Sequence[np.ndarray]], tuple[float, float]]
     num_classes: int
+    dpsgd_schedule: Callable[[int], tuple[int, float]] | None = None
 
 
 Exchange = Callable[[RoundInstructions, Sequence[int], Sequence[np.ndarray]],

@@ -43,7 +43,8 @@ import numpy as np
 from fedprivacy.ml import diskcache
 from fedprivacy.ml.data import Split, dataset_entry, load_dataset
 
-__all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "DataSpec", "data_spec"]
+__all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "partition_sizes", "DataSpec",
+           "data_spec"]
 
 PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
 
@@ -380,6 +381,12 @@ def load_partition(cfg: Any, partition_id: int, num_partitions: int) -> Split:
     spec = data_spec(cfg)
     train, _ = _splits(spec, num_partitions)
     return train.subset(_partitions_cached(spec, int(num_partitions))[partition_id])
+
+
+def partition_sizes(cfg: Any, num_partitions: int) -> tuple[int, ...]:
+    """The number of training examples of every partition (what :func:`load_partition` returns)."""
+    spec = data_spec(cfg)
+    return tuple(len(p) for p in _partitions_cached(spec, int(num_partitions)))
 
 
 def load_test_set(cfg: Any, num_partitions: int = 1) -> Split:

@@ -47,6 +47,7 @@ __all__ = [
     "PoissonBatchSampler",
     "TrainResult",
     "dpsgd_epsilon",
+    "dpsgd_schedule",
     "evaluate",
     "train_local",
 ]
@@ -318,6 +319,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def dpsgd_schedule(*, num_examples: int, batch_size: int, epochs: int) -> tuple[int, float]:
+    """The DP-SGD event of one :func:`train_local` call: ``(steps, sample_rate)``.
+
+    ``ceil(n / min(batch_size, n))`` Poisson batches per epoch at rate ``q = 1 / ceil(...)`` (Opacus'
+    rate for a loader of that length), ``epochs`` times: the call is ``steps`` compositions of the
+    Poisson-subsampled Gaussian of rate ``q`` (Abadi et al. 2016, Alg. 1; Mironov, Talwar & Zhang 2019
+    for its RDP). It depends only on the partition's size and the round's instructions, so the server
+    can charge it before it sends the instructions (issue 11, review2 R9).
+    """
+    for name, value in (("num_examples", num_examples), ("batch_size", batch_size), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    steps_per_epoch = math.ceil(num_examples / min(batch_size, num_examples))
+    return epochs * steps_per_epoch, 1.0 / steps_per_epoch
+
+
 def _train_dpsgd(
     model: nn.Module,
     split: Split,
@@ -333,8 +350,8 @@ def _train_dpsgd(
 
     x, y = _tensors(split)
     n = len(split)
-    steps_per_epoch = math.ceil(n / min(batch_size, n))
-    sample_rate = 1.0 / steps_per_epoch  # Opacus' rate for a loader of this length
+    total_steps, sample_rate = dpsgd_schedule(num_examples=n, batch_size=batch_size, epochs=epochs)
+    steps_per_epoch = total_steps // epochs
     # Train a copy: Opacus attaches hooks to the module it wraps; the caller's model gets the weights.
     work = copy.deepcopy(model)
     work.train()

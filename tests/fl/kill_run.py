@@ -10,7 +10,13 @@ at ``POINT`` of round ``ROUND`` the process kills itself with SIGKILL (no cleanu
 * ``charged``: the round's charge is on disk, nothing of the round is released yet;
 * ``released``: the round's release happened (noised aggregate computed, or the SecAgg sum unmasked),
   not yet applied or checkpointed;
-* ``checkpointed``: the round's checkpoint is written.
+* ``checkpointed``: the round's checkpoint is written;
+* ``sent`` (client side): a client received the round's train instructions, before it trains;
+* ``replied`` (client side): the first client's reply of the round is built and handed to the engine
+  (the server can see it), before the round function returns.
+
+Every train reply (round, partition, DP-SGD steps and rate it reports) is logged before it leaves the
+ClientApp, so the parent knows every example-level release too (review2 R9).
 """
 
 from __future__ import annotations
@@ -68,6 +74,32 @@ def main(argv: list[str]) -> int:
             if point == "checkpointed" and record.round == at:
                 die()
 
+    from flwr.clientapp import ClientApp
+
+    from clients import client_app as real_client
+    from fedprivacy_flwr import codec
+
+    client = ClientApp()
+
+    @client.query()
+    def _query(msg, context):  # type: ignore[no-untyped-def]
+        return real_client.query(msg, context)
+
+    @client.train()
+    def _train(msg, context):  # type: ignore[no-untyped-def]
+        pid = int(context.node_config["partition-id"])
+        instr, _ = codec.decode_train(msg)
+        if point == "sent" and instr.round == at:
+            note({"sent": instr.round, "partition": pid, "pid": os.getpid()})
+            die()
+        reply = real_client.train(msg, context)
+        update = codec.decode_train_reply(reply, pid)
+        note({"replied": instr.round, "partition": pid, "steps": update.metrics.get("dpsgd_steps"),
+              "rate": update.metrics.get("dpsgd_sample_rate"), "pid": os.getpid()})
+        if point == "replied" and instr.round == at:
+            die()
+        return reply
+
     app = ServerApp()
 
     @app.main()
@@ -75,7 +107,9 @@ def main(argv: list[str]) -> int:
         callbacks = [CheckpointCallback(), Faults(), OutputsCallback(), ConsoleCallback(lambda s: None)]
         run_server(grid, context.run_config, log=lambda s: None, callbacks=callbacks)
 
-    run_inprocess(run_config=run_config, num_supernodes=6, app_dir=REPO, node_id_seed=3, server_app=app)
+    client_side = point in ("sent", "replied") or bool(run_config.get("dpsgd"))
+    run_inprocess(run_config=run_config, num_supernodes=6, app_dir=REPO, node_id_seed=3, server_app=app,
+                  client_app=client if client_side else None)
     return 0
 
 

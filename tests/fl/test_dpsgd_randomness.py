@@ -29,3 +29,28 @@ def test_secure_run_draws_fresh_dpsgd_noise_seeded_run_repeats() -> None:
     # seeded research mode: the round's seed repeats them exactly
     c, d = _train(3, 5), _train(3, 5)
     assert all(np.array_equal(x, y) for x, y in zip(c, d, strict=True))
+
+
+def test_the_servers_planned_dpsgd_spend_is_what_the_client_runs() -> None:
+    # review2 R9: the server charges each sampled client's DP-SGD spend before it sends instructions,
+    # from the partition's size (default_hooks' dpsgd_schedule); it must be what local training reports
+    from fedprivacy.fl.task import default_hooks
+    from fedprivacy.ml.partition import load_partition
+
+    for epochs, batch in ((1, 16), (2, 50), (1, 10_000)):
+        cfg = RunConfig(privacy="central", dpsgd=True, secagg=False, noise_multiplier=1.0,
+                        local_epochs=epochs, batch_size=batch)
+        schedule = default_hooks(cfg, population=10).dpsgd_schedule
+        assert schedule is not None
+        instr = RoundInstructions(round=1, privacy="central", clip_norm=1.0, local_noise_std=0.0,
+                                  learning_rate=0.1, local_epochs=epochs, batch_size=batch, num_classes=10,
+                                  seed=-1)
+        weights = get_weights(build_model(cfg.model, input_shape=(1, 8, 8), num_classes=10,
+                                          hidden=cfg.hidden_units, seed=0))
+        for pid in (0, 7):
+            res = local_training(cfg, partition_id=pid, num_partitions=10, weights=weights, instructions=instr,
+                                 seed=1)
+            n = len(load_partition(cfg, pid, 10))
+            per_epoch = -(-n // min(batch, n))
+            assert schedule(pid) == (res.dpsgd_steps, res.dpsgd_sample_rate) == (epochs * per_epoch, 1 / per_epoch)
+    assert default_hooks(RunConfig(privacy="central", secagg=False), population=10).dpsgd_schedule is None

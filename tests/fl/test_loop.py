@@ -366,23 +366,114 @@ def _dpsgd_exchange(steps: int, rate: float):
     return exchange
 
 
+def _dpsgd_hooks(steps: int, rate: float) -> ModelHooks:
+    """:func:`_hooks` whose DP-SGD schedule (what the server plans per client) is ``steps`` at ``rate``."""
+    return dataclasses.replace(_hooks(), dpsgd_schedule=lambda pid: (steps, rate))
+
+
+def _dpsgd_run(cfg: RunConfig, exchange, hooks: ModelHooks | None = None, **kw):
+    return run_federated(cfg, population=N, exchange=exchange, hooks=hooks or _dpsgd_hooks(5, 0.1),
+                         log=lambda _: None, **kw)
+
+
+def _dpsgd_journal(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
+
+
 def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(tmp_path: Path) -> None:
     # Arrange: DP-SGD reported by every client (5 steps at rate 0.1 per round); killed at round 2's
     # release, after its spends, before its checkpoint (review-dp N3)
     kw = {"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.2, "run-name": "sgd"}
     ex = _dpsgd_exchange(5, 0.1)
     with pytest.raises(_Killed):
-        _run(_cfg(tmp_path, **kw), exchange=ex, callbacks=[*default_callbacks(lambda _: None), _KillAtRelease(2)])
+        _dpsgd_run(_cfg(tmp_path, **kw), ex, callbacks=[*default_callbacks(lambda _: None), _KillAtRelease(2)])
     assert load_checkpoint(tmp_path / "sgd" / "checkpoint").round == 1
     # Act: resumed; rounds 2 and 3 run (again)
-    res = _run(_cfg(tmp_path, **{**kw, "resume": True}), exchange=ex)
+    res = _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True}), ex)
     # Assert: the example-level figure composes rounds 1, 2 (cut off), 2 and 3: 4 x 5 steps per client
     ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=20, delta=1e-5, backend="rdp")
     assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
     # a checkpoint written with the DP-SGD journal refuses to resume without it
     (tmp_path / "sgd" / "privacy-journal-dpsgd.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"DP-SGD journal .*privacy-journal-dpsgd.jsonl is missing"):
-        _run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), exchange=ex)
+        _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), ex)
+
+
+def test_dpsgd_spends_are_on_disk_before_the_instructions_leave(tmp_path: Path) -> None:
+    # Arrange: an exchange that looks at the DP-SGD journal the moment the instructions would leave
+    # the server, then the clients train and reply, and the server dies before the round function
+    # returns (review2 R9: the replies were seen, the old code had journaled nothing of the round)
+    kw = {"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.2, "sample-rate": 0.5,
+          "run-name": "wa"}
+    seen: dict[int, list] = {}
+    calls: list[list[int]] = []  # every cohort sent instructions, by either process
+    inner = _dpsgd_exchange(5, 0.1)
+
+    def exchange(instr, cohort, weights):
+        calls.append(list(cohort))
+        on_disk = [ln for ln in _dpsgd_journal(tmp_path / "wa") if ln.get("round") == instr.round]
+        seen[instr.round] = [(ln["kind"], sorted(p for p, _, _ in ln["spends"])) for ln in on_disk]
+        replies = inner(instr, cohort, weights)
+        if instr.round == 2 and "killed" not in seen:
+            seen["killed"] = sorted(cohort)
+            raise _Killed  # after the replies, before the round function returns
+        return replies
+
+    with pytest.raises(_Killed):
+        _dpsgd_run(_cfg(tmp_path, **kw), exchange)
+    # Assert: before round 1's and round 2's instructions left, every sampled client's spend was on disk
+    planned = {ln["round"]: sorted(p for p, _, _ in ln["spends"])
+               for ln in _dpsgd_journal(tmp_path / "wa") if ln["kind"] == "planned"}
+    assert seen[1] == [("planned", planned[1])] and seen[2] == [("planned", planned[2])]
+    assert planned[2] == seen["killed"] and planned[1]
+    # Act: resumed (round 2 is run again, with a fresh cohort)
+    res = _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True}), exchange)
+    # Assert: the cut-off round stays charged; each client's figure composes every round it was sent
+    # instructions in, the cut-off one included (the worst client's is printed)
+    sent: dict[int, int] = {}
+    for ln in _dpsgd_journal(tmp_path / "wa"):
+        assert ln["kind"] in ("snapshot", "planned")  # every reply reported exactly the plan
+        for pid, steps, _ in ln.get("spends", []):
+            sent[pid] = sent.get(pid, 0) + steps
+    assert sorted(ln["round"] for ln in _dpsgd_journal(tmp_path / "wa") if ln["kind"] == "planned") == [1, 2, 2, 3]
+    times = {pid: sum(pid in c for c in calls) for pid in range(N)}
+    assert sent == {pid: 5 * k for pid, k in times.items() if k}
+    ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=5 * max(times.values()), delta=1e-5,
+                      backend="rdp")
+    assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+
+
+def test_dpsgd_charges_every_client_sent_instructions_and_more_if_it_reports_more(tmp_path: Path) -> None:
+    # Arrange: client 0 fails (no reply), client 1's update is non-finite (dropped from the sum) and
+    # client 2 reports 7 steps at rate 0.2 where the server planned 5 at 0.1 (review2 R9's second half:
+    # the old code charged only aggregated clients, from their reports)
+    inner = _dpsgd_exchange(5, 0.1)
+
+    def exchange(instr, cohort, weights):
+        updates, failures = inner(instr, [p for p in cohort if p != 0], weights)
+        updates = [dataclasses.replace(u, delta=tuple(np.full_like(a, np.nan) for a in u.delta))
+                   if u.partition_id == 1 else
+                   dataclasses.replace(u, metrics={"dpsgd_steps": 7.0, "dpsgd_sample_rate": 0.2})
+                   if u.partition_id == 2 else u for u in updates]
+        return updates, {**failures, 0: "client error (code 0): boom"}
+
+    cfg = _cfg(tmp_path, **{"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.2,
+                            "num-server-rounds": 1, "run-name": "all", "max-failed-fraction": 0.5})
+    # Act
+    res = _dpsgd_run(cfg, exchange)
+    # Assert: all 12 planned (q = 1), clients 0 and 1 charged though not aggregated, client 2 twice
+    lines = _dpsgd_journal(tmp_path / "all")
+    assert [ln["kind"] for ln in lines] == ["snapshot", "planned", "spends"]
+    assert sorted(p for p, _, _ in lines[1]["spends"]) == list(range(N))
+    assert lines[2]["spends"] == [[2, 7, 0.2]]
+    from fedprivacy.accounting import Accountant, PoissonSampling, PrivacyEvent
+
+    both = Accountant(backend="rdp", unit="example")
+    both.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2), sampling=PoissonSampling(rate=0.1),
+                            count=5))
+    both.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2), sampling=PoissonSampling(rate=0.2),
+                            count=7))
+    assert res["dpsgd"]["epsilon"] == pytest.approx(both.epsilon(delta=1e-5), rel=1e-12)
 
 
 def test_a_journal_only_resume_checks_the_config_and_says_it_resumed(tmp_path: Path) -> None:

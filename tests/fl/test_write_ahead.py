@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 
-from fedprivacy.accounting import Accountant, ChargeJournal, event_from_dict
+from fedprivacy.accounting import (
+    Accountant,
+    ChargeJournal,
+    GaussianEvent,
+    PoissonSampling,
+    PrivacyEvent,
+    event_from_dict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("kill_run.py")
@@ -95,3 +102,55 @@ def test_a_killed_and_resumed_run_pays_for_every_release(tmp_path: Path, mode: s
         for r0, r1 in zip(rows, rows[1:], strict=False):
             assert r1["clip_norm"] == pytest.approx(
                 r0["clip_norm"] * math.exp(-0.2 * (r0["clip_unclipped_fraction"] - 0.5)), rel=1e-12)
+
+
+DPSGD = {"privacy": "central", "secagg": False, "accountant": "rdp", "sample-rate": 0.5,
+         "noise-multiplier": 1.1, "dpsgd": True, "dpsgd-noise-multiplier": 1.2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["sent", "replied", "released"])
+def test_a_killed_dpsgd_run_pays_for_every_example_level_release(tmp_path: Path, point: str) -> None:
+    # review2 R9: a DP-SGD client's reply is an example-level release the server sees on arrival. Kill
+    # the server after round 2's instructions reached a client (before it trained), after a client's
+    # reply left it (before the round function returned), or after the round (before its checkpoint).
+    # Arrange
+    cfg = {"num-server-rounds": ROUNDS, "seed": 11, "local-epochs": 1, "dataset": "digits",
+           "client-timeout": 60.0, "output-dir": str(tmp_path), "run-name": "k", **DPSGD}
+    log = tmp_path / "releases.jsonl"
+    # Act
+    assert _child(cfg, log, point, str(KILL_ROUND)) == -signal.SIGKILL
+    assert _child({**cfg, "resume": True}, log) == 0
+    # Assert
+    notes = [json.loads(line) for line in log.read_text().splitlines()]
+    replies = [n for n in notes if "replied" in n]
+    first = notes[0]["pid"]
+    cut = [n["partition"] for n in notes if n["pid"] == first and n.get("replied", n.get("sent")) == KILL_ROUND]
+    assert cut, "the first process reached round 2's clients"
+    journal = [json.loads(line) for line in (tmp_path / "k" / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
+    planned = [ln for ln in journal if ln["kind"] == "planned"]
+    # round 2 was planned (on disk) by the killed process, with every client it reached, and again
+    # by the resumed one; a charged round that did not finish is not refunded
+    assert [ln["round"] for ln in planned] == [1, 2, 2, 3]
+    assert set(cut) <= {p for p, _, _ in planned[1]["spends"]}
+    # every reply (of either process) reported exactly what the server had planned for it
+    plan = {(ln["round"], i): [(p, s, q) for p, s, q in ln["spends"]] for i, ln in enumerate(planned)}
+    assert not [ln for ln in journal if ln["kind"] == "spends"]
+    for n in replies:
+        assert any((n["partition"], int(n["steps"]), n["rate"]) in v for (r, _), v in plan.items()
+                   if r == n["replied"])
+    # the printed example-level ε composes, per client, at least every reply that left a client
+    results = json.loads((tmp_path / "k" / "results.json").read_text())
+    per_client: dict[int, Accountant] = {}
+    for n in replies:
+        acc = per_client.setdefault(n["partition"], Accountant(backend="rdp", unit="example"))
+        acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2),
+                               sampling=PoissonSampling(rate=float(n["rate"])), count=int(n["steps"])))
+    of_replies = max(a.epsilon(delta=results["dpsgd"]["delta"]) for a in per_client.values())
+    assert results["dpsgd"]["epsilon"] >= of_replies * (1 - 1e-12)
+    if point != "sent":  # a client that replied in the cut-off round and again after the resume
+        again = {n["partition"] for n in replies if n["pid"] != first and n["replied"] == KILL_ROUND}
+        twice = set(cut) & again
+        if twice:  # its figure counts round 2 twice (the old code counted it once)
+            pid = min(twice)
+            assert sum(n["partition"] == pid and n["replied"] == KILL_ROUND for n in replies) == 2
