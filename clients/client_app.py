@@ -14,7 +14,7 @@ import os
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import round_log
+from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy
@@ -61,8 +61,12 @@ def train(msg: Message, context: Context) -> Message:
     log = round_log.load(context)
     log.admit(instr.round)  # once per round, rounds in order (ProtocolViolation otherwise)
     round_log.save(context, log)
+    rho = policy.round_rho(instr)  # its cumulative budget: refused before training if it cannot pay
+    budget_log.check(context, policy, rho, round=instr.round, mode=instr.privacy)
     update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
-    return codec.train_reply(msg, policy.filter_update(update))
+    reply = codec.train_reply(msg, policy.filter_update(update))
+    budget_log.charge(context, policy, rho, round=instr.round, mode=instr.privacy)  # on disk before it leaves
+    return reply
 
 
 # ---- secure aggregation stages (clients/secagg_handlers.py); message types query/train.secagg_*

@@ -21,7 +21,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from clients import round_log
+from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure import (
@@ -97,8 +97,14 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     request = from_records(msg.content, stage="share", name="secagg" + suffix)
     encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding" + suffix, ConfigRecord)))
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
-    return client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
-                        cfg=cfg, policy=policy)
+    # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it
+    rho = budget_log.secagg_rho(policy, encoding, _store(context).get(_key(context), round=request.round).setup,
+                                roster=len(request.node_ids))
+    budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy)
+    out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
+                       cfg=cfg, policy=policy)
+    budget_log.hold(context, policy, rho, round=request.round)
+    return out
 
 
 def advertise(msg: Message, context: Context, *, partition_id: int, policy: ClientPolicy) -> Message:
@@ -122,8 +128,10 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
                                     num_partitions=num_partitions, policy=policy)
-    return _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
-                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    reply = _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
+                   next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    budget_log.charge_held(context, policy, round=request.round, mode=instr.privacy)  # before it leaves
+    return reply
 
 
 def consistency(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,

@@ -27,6 +27,11 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   in ρ), and the count's own multiplier ``σ/k_b = 2σ_b`` must be at least ``min_noise_multiplier``: a
   server cannot make the client send its bit with less noise than its floor.
 
+Cumulative budget (review2 R2): the client also sums the ρ of every round it releases and refuses a
+round that would take the total above ``client-max-rho-total`` (across runs with
+``client-budget-path``): :mod:`fedprivacy.fl.client_budget`; zCDP composes additively (Bun & Steinke
+2016, Lemma 2.3). A ``central``/``none`` round costs ``ρ = ∞`` there.
+
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
 
 Where the policy comes from (:meth:`ClientPolicy.resolve`): the node's ``node_config`` (the SuperNode
@@ -42,12 +47,13 @@ and client operator, so a launcher may derive the policy from the run it was ask
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
+    from fedprivacy.fl.client_budget import BudgetCharge, ClientBudget
     from fedprivacy.fl.types import ClientUpdate, RoundInstructions
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
@@ -71,6 +77,8 @@ NODE_CONFIG_KEYS = {
     "client-privacy-modes": "modes",
     "client-min-noise-multiplier": "min_noise_multiplier",
     "client-max-rho-per-round": "max_rho_per_round",
+    "client-max-rho-total": "max_rho_total",
+    "client-budget-path": "budget_path",
     "client-neighbouring": "neighbouring",
     "client-secagg-colluders": "colluders",
     "client-secagg-schedule": "schedule",
@@ -97,6 +105,12 @@ class ClientPolicy:
         min_noise_multiplier: the smallest ``z`` it accepts (``local``: of its own noise; ``distributed``:
             the target ``z`` of the encoding; what a round really costs is capped by ρ below).
         max_rho_per_round: the largest zCDP ρ of one round it will spend.
+        max_rho_total: the largest total zCDP ρ it releases, summed over rounds (and, with
+            ``budget_path``, over runs): :mod:`fedprivacy.fl.client_budget`. A round in ``central`` or
+            ``none`` mode costs ``ρ = ∞`` (its update leaves without the client's noise), so a finite
+            total refuses those modes.
+        budget_path: the node's budget file, shared by all its runs ("" = the node state's record of
+            one run).
         neighbouring: the relation its ρ is computed under.
         colluders: clients it assumes collude with the server; setups and encodings assuming fewer are
             refused.
@@ -109,6 +123,9 @@ class ClientPolicy:
     modes: tuple[str, ...] = ("local", "distributed")
     min_noise_multiplier: float = 0.5
     max_rho_per_round: float = 2.0
+    #: 10 rounds at the per-round cap; ε ≈ 50 at δ = 1e-5 (Bun & Steinke 2016, Prop. 1.3)
+    max_rho_total: float = 20.0
+    budget_path: str = ""
     neighbouring: str = "add-remove"
     colluders: int = 0
     schedule: str = "active"
@@ -123,6 +140,10 @@ class ClientPolicy:
             raise ValueError(f"min_noise_multiplier must be >= 0, got {self.min_noise_multiplier}")
         if not self.max_rho_per_round > 0:
             raise ValueError(f"max_rho_per_round must be > 0, got {self.max_rho_per_round}")
+        if not self.max_rho_total > 0:
+            raise ValueError(f"max_rho_total must be > 0, got {self.max_rho_total}")
+        if not isinstance(self.budget_path, str):
+            raise TypeError(f"budget_path must be a str, got {type(self.budget_path).__name__}")
         if self.neighbouring not in ("add-remove", "replace-one"):
             raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {self.neighbouring!r}")
         if isinstance(self.colluders, bool) or not isinstance(self.colluders, int) or self.colluders < 0:
@@ -149,7 +170,7 @@ class ClientPolicy:
                 raise ValueError(f"unknown client policy key {key!r}; known: {sorted(NODE_CONFIG_KEYS)}")
             if name in ("modes", "disclose"):
                 kwargs[name] = _names(value, key)
-            elif name in ("min_noise_multiplier", "max_rho_per_round"):
+            elif name in ("min_noise_multiplier", "max_rho_per_round", "max_rho_total"):
                 kwargs[name] = float(value)
             elif name == "colluders":
                 if isinstance(value, bool) or int(value) != value:
@@ -190,7 +211,8 @@ class ClientPolicy:
         trusted = cfg.privacy in ("none", "central")
         noisy = cfg.privacy in ("local", "distributed")
         return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
-                   max_rho_per_round=math.inf, neighbouring=cfg.neighbouring, colluders=colluders,
+                   max_rho_per_round=math.inf, max_rho_total=math.inf, neighbouring=cfg.neighbouring,
+                   colluders=colluders,
                    schedule=schedule, allow_seeded=cfg.seed >= 0,
                    disclose=METRICS if trusted else ())
 
@@ -296,6 +318,29 @@ class ClientPolicy:
         self._check_rho(rho, f"distributed encoding (worst sum: {config.min_survivors} survivors, "
                              f"{config.colluders} colluders)")
         return rho
+
+    def round_rho(self, instructions: RoundInstructions) -> float:
+        """The zCDP ρ of a plain-path round's reply under :meth:`apply`'s instructions, for the
+        client's total (:mod:`fedprivacy.fl.client_budget`).
+
+        ``local``: its own noise ``z = local_noise_std / clip_norm`` on a clipped update (sensitivity
+        ``2C``): ``ρ = 2/z²`` (Bun & Steinke 2016, Prop. 1.6), as the per-round cap computes it.
+        ``central``/``none``: the update leaves without the client's noise, ``ρ = ∞``.
+        """
+        if instructions.privacy != "local":
+            return math.inf
+        if not (instructions.clip_norm > 0 and instructions.local_noise_std > 0):
+            return math.inf
+        z = instructions.local_noise_std / instructions.clip_norm
+        return 2.0 / (z * z)
+
+    def budget(self, *, charges: Sequence[BudgetCharge] = ()) -> ClientBudget:
+        """This client's :class:`fedprivacy.fl.client_budget.ClientBudget` (its file, or ``charges``
+        from the node state when it has none)."""
+        from fedprivacy.fl.client_budget import ClientBudget
+
+        return ClientBudget(max_rho_total=self.max_rho_total, neighbouring=self.neighbouring,
+                            path=self.budget_path or None, charges=() if self.budget_path else charges)
 
     def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Only the metrics this client may send."""

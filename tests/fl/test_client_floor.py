@@ -73,13 +73,14 @@ def test_requests_outside_the_floor_are_refused(changes: dict, reason: str) -> N
 
 
 def test_metrics_are_disclosed_only_when_the_client_allows_it() -> None:
-    # item 4: a trusted-server mode the operator allowed, but no metric disclosure configured
+    # item 4: a trusted-server mode the operator allowed (its update leaves un-noised: rho = inf, so
+    # the operator also lifts the total), but no metric disclosure configured
+    trusted = {"client-privacy-modes": "none", "client-max-rho-total": "inf"}
     msg, _ = _message(privacy="none")
-    update = codec.decode_train_reply(train(msg, _context(**{"client-privacy-modes": "none"})), 0)
+    update = codec.decode_train_reply(train(msg, _context(**trusted)), 0)
     assert update.num_examples is None and update.train_loss is None
     msg, _ = _message(privacy="none")
-    update = codec.decode_train_reply(train(msg, _context(**{"client-privacy-modes": "none",
-                                                                 "client-disclose": "num-examples"})), 0)
+    update = codec.decode_train_reply(train(msg, _context(**trusted, **{"client-disclose": "num-examples"})), 0)
     assert update.num_examples is not None and update.train_loss is None
 
 

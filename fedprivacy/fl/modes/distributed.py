@@ -227,7 +227,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
         exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
                                       aborted=_unmodelled_abort(cfg, records, population=plan.population))
-    if plan is not None:
+    if plan is not None and done:  # no completed round (e.g. every client refused round 1): no reference
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
                                       delta=cfg.target_delta, backend="pld", neighbouring=cfg.neighbouring)

@@ -1,0 +1,257 @@
+"""The client's own cumulative privacy budget: the total zCDP ρ it releases, across rounds and runs.
+
+Threat model (issue 10, review2 R2): the server chooses every message. The per-round floor
+(:class:`fedprivacy.fl.client_policy.ClientPolicy`, ``client-max-rho-per-round``) bounds what one round
+costs, and the node's round record (:mod:`clients.round_log`) refuses a round number twice, but a
+deviating server can still ask for round after round with fresh, increasing numbers, or start a new
+run (Flower's node state is per run). So the client sums what it has released and refuses a round
+that would take the sum above its own ``client-max-rho-total``.
+
+The sum. Every round's release is charged at the ρ the client itself computed from what it really
+sends (:meth:`ClientPolicy.round_rho`: ``local`` ``2/z²`` of its own noise; ``distributed`` the
+dominating Gaussian of the worst released sum it accepted at its share stage). zCDP composes
+additively under adaptive composition: ρ₁-zCDP then ρ₂-zCDP (the second chosen after seeing the
+first's output) is (ρ₁+ρ₂)-zCDP (Bun & Steinke 2016, "Concentrated Differential Privacy:
+Simplifications, Extensions, and Lower Bounds", Lemma 2.3 / Prop. 1.9), so the total bounds the
+client's loss against the server whatever the server did between rounds; ρ-zCDP gives
+(ρ + 2√(ρ log(1/δ)), δ)-DP for every δ > 0 (their Prop. 1.3). ``local`` rounds are charged at
+``2/z²`` (sensitivity ``2C`` between two clipped updates), which also bounds their add-remove ρ, so one
+total serves both relations; the file records the relation and refuses another.
+
+A round in ``central`` or ``none`` mode sends the update without the client's noise: against the
+server its ρ is unbounded, so it is charged ``ρ = ∞`` and refused by any finite total (the client
+cannot check the server's noise; an operator who trusts the server says so with
+``client-max-rho-total=inf``, and its record then says the total is unbounded).
+
+Durability. With ``client-budget-path`` the charges are appended to a JSON-lines file shared by every
+run of the node, under an exclusive ``flock``, re-read before each check (another run may have
+charged), and ``fsync``'d before the reply may leave the client: a crash after the charge and before
+the reply leaves over-counts, never under-counts; a torn last line is a charge whose write never
+returned (so nothing was released on it) and is dropped. Without a path the charges live in the node's
+``context.state`` (per run, in the SuperNode's memory), which bounds one run only.
+
+File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring), then one
+``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
+``"inf"``), ``at`` (UTC time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprivacy.fl.client_policy import PolicyRefusal
+
+__all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget"]
+
+BUDGET_FORMAT = "fedprivacy.client-budget/v1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetCharge:
+    """One released round, as the client charged it.
+
+    Attributes:
+        run: the run it belongs to (Flower's run id, as text).
+        round: the round number.
+        mode: the privacy mode of the round.
+        rho: its zCDP ρ (``math.inf``: released without the client's noise).
+    """
+
+    run: str
+    round: int
+    mode: str
+    rho: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.round, bool) or not isinstance(self.round, int):
+            raise TypeError(f"round must be an int, got {type(self.round).__name__}")
+        if not (self.rho >= 0):  # NaN fails too
+            raise ValueError(f"rho must be >= 0 (or inf), got {self.rho}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "charge", "run": self.run, "round": self.round, "mode": self.mode,
+                "rho": "inf" if math.isinf(self.rho) else self.rho}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BudgetCharge:
+        rho = data["rho"]
+        return cls(run=str(data["run"]), round=int(data["round"]), mode=str(data["mode"]),
+                   rho=math.inf if rho == "inf" else float(rho))
+
+
+def _total(charges: Sequence[BudgetCharge]) -> float:
+    return math.fsum(c.rho for c in charges) if all(math.isfinite(c.rho) for c in charges) else math.inf
+
+
+class ClientBudget:
+    """A client's cumulative ρ ledger: check first, charge durably, never refund.
+
+    Args:
+        max_rho_total: the largest total ρ the client releases (``client-max-rho-total``; may be inf).
+        neighbouring: the relation its ρ are computed under (``client-neighbouring``).
+        path: the budget file shared by the node's runs (``client-budget-path``); None: ``charges``
+            (the node state's record of this run) is the whole ledger.
+        charges: the charges so far when there is no file.
+    """
+
+    def __init__(self, *, max_rho_total: float, neighbouring: str, path: str | os.PathLike[str] | None = None,
+                 charges: Sequence[BudgetCharge] = ()) -> None:
+        if not (max_rho_total > 0):
+            raise ValueError(f"max_rho_total must be > 0, got {max_rho_total}")
+        if neighbouring not in ("add-remove", "replace-one"):
+            raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {neighbouring!r}")
+        self.max_rho_total = float(max_rho_total)
+        self.neighbouring = neighbouring
+        self.path = Path(path) if path else None
+        if self.path is not None and charges:
+            raise ValueError("give either a budget file (path) or the node state's charges, not both")
+        self._charges: list[BudgetCharge] = list(charges)
+        if self.path is not None:
+            with self._locked() as fh:
+                self._charges = self._read(fh)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def charges(self) -> tuple[BudgetCharge, ...]:
+        """Every charge (as of the last check or charge)."""
+        return tuple(self._charges)
+
+    @property
+    def spent(self) -> float:
+        """The total ρ released so far (inf after a round without the client's noise)."""
+        return _total(self._charges)
+
+    def _refusal(self, rho: float, *, round: int, what: str) -> str | None:
+        total = _total([*self._charges, BudgetCharge(run="", round=round, mode="", rho=rho)])
+        if total <= self.max_rho_total:
+            return None
+        where = f"budget file {self.path}" if self.path is not None else "this run's node state"
+        cost = "an unbounded rho (the update leaves without this client's noise)" if math.isinf(rho) \
+            else f"rho = {rho:.4g}"
+        return (f"{what} round {round} would cost {cost}, taking this client's total to {total:.4g} > "
+                f"{self.max_rho_total:g} (node config client-max-rho-total; {self.spent:.4g} spent over "
+                f"{len(self._charges)} rounds in {where}; zCDP composes additively, Bun & Steinke 2016 "
+                "Lemma 2.3)")
+
+    def check(self, rho: float, *, round: int, what: str = "") -> None:
+        """Refuse (:class:`PolicyRefusal`) a round of cost ``rho`` that the total cannot pay.
+
+        Re-reads the budget file first (another run of the node may have charged). Changes nothing.
+        """
+        if self.path is not None:
+            with self._locked() as fh:
+                self._charges = self._read(fh)
+        reason = self._refusal(rho, round=round, what=what)
+        if reason is not None:
+            raise PolicyRefusal(reason)
+
+    def charge(self, rho: float, *, run: str, round: int, mode: str, what: str = "") -> BudgetCharge:
+        """Charge one round's release, durably (fsync) when there is a file; call before the reply leaves.
+
+        Check first, change state last: under the file's lock the file is re-read, the total checked
+        and only then the line appended and fsync'd. Raises :class:`PolicyRefusal` (nothing written)
+        when the total cannot pay: the reply must then not be sent.
+        """
+        charge = BudgetCharge(run=str(run), round=round, mode=mode, rho=float(rho))
+        if self.path is None:
+            reason = self._refusal(charge.rho, round=round, what=what)
+            if reason is not None:
+                raise PolicyRefusal(reason)
+            self._charges.append(charge)
+            return charge
+        with self._locked() as fh:
+            self._charges = self._read(fh)
+            reason = self._refusal(charge.rho, round=round, what=what)
+            if reason is not None:
+                raise PolicyRefusal(reason)
+            fh.seek(0, os.SEEK_END)
+            line = {**charge.to_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._charges.append(charge)
+        return charge
+
+    # ------------------------------------------------------------------ node state (no file)
+    def to_state(self) -> dict[str, Any]:
+        """The node-state record of the charges (only without a file)."""
+        return {"charges": json.dumps([c.to_dict() for c in self._charges], allow_nan=False)}
+
+    @staticmethod
+    def charges_from_state(fields: Mapping[str, Any]) -> list[BudgetCharge]:
+        raw = json.loads(str(fields.get("charges", "[]")))
+        if not isinstance(raw, list):
+            raise ValueError("client budget state: charges must be a JSON list")
+        return [BudgetCharge.from_dict(c) for c in raw]
+
+    # ------------------------------------------------------------------ the file
+    @contextmanager
+    def _locked(self) -> Iterator[Any]:
+        """The budget file, open for read and append under an exclusive lock (created with its header)."""
+        import fcntl
+
+        assert self.path is not None
+        fresh = not self.path.exists()
+        if fresh:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "r+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    head = {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": self.neighbouring}
+                    fh.write((json.dumps(head) + "\n").encode("utf-8"))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    if fresh:
+                        _fsync_dir(self.path.parent)
+                yield fh
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _read(self, fh: Any) -> list[BudgetCharge]:
+        """Every complete charge of the file; a torn last line (its write never returned) is cut off."""
+        fh.seek(0)
+        raw = fh.read()
+        complete, _, torn = raw.rpartition(b"\n")
+        if torn:
+            fh.truncate(len(complete) + 1 if complete else 0)
+            fh.flush()
+            os.fsync(fh.fileno())
+        lines = complete.decode("utf-8").split("\n") if complete else []
+        charges: list[BudgetCharge] = []
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"client budget file {self.path} line {i + 1} is not valid JSON: {exc}") from None
+            if i == 0:
+                if not isinstance(rec, dict) or rec.get("format") != BUDGET_FORMAT:
+                    raise ValueError(f"client budget file {self.path} does not start with a "
+                                     f"{BUDGET_FORMAT} header")
+                if rec.get("neighbouring") != self.neighbouring:
+                    raise ValueError(
+                        f"client budget file {self.path} sums rho under {rec.get('neighbouring')!r}, this "
+                        f"client computes it under {self.neighbouring!r} (node config client-neighbouring); "
+                        "use another client-budget-path or the file's relation")
+                continue
+            if not isinstance(rec, dict) or rec.get("kind") != "charge":
+                raise ValueError(f"client budget file {self.path} line {i + 1} is not a charge: {rec!r}")
+            charges.append(BudgetCharge.from_dict(rec))
+        return charges
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,312 @@
+"""The client's cumulative ρ budget (review2 R2, issue 10): a server that keeps asking gets refused.
+
+The adversary is the server: it picks every round number and may start new runs. The client sums the
+zCDP ρ of what it released (Bun & Steinke 2016, Lemma 2.3) in its own budget file or node state, and a
+round its total cannot pay is refused (a dropout). Against the real ClientApp's train handler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clients.client_app import train
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.client_budget import BUDGET_FORMAT, BudgetCharge, ClientBudget
+from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
+from fedprivacy.fl.types import RoundInstructions
+from fedprivacy_flwr import codec
+from server.engine._flwr_private import TaskIdentityScope
+
+REPO = Path(__file__).resolve().parents[2]
+CFG = RunConfig(privacy="local", secagg=False, clip_norm=0.5, noise_multiplier=1.0, model="mlp")
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    with TaskIdentityScope(1):
+        yield
+
+
+def _context(run_id: int = 1, **client_keys: object) -> Context:
+    return Context(run_id=run_id, node_id=7, node_config={"partition-id": 0, "num-partitions": 3, **client_keys},
+                   state=RecordDict(), run_config=CFG.to_mapping())
+
+
+@pytest.fixture(scope="module")
+def weights() -> list[np.ndarray]:
+    from fedprivacy.fl.task import default_hooks
+
+    return [np.asarray(w) for w in default_hooks(CFG, population=3).init(0)]
+
+
+def _message(weights: list[np.ndarray], **changes: object):
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+                              local_epochs=1, batch_size=32, num_classes=10, seed=-1)
+    return codec.train_message(7, dataclasses.replace(instr, **changes), codec.arrays_to_record(weights))
+
+
+def _file_charges(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": "add-remove"}
+    return lines[1:]
+
+
+# ------------------------------------------------------------------ the adversary, local mode
+def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_path: Path, weights) -> None:
+    # Arrange: the client's own floor: z >= 1 (rho = 2/z^2 = 2 per local round), a total of 5 in its file
+    path = tmp_path / "node" / "budget.jsonl"
+    keys = {"client-max-rho-total": 5.0, "client-budget-path": str(path)}
+    ctx = _context(**keys)
+    # Act: the server asks for round after round with fresh, increasing numbers (and less noise)
+    answered, refused = [], []
+    for rnd in (1, 2, 3, 17, 1000):
+        try:
+            train(_message(weights, round=rnd, local_noise_std=1e-9), ctx)
+            answered.append(rnd)
+        except PolicyRefusal as exc:
+            refused.append((rnd, str(exc)))
+    # Assert: two rounds (rho 4 <= 5); the third would be 6 > 5; nothing after it either
+    assert answered == [1, 2] and [r for r, _ in refused] == [3, 17, 1000]
+    assert all("client-max-rho-total" in why and "total to 6 > 5" in why for _, why in refused)
+    charges = _file_charges(path)
+    assert [(c["round"], c["rho"], c["mode"], c["run"]) for c in charges] == [(1, 2.0, "local", "1"), (2, 2.0, "local", "1")]
+    assert math.fsum(c["rho"] for c in charges) <= 5.0
+    assert path.stat().st_mode & 0o077 == 0  # the operator's file, owner-only
+
+
+def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights) -> None:
+    # Arrange: run 1 spends the budget
+    path = tmp_path / "budget.jsonl"
+    keys = {"client-max-rho-total": 4.0, "client-budget-path": str(path)}
+    ctx1 = _context(run_id=1, **keys)
+    for rnd in (1, 2):
+        train(_message(weights, round=rnd), ctx1)
+    # Act / Assert: a new run (fresh node state, round numbers from 1 again) is refused at once
+    with pytest.raises(PolicyRefusal, match=r"round 1 would cost rho = 2, taking this client's total to 6 > 4"):
+        train(_message(weights, round=1), _context(run_id=2, **keys))
+    assert len(_file_charges(path)) == 2
+    # without a file the total is per run (Flower's node state is per run): the docs say so
+    per_run = {"client-max-rho-total": 4.0}
+    ctx3 = _context(run_id=3, **per_run)
+    train(_message(weights, round=1), ctx3)
+    train(_message(weights, round=2), ctx3)
+    with pytest.raises(PolicyRefusal, match="this run's node state"):
+        train(_message(weights, round=3), ctx3)
+    train(_message(weights, round=1), _context(run_id=4, **per_run))  # a new run starts at 0
+
+
+def test_the_default_floor_has_a_finite_total(weights) -> None:
+    # no client-* keys: rho 2 per local round, total 20 -> the 11th round is refused
+    ctx = _context()
+    for rnd in range(1, 11):
+        train(_message(weights, round=rnd, local_noise_std=1e-9), ctx)
+    with pytest.raises(PolicyRefusal, match="client-max-rho-total"):
+        train(_message(weights, round=11), ctx)
+    assert ClientPolicy().max_rho_total == 20.0
+
+
+def test_central_and_none_rounds_cost_an_unbounded_rho(tmp_path: Path, weights) -> None:
+    # the update leaves without the client's noise: a finite total cannot pay for it
+    path = tmp_path / "b.jsonl"
+    keys = {"client-privacy-modes": "central,none,local", "client-budget-path": str(path)}
+    with pytest.raises(PolicyRefusal, match="unbounded rho"):
+        train(_message(weights, privacy="central"), _context(**keys))
+    assert _file_charges(path) == []
+    # an operator who trusts the server lifts the total; the record then says it is unbounded
+    ctx = _context(**keys, **{"client-max-rho-total": "inf"})
+    train(_message(weights, privacy="none", round=1), ctx)
+    train(_message(weights, privacy="local", round=2), ctx)
+    assert [c["rho"] for c in _file_charges(path)] == ["inf", 2.0]
+    assert ClientBudget(max_rho_total=math.inf, neighbouring="add-remove", path=path).spent == math.inf
+    # and the same file under a finite total refuses everything after
+    with pytest.raises(PolicyRefusal, match="client-max-rho-total"):
+        train(_message(weights, round=3), _context(run_id=2, **keys, **{"client-max-rho-total": 100.0}))
+
+
+def test_a_file_kept_under_another_relation_is_refused(tmp_path: Path, weights) -> None:
+    path = tmp_path / "b.jsonl"
+    train(_message(weights), _context(**{"client-budget-path": str(path)}))
+    with pytest.raises(ValueError, match="client-neighbouring"):
+        train(_message(weights, round=2), _context(**{"client-budget-path": str(path),
+                                                      "client-neighbouring": "replace-one"}))
+
+
+# ------------------------------------------------------------------ durability
+CHILD = r"""
+import os, signal, sys, dataclasses
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from flwr.app import Context, RecordDict
+from clients import client_app
+from fedprivacy.config import RunConfig
+from fedprivacy.fl.types import RoundInstructions
+from fedprivacy.fl.task import default_hooks
+from fedprivacy_flwr import codec
+from server.engine._flwr_private import TaskIdentityScope
+
+cfg = RunConfig(privacy="local", secagg=False, clip_norm=0.5, noise_multiplier=1.0, model="mlp")
+ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3,
+              "client-budget-path": sys.argv[2]}, state=RecordDict(), run_config=cfg.to_mapping())
+w = [np.asarray(a) for a in default_hooks(cfg, population=3).init(0)]
+instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+                          local_epochs=1, batch_size=32, num_classes=10, seed=-1)
+if sys.argv[3] == "training":  # die while training: no reply, and no charge either
+    real = client_app.train_client
+    def dying(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+    client_app.train_client = dying
+with TaskIdentityScope(1):
+    reply = client_app.train(codec.train_message(7, instr, codec.arrays_to_record(w)), ctx)
+# the reply has left the ClientApp: the parent is told, then the process dies at once (no cleanup)
+os.write(1, b"replied\n")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("point", ["replied", "training"])
+def test_the_charge_is_on_disk_before_the_reply_leaves(tmp_path: Path, point: str) -> None:
+    # Arrange / Act: a real ClientApp process SIGKILLed right after its reply left (or while training)
+    path = tmp_path / "budget.jsonl"
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(path), point], cwd=REPO,
+                          capture_output=True, timeout=300, check=False)
+    # Assert
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    if point == "replied":  # whatever left, its charge was in the file first
+        assert proc.stdout == b"replied\n"
+        assert [(c["round"], c["rho"]) for c in _file_charges(path)] == [(1, 2.0)]
+    else:  # nothing left: nothing charged (never a charge without cause, never a release without charge)
+        assert proc.stdout == b"" and _file_charges(path) == []
+
+
+# ------------------------------------------------------------------ properties of the ledger
+rhos = st.lists(st.one_of(st.floats(min_value=0.0, max_value=3.0), st.just(math.inf)), max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests=rhos, total=st.floats(min_value=0.1, max_value=20.0))
+def test_charged_rho_never_exceeds_the_total_and_a_refusal_changes_nothing(tmp_path_factory, requests,
+                                                                           total) -> None:
+    path = tmp_path_factory.mktemp("b") / "budget.jsonl"
+    budget = ClientBudget(max_rho_total=total, neighbouring="add-remove", path=path)
+    accepted: list[float] = []
+    for rnd, rho in enumerate(requests, start=1):
+        before = path.read_bytes()
+        try:
+            budget.charge(rho, run="1", round=rnd, mode="local")
+            accepted.append(rho)
+        except PolicyRefusal:
+            assert path.read_bytes() == before  # check first, change state last
+            assert math.fsum(accepted) + rho > total
+    assert math.fsum(accepted) <= total and budget.spent == math.fsum(accepted)
+    # the file is the ledger: a fresh reader (another run) sees exactly the accepted charges
+    again = ClientBudget(max_rho_total=total, neighbouring="add-remove", path=path)
+    assert [c.rho for c in again.charges] == accepted
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=0, max_value=6), cut=st.floats(min_value=0.0, max_value=1.0))
+def test_a_crash_at_any_byte_keeps_every_charge_whose_line_was_complete(tmp_path_factory, n, cut) -> None:
+    path = tmp_path_factory.mktemp("b") / "budget.jsonl"
+    budget = ClientBudget(max_rho_total=100.0, neighbouring="add-remove", path=path)
+    for rnd in range(1, n + 1):
+        budget.charge(0.25 * rnd, run="1", round=rnd, mode="distributed")
+    raw = path.read_bytes()
+    header_len = raw.index(b"\n") + 1
+    keep = header_len + int(cut * (len(raw) - header_len))
+    path.write_bytes(raw[:keep])
+    complete = raw[:keep].count(b"\n") - 1  # the header's line is complete
+    recovered = ClientBudget(max_rho_total=100.0, neighbouring="add-remove", path=path)
+    assert [c.round for c in recovered.charges] == list(range(1, complete + 1))
+    assert path.read_bytes() == raw[: raw[:keep].rfind(b"\n") + 1]  # the torn line is cut off
+
+
+def test_a_damaged_line_before_the_end_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    budget = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
+    budget.charge(1.0, run="1", round=1, mode="local")
+    budget.charge(1.0, run="1", round=2, mode="local")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
+
+
+def test_node_config_keys_and_the_charge_record() -> None:
+    p = ClientPolicy.from_node_config({"client-max-rho-total": "7.5", "client-budget-path": "/x/b.jsonl"})
+    assert (p.max_rho_total, p.budget_path) == (7.5, "/x/b.jsonl")
+    assert ClientPolicy.from_node_config(p.to_node_config()) == p
+    assert ClientPolicy.from_node_config({"client-max-rho-total": "inf"}).max_rho_total == math.inf
+    with pytest.raises(ValueError, match="max_rho_total must be > 0"):
+        ClientPolicy(max_rho_total=0.0)
+    assert ClientPolicy.for_simulation(CFG).max_rho_total == math.inf  # the user runs both sides
+    c = BudgetCharge(run="3", round=4, mode="none", rho=math.inf)
+    assert BudgetCharge.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    with pytest.raises(ValueError, match="rho must be >= 0"):
+        BudgetCharge(run="3", round=4, mode="local", rho=float("nan"))
+
+
+# ------------------------------------------------------------------ distributed mode, real apps
+def _budgeted_client_app(budget_dir: Path, total: float):
+    """The real ClientApp, each node with its operator's budget keys (its own file) in node_config."""
+    from flwr.clientapp import ClientApp
+
+    from clients import client_app as real
+
+    app = ClientApp()
+
+    def wrap(handler):
+        def run(msg, context):
+            pid = context.node_config["partition-id"]
+            context.node_config = {**context.node_config, "client-max-rho-total": total,
+                                   "client-budget-path": str(budget_dir / f"node{pid}.jsonl")}
+            return handler(msg, context)
+        return run
+
+    app.query()(wrap(real.query))
+    app.query("secagg_advertise")(wrap(real.secagg_advertise))
+    app.query("secagg_share")(wrap(real.secagg_share))
+    app.train("secagg_masked")(wrap(real.secagg_masked))
+    app.query("secagg_consistency")(wrap(real.secagg_consistency))
+    app.query("secagg_unmask")(wrap(real.secagg_unmask))
+    return app
+
+
+def test_a_distributed_run_stops_getting_updates_when_the_clients_budgets_run_out(tmp_path: Path) -> None:
+    from server.engine import run_inprocess
+
+    # Arrange: 4 nodes, distributed DP (each round's worst released sum costs rho ~ 0.5 at z = 1), each
+    # node's own total 1.2 in its own file; the server asks for 4 rounds, then a new run
+    budgets = tmp_path / "budgets"
+    cfg = {"num-server-rounds": 4, "seed": -1, "output-dir": str(tmp_path), "run-name": "d1",
+           "accountant": "rdp", "client-timeout": 60.0, "local-epochs": 1, "privacy": "distributed",
+           "secagg": True, "target-delta": 1e-3, "max-failed-fraction": 1.0}
+    app = _budgeted_client_app(budgets, 1.2)
+    # Act
+    run_inprocess(run_config=cfg, num_supernodes=4, app_dir=REPO, node_id_seed=1, client_app=app)
+    # Assert: rounds 1 and 2 released; then every node refuses at its share stage (before any secret)
+    results = json.loads((tmp_path / "d1" / "results.json").read_text())
+    done = [r["round"] for r in results["rounds"] if not r.get("aborted")]
+    assert done == [1, 2]
+    for pid in range(4):
+        charges = _file_charges(budgets / f"node{pid}.jsonl")
+        assert [(c["round"], c["mode"]) for c in charges] == [(1, "distributed"), (2, "distributed")]
+        rho = charges[0]["rho"]
+        assert 0.5 <= rho < 0.51 and math.fsum(c["rho"] for c in charges) <= 1.2
+    # Act: a new run with the same nodes' files: nothing is released
+    run_inprocess(run_config={**cfg, "run-name": "d2"}, num_supernodes=4, app_dir=REPO, node_id_seed=1,
+                  client_app=app)
+    results = json.loads((tmp_path / "d2" / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"] if not r.get("aborted")] == []
+    assert all(len(_file_charges(budgets / f"node{pid}.jsonl")) == 2 for pid in range(4))
