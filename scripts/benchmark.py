@@ -252,11 +252,11 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
 
 # What the page says about the --setup runs (1 December 2026, session 3); rendered once per page.
 SETUP_SCOPE: list[str] = [
-    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:05 UTC, load average 5–14 "
+    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:25 UTC, load average 5–14 "
     "from other work; one process per row, at most two at a time): `--setup NAME` recipes = the "
     "budget recipe above with only the server step changed (and, for `fedavgm-c300`, the cohort). "
-    "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100 "
-    "and 150 (`--rounds 150`; σ calibrated for each T); `fedavgm` (FedAvgM, 100 per round, T = 150): "
+    "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100, "
+    "120 and 150 (`--rounds`; σ calibrated for each T); `fedavgm` (FedAvgM, 100 per round, T = 150): "
     "central ε = 4. "
     "Seed 0 everywhere: one run per point, so the min–max bands are not a spread estimate.",
     "**Why 300 per round**: with 100 per round, FedAvgM reaches 0.888 without DP at T = 150 (a probe "
