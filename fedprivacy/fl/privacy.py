@@ -49,6 +49,10 @@ class PrivacyPlan:
     mechanism: str = ""
     adjacency: str = ""  # how the claim states the adjacency, when it says more than ``neighbouring``
     adaptive_clip: AdaptiveClipSpec | None = None  # clip norm follows a private quantile (issue 17)
+    # the server's (unamplified) event of a completed round, when ``event`` claims the public's
+    # amplification (distributed, privacy-audience=observers): charged for every completed round if an
+    # abort the public's pair does not model voids that amplification (review3 V4b)
+    unamplified_event: PrivacyEvent | None = None
 
     @property
     def adjacency_label(self) -> str:

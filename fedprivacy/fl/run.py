@@ -320,6 +320,8 @@ class FederatedRun:
         self.accountant: Accountant | None = None
         self.journal: ChargeJournal | None = None
         self._round_charge: PrivacyEvent | None = None
+        self._round_cohort: Sequence[int] = ()
+        self._void_reason: str | None = None  # set by _void_amplification: stop after this round
         self.weights: list[np.ndarray] = []
         self.records: list[RoundRecord] = []
         self.next_round = 1
@@ -599,6 +601,7 @@ class FederatedRun:
 
         self._round_charge = None
         self._plan_dpsgd(rnd, cohort)
+        self._round_cohort = cohort
         try:
             with charging(functools.partial(self._charge_hook, rnd)):
                 outcome = self._round_fn(instructions, cohort, self.weights, round_rng)
@@ -628,6 +631,8 @@ class FederatedRun:
         self._check_failures(rnd, cohort, outcome)
         if self.journal is not None:
             self.journal.mark_completed(rnd)
+        if self._void_reason is not None and self.status == "running":
+            self._stop(self._void_reason)
         return record
 
     @property
@@ -726,6 +731,7 @@ class FederatedRun:
             else:
                 self.log(f"round {rnd:3d}/{self.cfg.num_server_rounds}  ABORTED: {why}; "
                          "nothing released, no ε spent, global model unchanged")
+            self._void_amplification(rnd, outcome)
             return True
         if self.accountant is None:
             return True
@@ -755,6 +761,33 @@ class FederatedRun:
             self._stop(f"round {rnd} discarded, its event exceeds the budget: {exc}")
             return False
         return True
+
+    def _void_amplification(self, rnd: int, outcome: RoundOutcome) -> None:
+        """An abort the public's pair does not model (distributed, ``privacy-audience=observers``:
+        dropouts or a protocol violation in a round whose cohort could complete) voids the public's
+        amplification for the whole run (:mod:`fedprivacy.accounting.completion`; review3 V4b).
+
+        Every completed round (and this one, if its release was charged) is then charged the
+        server's unamplified event as well, as already released (never refused, review2 R6): the
+        ledger then dominates the unamplified composition, so the budget check, every later row's
+        ε and the headline stay valid. The run stops after this round (its remaining rounds could
+        only be charged unamplified, which the budget was not calibrated for).
+        """
+        plan = self.plan
+        voids = getattr(self.mode, "name", "") == "distributed"
+        if plan is None or plan.unamplified_event is None or self.accountant is None or not voids:
+            return
+        from fedprivacy.fl.modes.distributed import unmodelled_abort
+
+        if not unmodelled_abort(self.cfg, outcome.aborted, len(self._round_cohort),
+                                population=self.population):
+            return
+        count = sum(1 for r in self.records if r.aborted is None) + (self._round_charge is not None)
+        for _ in range(count):
+            self._spend(plan.unamplified_event, rnd, released=True)
+        self._void_reason = (
+            f"round {rnd}: an abort the public's pair does not model voids its amplification: "
+            f"{count} released round(s) charged the server's unamplified event as well; run stopped")
 
     def _record(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome, t0: float) -> RoundRecord:
         """Evaluate the new model (every ``eval-every`` rounds and after the last), log who was left

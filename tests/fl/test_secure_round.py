@@ -552,3 +552,38 @@ def test_a_refused_next_round_part_fails_alone_and_round_rs_reply_still_goes_bac
     assert dict(replayed["secagg"]) == {"round r's": "reply"}
     keys = from_records(RecordDict(fresh), stage="advertise", name="secagg-next")
     assert keys.round == 3 and keys.node_id == 0 and "secagg-next-error" not in fresh
+
+
+def test_engine_observers_run_charges_unamplified_and_stops_after_an_abort_the_pair_does_not_model(
+        tmp_path: Path) -> None:
+    """review3 V4b: dropouts abort round 2 of a Poisson run budgeted for the public; the public's pair
+    does not model that abort, so every released round is charged the server's unamplified event too
+    and the run stops there (the ledger, the budget and every row's ε stay valid)."""
+    import dp_accounting
+
+    # Arrange: 12 clients, q = 0.5 (seeded: round 2's cohort is 4 clients, t = 4); one of them, partition 3,
+    # vanishes at round 2's masked stage: 3 survivors < t, the round aborts (the counts are private)
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", rounds=(2,),
+                                        partition_ids=(3,)),))
+    cfg = {"num-server-rounds": 4, "sampling": "poisson", "sample-rate": 0.5, "privacy-audience": "observers",
+           "max-failed-fraction": 1.0}
+    # Act
+    res = _run(tmp_path, "obs", faults, num_supernodes=12, privacy="distributed", secagg=True, **cfg)
+    ref = _run(tmp_path, "obs-ref", None, num_supernodes=12, privacy="distributed", secagg=True,
+               **{**cfg, "num-server-rounds": 1})
+    # Assert: round 2 aborted, the run stopped after it
+    rows = res["rounds"]
+    assert [r["round"] for r in rows] == [1, 2]
+    private = [json.loads(line) for line in
+               (tmp_path / "obs" / "private" / "participation.jsonl").read_text().splitlines()]
+    assert private[1]["round"] == 2 and "fewer than" in private[1]["aborted"] and "aborted" not in private[0]
+    assert "voids its amplification" in (tmp_path / "obs" / "results.json").read_text()
+    # round 1 alone: the amplified charge (the reference run); after the abort, the ledger also holds the
+    # unamplified event of round 1: at least the plain Gaussian of the plan's z, above the amplified figure
+    amplified = ref["privacy"]["distributed"]["ledger_epsilon"]
+    assert rows[0]["epsilon"] == pytest.approx(amplified, rel=1e-12)
+    pld = dp_accounting.pld.PLDAccountant()
+    pld.compose(dp_accounting.GaussianDpEvent(noise_multiplier=res["privacy"]["noise_multiplier"]), 1)
+    plain = pld.get_epsilon(res["privacy"]["delta"])
+    assert rows[1]["epsilon"] == res["privacy"]["distributed"]["ledger_epsilon"] > plain > amplified
+    assert res["privacy"]["epsilon"] >= rows[1]["epsilon"]

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedprivacy.accounting.events import Neighbouring
+from fedprivacy.accounting.events import Neighbouring, NoSampling
 from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
@@ -60,8 +60,6 @@ def _adjacency(cfg: RunConfig) -> str:
 
 def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortRuleSampling:
     """The sampling the ledger's event carries: the public's (``privacy-audience=observers``) or none."""
-    from fedprivacy.accounting.events import NoSampling
-
     if cfg.privacy_audience == "observers":
         return public_sampling(cfg, population=population)
     return NoSampling()
@@ -169,6 +167,8 @@ class DistributedMode:
                           "one more coordinate of its secure-aggregation vector under the same noise, the "
                           "event is the pair composed (sensitivity hypot(Delta_2, k_b))" if spec else "")),
             adaptive_clip=spec,
+            unamplified_event=(worst.event(NoSampling()) if cfg.privacy_audience == "observers"
+                               and sampling.rate < 1.0 else None),
         )
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
@@ -265,16 +265,21 @@ def _unmodelled_abort(cfg: RunConfig, records: Sequence[RoundRecord], *, populat
     with ``t = 2`` aborts inside the protocol, review3 V4a). Anything else (an abort of a round whose
     cohort could have completed: dropouts, a protocol violation) is not modelled.
     """
-    aborts = [r for r in records if r.aborted]
-    if not aborts:
+    return any(unmodelled_abort(cfg, r.aborted, r.clients_sampled, population=population)
+               for r in records if r.aborted)
+
+
+def unmodelled_abort(cfg: RunConfig, reason: str | None, cohort_size: int | None, *,
+                     population: int) -> bool:
+    """One round's abort (``reason``, its cohort of ``cohort_size``) is outside the public's pair
+    (see :func:`_unmodelled_abort`); False when the round did not abort."""
+    if not reason:
         return False
     try:
         rule = completes(cfg, population=population)
     except ValueError:
         return True
-    return any(not (is_cohort_rule_abort(r.aborted)
-                    or (r.clients_sampled is not None and not rule(int(r.clients_sampled))))
-               for r in aborts)
+    return not (is_cohort_rule_abort(reason) or (cohort_size is not None and not rule(int(cohort_size))))
 
 
 def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
