@@ -103,6 +103,9 @@ def _dpsgd_section(d: dict[str, Any]) -> list[str]:
         f"(σ = {_fmt(d.get('noise_multiplier'))}, per-example clip {_fmt(d.get('max_grad_norm'))}, "
         f"accountant {d.get('accountant')}). {d.get('note', '')}",
         "",
+        *[f"- {label}: {d[key]}" for label, key in (("Adjacency", "adjacency"), ("Mechanism", "mechanism"),
+                                                    ("Sampling", "sampling")) if d.get(key)],
+        "",
     ]
 
 
@@ -113,8 +116,10 @@ _COVERS: dict[str, list[str]] = {
         "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
         "the noise.",
         "- Does not cover: the train loss (the mean of clients' un-noised losses, a diagnostic kept in "
-        "the server's private log unless publish-participation=true), who took part in a round, and "
-        "timing.",
+        "the server's private log unless publish-participation=true), and timing.",
+        "- Assumes: who took part in each round stays secret from the audience (the ε uses amplification "
+        "by client sampling): the server keeps the cohorts and counts in the run folder's owner-only "
+        "`private/` and `checkpoint/`; anyone who learns them faces the un-amplified Gaussian.",
     ],
     "distributed": [
         "- Covers: the sequence of released global models, against the server and everyone else: "

@@ -1,6 +1,6 @@
 """Atomic per-round checkpoints: model weights, privacy ledger and per-round rows.
 
-Layout in ``<run dir>/checkpoint/``: ``model-<r>.npz`` and ``ledger-<r>.json`` for the last finished round
+Layout in ``<run dir>/checkpoint/`` (owner-only: the rows hold what the outputs keep private): ``model-<r>.npz`` and ``ledger-<r>.json`` for the last finished round
 ``r``, then ``state.json`` (written last, atomically) naming ``r``. A run killed at any point resumes
 from the last ``state.json``: its files were complete before it was written. Older round files are
 removed only after the new ``state.json`` is in place.
@@ -43,8 +43,11 @@ def save_checkpoint(
     config: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Save round ``round`` atomically (see module docstring)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Save round ``round`` atomically (see module docstring). The folder is owner-only (0700): its
+    rows keep what the published outputs leave out (counts, survivors, un-noised losses) and its
+    ``extra`` the per-client DP-SGD ledgers (review3 V1)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
     model_name = f"model-{round:05d}.npz"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{model_name}.", suffix=".tmp")
     try:

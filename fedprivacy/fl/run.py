@@ -16,7 +16,7 @@ Per round ``r`` (McMahan et al. 2018, Alg. 1 "DP-FedAvg", with the noise placeme
    target-delta)``, stop cleanly and say so;
 2. sample partition ids with ``RandomSource(...).child("server", r)`` exactly as the plan reports;
    with DP-SGD (modes none/central) every sampled client's planned example-level spend is written to
-   ``<run dir>/privacy-journal-dpsgd.jsonl`` (fsync) before any instruction is sent;
+   ``<run dir>/private/privacy-journal-dpsgd.jsonl`` (fsync, owner-only) before any instruction is sent;
 3. run the round (clients train, clip, maybe noise; the aggregate is summed, maybe noised, divided by
    the fixed denominator). At the round's release point (:mod:`fedprivacy.fl.charging`: before the
    unmask requests, the server's noise, or the clients' noised updates) the event is charged through
@@ -73,8 +73,11 @@ __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedR
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
-#: The journal of the example-level DP-SGD spends (per client), written before the instructions leave.
+#: The journal of the example-level DP-SGD spends (per client), written before the instructions leave;
+#: in ``<run dir>/private/`` (owner-only): its lines name each round's cohort (review3 V1).
 DPSGD_JOURNAL_NAME = "privacy-journal-dpsgd.jsonl"
+#: The run folder's owner-only part: what the published outputs leave out (counts, cohorts, losses).
+PRIVATE_DIR = "private"
 #: The private server log of per-round client counts, in ``<run dir>/private/`` (issue 11).
 PARTICIPATION_LOG = "participation.jsonl"
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
@@ -139,11 +142,22 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
 
 
 def _append_line(path: Path, record: dict[str, Any], *, create: bool = False) -> None:
-    """Append one JSON line and fsync it (``create``: the file must not exist yet)."""
-    with open(path, "x" if create else "a", encoding="utf-8") as fh:
+    """Append one JSON line and fsync it (``create``: the file must not exist yet; made owner-only)."""
+    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(record, allow_nan=False) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def private_dir(run_dir: Path) -> Path:
+    """``<run dir>/private/``, created owner-only (0700): the server's own records of a run (who took
+    part, cohorts, un-noised losses), which the published outputs leave out (issue 11, review3 V1)."""
+    folder = run_dir / PRIVATE_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def _read_json_lines(path: Path, *, what: str) -> list[dict[str, Any]]:
@@ -264,6 +278,14 @@ class _DpsgdLedger:
         cfg = self.cfg
         return {
             "unit": "example (one training example of one client), per client, worst client",
+            "adjacency": ("add/remove one training example of the client; its number of examples n is "
+                          "treated as public (the steps and the rate are functions of n, and the client "
+                          "reports them to the server with its update)"),
+            "mechanism": ("DP-SGD: Poisson-subsampled Gaussian on per-example clipped gradients (Abadi et "
+                          "al. 2016, Alg. 1), composed over every step of every round the client was sent "
+                          "instructions in"),
+            "sampling": ("Poisson, per client: rate q = 1/ceil(n/B), local-epochs x ceil(n/B) steps per "
+                         f"round (B = batch-size {cfg.batch_size}, local-epochs {cfg.local_epochs})"),
             "epsilon": self.epsilon(), "delta": cfg.target_delta,
             "noise_multiplier": cfg.dpsgd_noise_multiplier, "max_grad_norm": cfg.dpsgd_max_grad_norm,
             "accountant": cfg.accountant,
@@ -485,18 +507,23 @@ class FederatedRun:
         self.accountant = journal.accountant
 
     def _open_dpsgd_journal(self, *, expected: bool) -> None:
-        """The DP-SGD spends' journal (``<run dir>/privacy-journal-dpsgd.jsonl``): replayed or created."""
+        """The DP-SGD spends' journal (``<run dir>/private/privacy-journal-dpsgd.jsonl``, owner-only: its
+        lines name each round's cohort): replayed or created. One left in the run folder itself by an
+        older version is moved there first."""
         if self.dpsgd is None or self.run_dir is None:
             return
         from fedprivacy.errors import ConfigError
 
-        path = self.run_dir / DPSGD_JOURNAL_NAME
+        path = private_dir(self.run_dir) / DPSGD_JOURNAL_NAME
+        old = self.run_dir / DPSGD_JOURNAL_NAME
+        if old.exists() and not path.exists():
+            os.chmod(old, 0o600)
+            os.replace(old, path)
         if expected and not path.exists():
             raise ConfigError(
                 f"DP-SGD journal {path} is missing, but the checkpoint in {self.run_dir}/checkpoint was "
                 "written with it: resuming without it would drop the DP-SGD steps spent after that "
                 "checkpoint; restore the file, or start a new run (another run-name)")
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.dpsgd.open_journal(path)
 
     def _saved_plan(self) -> dict[str, Any]:
@@ -573,7 +600,7 @@ class FederatedRun:
         if self.dpsgd is not None:
             extra["dpsgd"] = self.dpsgd.to_json()
             if self.dpsgd.journal is not None:
-                extra["dpsgd_journal"] = DPSGD_JOURNAL_NAME
+                extra["dpsgd_journal"] = f"{PRIVATE_DIR}/{DPSGD_JOURNAL_NAME}"
         state = self.server_optimizer.state_dict()
         if state:
             extra["server_optimizer"] = state
@@ -859,8 +886,7 @@ class FederatedRun:
         """Append the round's counts to ``<run dir>/private/participation.jsonl`` (owner-only)."""
         if self.run_dir is None:
             return
-        folder = self.run_dir / "private"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = private_dir(self.run_dir)
         counts = {"round": record.round, "clients_sampled": record.clients_sampled,
                   "clients_aggregated": record.clients_aggregated}
         row = record.to_json()

@@ -377,7 +377,7 @@ def _dpsgd_run(cfg: RunConfig, exchange, hooks: ModelHooks | None = None, **kw):
 
 
 def _dpsgd_journal(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "private" / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
 
 
 def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(tmp_path: Path) -> None:
@@ -394,7 +394,7 @@ def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(
     ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=20, delta=1e-5, backend="rdp")
     assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
     # a checkpoint written with the DP-SGD journal refuses to resume without it
-    (tmp_path / "sgd" / "privacy-journal-dpsgd.jsonl").unlink()
+    (tmp_path / "sgd" / "private" / "privacy-journal-dpsgd.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"DP-SGD journal .*privacy-journal-dpsgd.jsonl is missing"):
         _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), ex)
 

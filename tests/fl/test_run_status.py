@@ -95,13 +95,68 @@ def test_outputs_are_readable_like_any_file_the_user_writes(tmp_path: Path) -> N
     finally:
         os.umask(old)
     run_dir = tmp_path / "m"
-    files = [p for p in run_dir.rglob("*") if p.is_file() and "private" not in p.relative_to(run_dir).parts]
+    owner_only = ("private", "checkpoint")
+    files = [p for p in run_dir.rglob("*") if p.is_file() and not set(owner_only) & set(p.relative_to(run_dir).parts)]
     assert {p.name for p in files} >= {"results.json", "rounds.csv", "privacy_report.md",
-                                       "accuracy_epsilon.png", "state.json"}
+                                       "accuracy_epsilon.png"}
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o644)}
-    # except the server's private log (central mode: participation counts, issue 11): owner-only
-    private = [p for p in run_dir.rglob("*") if p.is_file() and p not in files]
+    # except the server's private log (central mode: participation counts, issue 11) and the checkpoint
+    # (its rows keep the counts, review3 V1): owner-only folders
+    assert {oct(stat.S_IMODE((run_dir / d).stat().st_mode)) for d in owner_only} == {oct(0o700)}
+    private = [p for p in run_dir.rglob("*") if p.is_file() and "private" in p.relative_to(run_dir).parts]
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in private} <= {oct(0o600)}
+
+
+def _readable_by_others(run_dir: Path, path: Path) -> bool:
+    """Whether a user other than the owner can read ``path`` (o+r, and o+x on every folder above it)."""
+    folders = [run_dir, *[run_dir / Path(*path.relative_to(run_dir).parts[:i])
+                          for i in range(1, len(path.relative_to(run_dir).parts))]]
+    return bool(path.stat().st_mode & stat.S_IROTH) and all(f.stat().st_mode & stat.S_IXOTH for f in folders)
+
+
+@pytest.mark.parametrize("mode", ["central", "none"])
+def test_nothing_others_can_read_in_the_run_folder_names_a_cohort_or_a_count(tmp_path: Path, mode: str) -> None:
+    # review3 V1: the checkpoint's rows (counts, train loss) and the DP-SGD journal (each round's cohort)
+    # were world-readable while results.json and rounds.csv left exactly these out
+    from tests.fl.test_loop import _dpsgd_exchange, _dpsgd_hooks
+
+    old = os.umask(0o022)
+    try:
+        cfg = _cfg(tmp_path, **{"run-name": "v1", "privacy": mode, "sample-rate": 0.5, "dpsgd": True,
+                                "num-server-rounds": 2})
+        run_federated(cfg, population=N, exchange=_dpsgd_exchange(5, 0.1), hooks=_dpsgd_hooks(5, 0.1),
+                      log=lambda _: None)
+    finally:
+        os.umask(old)
+    run_dir = tmp_path / "v1"
+    assert (run_dir / "private" / "privacy-journal-dpsgd.jsonl").exists()
+    assert not (run_dir / "privacy-journal-dpsgd.jsonl").exists()
+    readable = [p for p in run_dir.rglob("*") if p.is_file() and _readable_by_others(run_dir, p)]
+    assert {p.name for p in readable} >= {"results.json", "rounds.csv", "privacy_report.md"}
+    for p in readable:
+        text = p.read_bytes().decode("utf-8", errors="replace")
+        assert '"planned"' not in text and '"spends"' not in text, p.name  # the DP-SGD journal's cohorts
+        if mode == "central":  # its ε is amplified by sampling: counts and un-noised losses stay private
+            for secret in ("clients_sampled", "clients_aggregated", "train_loss"):
+                assert secret not in text, (p.name, secret)
+
+
+def test_a_dpsgd_journal_of_an_older_run_folder_moves_under_private(tmp_path: Path) -> None:
+    from tests.fl.test_loop import _dpsgd_exchange, _dpsgd_hooks
+
+    kw = {"run-name": "old", "privacy": "central", "dpsgd": True, "num-server-rounds": 1}
+    run_federated(_cfg(tmp_path, **kw), population=N, exchange=_dpsgd_exchange(5, 0.1), hooks=_dpsgd_hooks(5, 0.1),
+                  log=lambda _: None)
+    run_dir = tmp_path / "old"
+    os.replace(run_dir / "private" / "privacy-journal-dpsgd.jsonl", run_dir / "privacy-journal-dpsgd.jsonl")
+    res = run_federated(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 2}), population=N,
+                        exchange=_dpsgd_exchange(5, 0.1), hooks=_dpsgd_hooks(5, 0.1), log=lambda _: None)
+    assert not (run_dir / "privacy-journal-dpsgd.jsonl").exists()
+    moved = run_dir / "private" / "privacy-journal-dpsgd.jsonl"
+    assert stat.S_IMODE(moved.stat().st_mode) == 0o600
+    assert [json.loads(x)["kind"] for x in moved.read_text().splitlines()] == ["snapshot", "planned", "planned"]
+    assert res["dpsgd"]["epsilon"] == pytest.approx(
+        epsilon_for(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5, backend="rdp"), rel=1e-9)
 
 
 def _counting_hooks():

@@ -127,7 +127,7 @@ def test_a_killed_dpsgd_run_pays_for_every_example_level_release(tmp_path: Path,
     first = notes[0]["pid"]
     cut = [n["partition"] for n in notes if n["pid"] == first and n.get("replied", n.get("sent")) == KILL_ROUND]
     assert cut, "the first process reached round 2's clients"
-    journal = [json.loads(line) for line in (tmp_path / "k" / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
+    journal = [json.loads(line) for line in (tmp_path / "k" / "private" / "privacy-journal-dpsgd.jsonl").read_text().splitlines()]
     planned = [ln for ln in journal if ln["kind"] == "planned"]
     # round 2 was planned (on disk) by the killed process, with every client it reached, and again
     # by the resumed one; a charged round that did not finish is not refunded
