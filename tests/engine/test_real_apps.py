@@ -132,6 +132,27 @@ def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
     assert ray_rows == _rows(inproc.results_path)
 
 
+@pytest.mark.slow
+def test_ray_simulation_gives_the_clients_the_floor_of_the_run(tmp_path: Path) -> None:
+    """``run_flower_simulation`` (bench_engine's Ray rows): the clients get the floor of the run asked
+    for, as with ``flwr run``. Privacy ``none`` is outside the code defaults (distributed, local): every
+    client refused it and the run stopped after one "round" of refusals (issue 16's Ray figures)."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path, "ray-sim", privacy="none")
+    code = ("from server.engine import run_flower_simulation; "
+            f"run_flower_simulation(run_config={cfg!r}, num_supernodes=4, app_dir={str(REPO_DIR)!r})")
+    env = {k: v for k, v in os.environ.items() if k != "FEDPRIVACY_CLIENT_POLICY"}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_DIR, env=env, timeout=600)
+    data = json.loads((tmp_path / "ray-sim" / "results.json").read_text())
+    assert data["status"] == "completed", data.get("stopped")
+    inproc = run_inprocess(run_config=_config(tmp_path, "inproc", privacy="none"), num_supernodes=4,
+                           app_dir=REPO_DIR)
+    assert _rows(tmp_path / "ray-sim" / "results.json") == _rows(inproc.results_path)
+
+
 def test_secagg_dropout_at_the_masked_input_stage(tmp_path: Path) -> None:
     """A stage-targeted drop: two clients vanish after sharing keys, before the masked upload."""
     plan = FaultPlan.parse("drop:type=train.secagg_masked,rounds=1,partitions=3|5", seed=1)
