@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedprivacy.accounting.accountant import _fsync_dir
 from fedprivacy.fl.client_policy import PolicyRefusal
 
 __all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget"]
@@ -248,10 +249,3 @@ class ClientBudget:
             charges.append(BudgetCharge.from_dict(rec))
         return charges
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
