@@ -82,10 +82,15 @@ def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers:
     with round_progress(rounds):  # a live bar on a terminal; plain lines otherwise
         res = run_inprocess(run_config=overrides, num_supernodes=num_supernodes, workers=workers,
                             faults=faults, app_dir=app_dir)
-    return {"workers": res.workers, "seconds": res.seconds, "startup_seconds": res.startup_seconds,
-            "messages": res.stats.messages, "replies": res.stats.replies, "errors": res.stats.errors,
-            "dropped": res.stats.dropped,
-            "results_path": None if res.results_path is None else str(res.results_path)}
+    summary: dict[str, Any] = {
+        "workers": res.workers, "seconds": res.seconds, "startup_seconds": res.startup_seconds,
+        "results_path": None if res.results_path is None else str(res.results_path)}
+    # message, reply, error and drop counts sum the cohorts (review3 V8): only when the run publishes
+    # participation; otherwise they stay in the run folder's private log like the per-round counts
+    if str(overrides.get("publish-participation", "")).lower() in ("true", "1"):
+        summary.update({"messages": res.stats.messages, "replies": res.stats.replies,
+                        "errors": res.stats.errors, "dropped": res.stats.dropped})
+    return summary
 
 
 def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num_supernodes: int,
