@@ -242,7 +242,10 @@ class _DpsgdLedger:
             return
         acc = self.accountants.get(pid)
         if acc is None:
-            acc = self.accountants[pid] = Accountant(backend=self.cfg.accountant, unit="example")
+            # replace-one with n public (review3 V2): q = 1/ceil(n/B), the steps and Opacus' noise scale
+            # all follow n, so add/remove of an example is visible; only replace-one keeps n fixed. dp-accounting's
+            # PLD is the backend that composes Poisson subsampling under replace-one (Zhu, Dong & Wang 2022)
+            acc = self.accountants[pid] = Accountant(backend="pld", neighbouring="replace-one", unit="example")
         event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
                              sampling=PoissonSampling(rate=rate), count=steps)
         acc.spend(event, round=round)
@@ -278,9 +281,10 @@ class _DpsgdLedger:
         cfg = self.cfg
         return {
             "unit": "example (one training example of one client), per client, worst client",
-            "adjacency": ("add/remove one training example of the client; its number of examples n is "
-                          "treated as public (the steps and the rate are functions of n, and the client "
-                          "reports them to the server with its update)"),
+            "adjacency": ("replace-one: one training example of the client replaced by another; its number "
+                          "of examples n is public (the rate, the steps and the noise scale are functions of n, "
+                          "and the client reports them to the server with its update), so add/remove of an "
+                          "example is not claimed"),
             "mechanism": ("DP-SGD: Poisson-subsampled Gaussian on per-example clipped gradients (Abadi et "
                           "al. 2016, Alg. 1), composed over every step of every round the client was sent "
                           "instructions in"),
@@ -288,7 +292,7 @@ class _DpsgdLedger:
                          f"round (B = batch-size {cfg.batch_size}, local-epochs {cfg.local_epochs})"),
             "epsilon": self.epsilon(), "delta": cfg.target_delta,
             "noise_multiplier": cfg.dpsgd_noise_multiplier, "max_grad_norm": cfg.dpsgd_max_grad_norm,
-            "accountant": cfg.accountant,
+            "accountant": "pld (dp-accounting's PLD under replace-one, whatever the run's accountant)",
             "note": ("Composed over every round the client took part in, Poisson sampling at the "
                      "client's DP-SGD rate; only disclosed in modes none/central."),
         }

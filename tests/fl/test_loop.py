@@ -391,7 +391,8 @@ def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(
     # Act: resumed; rounds 2 and 3 run (again)
     res = _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True}), ex)
     # Assert: the example-level figure composes rounds 1, 2 (cut off), 2 and 3: 4 x 5 steps per client
-    ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=20, delta=1e-5, backend="rdp")
+    ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=20, delta=1e-5, backend="pld",
+                     neighbouring="replace-one")
     assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
     # a checkpoint written with the DP-SGD journal refuses to resume without it
     (tmp_path / "sgd" / "private" / "privacy-journal-dpsgd.jsonl").unlink()
@@ -439,7 +440,7 @@ def test_dpsgd_spends_are_on_disk_before_the_instructions_leave(tmp_path: Path) 
     times = {pid: sum(pid in c for c in calls) for pid in range(N)}
     assert sent == {pid: 5 * k for pid, k in times.items() if k}
     ref = epsilon_for(noise_multiplier=1.2, sample_rate=0.1, steps=5 * max(times.values()), delta=1e-5,
-                      backend="rdp")
+                      backend="pld", neighbouring="replace-one")
     assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
 
 
@@ -468,7 +469,7 @@ def test_dpsgd_charges_every_client_sent_instructions_and_more_if_it_reports_mor
     assert lines[2]["spends"] == [[2, 7, 0.2]]
     from fedprivacy.accounting import Accountant, PoissonSampling, PrivacyEvent
 
-    both = Accountant(backend="rdp", unit="example")
+    both = Accountant(backend="pld", neighbouring="replace-one", unit="example")
     both.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2), sampling=PoissonSampling(rate=0.1),
                             count=5))
     both.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2), sampling=PoissonSampling(rate=0.2),

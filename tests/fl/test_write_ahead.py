@@ -143,7 +143,7 @@ def test_a_killed_dpsgd_run_pays_for_every_example_level_release(tmp_path: Path,
     results = json.loads((tmp_path / "k" / "results.json").read_text())
     per_client: dict[int, Accountant] = {}
     for n in replies:
-        acc = per_client.setdefault(n["partition"], Accountant(backend="rdp", unit="example"))
+        acc = per_client.setdefault(n["partition"], Accountant(backend="pld", neighbouring="replace-one", unit="example"))
         acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.2),
                                sampling=PoissonSampling(rate=float(n["rate"])), count=int(n["steps"])))
     of_replies = max(a.epsilon(delta=results["dpsgd"]["delta"]) for a in per_client.values())
