@@ -348,6 +348,7 @@ class FederatedRun:
         self._round_charge: PrivacyEvent | None = None
         self._round_cohort: Sequence[int] = ()
         self._void_reason: str | None = None  # set by _void_amplification: stop after this round
+        self._left_out: dict[str, str] = {}  # the last round's left-out clients (private log)
         self.weights: list[np.ndarray] = []
         self.records: list[RoundRecord] = []
         self.next_round = 1
@@ -693,8 +694,12 @@ class FederatedRun:
         rule = ("every one of them" if len(failed) == len(cohort)
                 else f"more than max-failed-fraction={self.cfg.max_failed_fraction:g}")
         self.status = "clients-failed"
-        self.stopped = (f"stopped after round {rnd}: {len(failed)} of {len(cohort)} sampled clients failed "
-                        f"({rule}); first: client {pid}: {_short_reason(reason)}")
+        if self.publishes_participation:
+            self.stopped = (f"stopped after round {rnd}: {len(failed)} of {len(cohort)} sampled clients failed "
+                            f"({rule}); first: client {pid}: {_short_reason(reason)}")
+        else:  # counts and who took part are private (review3 V6): they stay in the private log
+            self.stopped = (f"stopped after round {rnd}: sampled clients failed ({rule}); first reason: "
+                            f"{_short_reason(reason)} (counts and client ids in the private log)")
         self.log(self.stopped)
 
     def _budget_stops(self, rnd: int) -> bool:
@@ -829,8 +834,13 @@ class FederatedRun:
         if rnd % self.cfg.eval_every == 0 or rnd == self.cfg.num_server_rounds:
             test_loss, test_acc = (float(v) for v in self.hooks.evaluate(self.weights))
         agg = outcome.aggregate
-        for pid, reason in sorted({**outcome.failures, **agg.dropped}.items()):
-            self.log(f"  round {rnd}: client {pid} left out: {reason}")
+        left_out = sorted({**outcome.failures, **agg.dropped}.items())
+        self._left_out = {str(pid): str(reason) for pid, reason in left_out}
+        if self.publishes_participation:
+            for pid, reason in left_out:
+                self.log(f"  round {rnd}: client {pid} left out: {reason}")
+        elif left_out:  # who took part is private (review3 V6): the ids and reasons go to the private log
+            self.log(f"  round {rnd}: clients left out (ids and reasons in the private log)")
         in_sum = set(agg.aggregated)
         train_loss = _weighted_loss([u for u in outcome.updates if u.partition_id in in_sum])
         acc = self.accountant
@@ -891,10 +901,12 @@ class FederatedRun:
         if self.run_dir is None:
             return
         folder = private_dir(self.run_dir)
-        counts = {"round": record.round, "clients_sampled": record.clients_sampled,
+        counts: dict[str, Any] = {"round": record.round, "clients_sampled": record.clients_sampled,
                   "clients_aggregated": record.clients_aggregated}
         row = record.to_json()
         counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS if k in row})
+        if self._left_out:
+            counts["left_out"] = self._left_out
         line = json.dumps(counts) + "\n"
         fd = os.open(folder / PARTICIPATION_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

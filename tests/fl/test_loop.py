@@ -142,8 +142,10 @@ def test_nan_update_is_left_out_logged_and_accounting_unchanged(tmp_path: Path) 
     counts = read_participation(tmp_path / "nan")
     assert len(counts) == 2
     assert all(r["clients_sampled"] == N and r["clients_aggregated"] == N - 2 for r in counts)
-    assert any("client 3 left out" in line and "NaN" in line for line in lines)
-    assert any("client 5 left out" in line and "boom" in line for line in lines)
+    # central: who was left out is private (review3 V6): in the private log, not on the console
+    assert not any("client 3" in line or "client 5" in line for line in lines)
+    assert any("clients left out (ids and reasons in the private log)" in line for line in lines)
+    assert all("NaN" in r["left_out"]["3"] and "boom" in r["left_out"]["5"] for r in counts)
     ref = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=2, delta=1e-5, backend="rdp")
     assert res["privacy"]["epsilon"] == pytest.approx(ref, abs=1e-9)
     assert all(np.isfinite(r["test_loss"]) for r in res["rounds"])

@@ -32,8 +32,13 @@ def test_a_round_where_every_client_fails_stops_the_run_with_its_own_status(tmp_
     res, lines = _run(_cfg(tmp_path, **{"num-server-rounds": 4}), exchange=_exchange(fail=set(range(N))))
     assert res["status"] == "clients-failed" and exit_code_for(res["status"]) == ExitCode.CLIENTS_FAILED
     assert [r["round"] for r in res["rounds"]] == [1]
-    assert "12 of 12 sampled clients failed (every one of them)" in res["stopped"]
-    assert "boom" in res["stopped"] and "\n" not in res["stopped"]
+    # central: counts and who took part are private (review3 V6): the published reason names neither
+    assert "sampled clients failed (every one of them)" in res["stopped"] and "of 12" not in res["stopped"]
+    assert "boom" in res["stopped"] and "\n" not in res["stopped"] and "first: client" not in res["stopped"]
+    assert not any("left out:" in line for line in lines)
+    published, _ = _run(_cfg(tmp_path / "pub", **{"num-server-rounds": 4, "publish-participation": True}),
+                        exchange=_exchange(fail=set(range(N))))
+    assert "12 of 12 sampled clients failed (every one of them)" in published["stopped"]
     assert any(line.startswith("clients-failed: 1 rounds") for line in lines)
 
 
@@ -48,7 +53,8 @@ def test_more_than_max_failed_fraction_stops_the_run(tmp_path: Path, failing: in
 def test_non_finite_updates_count_as_failures(tmp_path: Path) -> None:
     res, _ = _run(_cfg(tmp_path, **{"num-server-rounds": 2, "max-failed-fraction": 0.0}),
                   exchange=_exchange(poison={3}))
-    assert res["status"] == "clients-failed" and "client 3" in res["stopped"]
+    assert res["status"] == "clients-failed" and "NaN/Inf" in res["stopped"]
+    assert "client 3" not in res["stopped"]  # central: who took part is private (review3 V6)
 
 
 def test_resume_of_a_missing_run_is_refused_naming_the_runs_there(tmp_path: Path) -> None:
