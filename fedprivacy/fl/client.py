@@ -98,7 +98,9 @@ def client_update(
         partition_id=partition_id,
         delta=tuple(a.astype(np.float32) for a in released),
         num_examples=result.num_examples if trusted else None,
-        train_loss=result.loss if trusted else None,
+        # with DP-SGD the example-level claim covers the noised update only: the un-noised training loss
+        # is not sent beside it (review3 V2's residue)
+        train_loss=result.loss if trusted and result.dpsgd_steps is None else None,
         metrics=metrics,
     )
 

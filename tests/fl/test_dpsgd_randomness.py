@@ -54,3 +54,21 @@ def test_the_servers_planned_dpsgd_spend_is_what_the_client_runs() -> None:
             per_epoch = -(-n // min(batch, n))
             assert schedule(pid) == (res.dpsgd_steps, res.dpsgd_sample_rate) == (epochs * per_epoch, 1 / per_epoch)
     assert default_hooks(RunConfig(privacy="central", secagg=False), population=10).dpsgd_schedule is None
+
+
+def test_a_dpsgd_client_does_not_send_its_un_noised_training_loss() -> None:
+    """review3 V2's residue: the example-level claim covers the DP-SGD-noised update only, so the
+    client's un-noised training loss is not sent beside it (a plain-SGD client in mode none sends it)."""
+    from fedprivacy.fl.client import train_client
+
+    instr = RoundInstructions(round=1, privacy="none", clip_norm=1.0, local_noise_std=0.0, learning_rate=0.1,
+                              local_epochs=1, batch_size=16, num_classes=10, seed=-1)
+    for dpsgd in (True, False):
+        cfg = RunConfig(privacy="none", dpsgd=dpsgd, secagg=False)
+        weights = get_weights(build_model(cfg.model, input_shape=(1, 8, 8), num_classes=10,
+                                          hidden=cfg.hidden_units, seed=0))
+        update = train_client(cfg, partition_id=0, num_partitions=10, weights=weights, instructions=instr)
+        if dpsgd:
+            assert update.train_loss is None and update.metrics["dpsgd_steps"] > 0
+        else:
+            assert update.train_loss is not None and np.isfinite(update.train_loss)
