@@ -809,9 +809,8 @@ class FederatedRun:
         ε and the headline stay valid. The run stops after this round (its remaining rounds could
         only be charged unamplified, which the budget was not calibrated for).
         """
-        plan = self.plan
-        voids = getattr(self.mode, "name", "") == "distributed"
-        if plan is None or plan.unamplified_event is None or self.accountant is None or not voids:
+        plan = self.plan  # only the distributed plan of an observers run has an unamplified event
+        if plan is None or plan.unamplified_event is None or self.accountant is None:
             return
         from fedprivacy.fl.modes.distributed import unmodelled_abort
 
@@ -819,8 +818,9 @@ class FederatedRun:
                                 population=self.population):
             return
         count = sum(1 for r in self.records if r.aborted is None) + (self._round_charge is not None)
-        for _ in range(count):
-            self._spend(plan.unamplified_event, rnd, released=True)
+        if count:  # one durable charge of the count-fold event (was one fsync'd line per round)
+            event = plan.unamplified_event
+            self._spend(dataclasses.replace(event, count=event.count * count), rnd, released=True)
         self._void_reason = (
             f"round {rnd}: an abort the public's pair does not model voids its amplification: "
             f"{count} released round(s) charged the server's unamplified event as well; run stopped")
