@@ -200,9 +200,10 @@ def decode_train_reply(reply: Message, partition_id: int) -> ClientUpdate:
     return update_metadata(reply.content, partition_id, delta=delta)
 
 
-def query_message(node_id: int) -> Message:
+def query_message(node_id: int, *, attempt: int = 1) -> Message:
+    """The partition query (server/loop.py::discover_partitions); ``group_id`` is the attempt, from 1."""
     return Message(content=RecordDict({"config": ConfigRecord({"ask": "node"})}), dst_node_id=node_id,
-                   message_type=MessageType.QUERY)
+                   message_type=MessageType.QUERY, group_id=str(attempt))
 
 
 def query_reply(msg: Message, *, partition_id: int, num_partitions: int) -> Message:

@@ -11,10 +11,12 @@ so results do not depend on the transport's random node ids.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedprivacy.config import RunConfig
@@ -24,6 +26,7 @@ from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
 from fedprivacy_flwr import codec
 
 NODE_WAIT_SECONDS = 60.0
+QUERY_ATTEMPTS = 3  # asks per node before discovery gives up on it
 
 
 class NoClientsError(RuntimeError):
@@ -31,47 +34,112 @@ class NoClientsError(RuntimeError):
 
 
 def discover_partitions(
-    grid: Grid, *, timeout: float, wait: float = NODE_WAIT_SECONDS, log: Callable[[str], None] = print
+    grid: Grid, *, timeout: float, wait: float = NODE_WAIT_SECONDS, attempts: int = QUERY_ATTEMPTS,
+    log: Callable[[str], None] = print,
 ) -> dict[int, int]:
     """Map partition id -> node id by querying every node; waits until ids 0..N-1 have all answered.
 
-    SuperNodes of a deployment connect one by one, so new nodes are queried as they appear, until every
-    partition of ``num-partitions`` is known or ``wait`` seconds have passed (then
-    :class:`NoClientsError`; nodes that disagree about the partitions raise RuntimeError).
+    Each pass asks every connected node that has not answered yet: nodes that appeared since the last
+    pass (SuperNodes of a deployment connect one by one; Flower's simulation registers its nodes while
+    the ServerApp already runs) and nodes whose reply did not come within ``timeout`` (a lost message, a
+    node busy past the timeout: at 1000 SuperNodes Ray answered ~680 queries in one pass), each at most
+    ``attempts`` times. A pass that starts after ``wait`` seconds is the last one; if some partition is
+    still unknown then, :class:`NoClientsError` names the missing partition ids and the silent nodes.
+    Nodes that disagree about the partitions raise RuntimeError. A query's ``group_id`` is its attempt
+    (``"1"`` for the first ask), so a fault plan's ``rounds`` select the ask.
     """
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
     deadline = time.monotonic() + wait
     mapping: dict[int, int] = {}
     totals: set[int] = set()
-    asked: set[int] = set()
+    asks: dict[int, int] = {}  # node id -> queries sent to it
+    answered: set[int] = set()
     while True:
-        new = sorted(set(grid.get_node_ids()) - asked)
-        if new:
-            asked.update(new)
-            for reply in grid.send_and_receive([codec.query_message(n) for n in new], timeout=timeout):
-                src = reply.metadata.src_node_id
-                if reply.has_error():
-                    raise RuntimeError(f"node {src} failed the partition query: {codec.error_text(reply)}")
-                pid, total = codec.decode_query_reply(reply)
-                if pid in mapping:
-                    raise RuntimeError(f"two nodes claim partition-id {pid}")
-                mapping[pid] = src
-                totals.add(total)
+        last = time.monotonic() > deadline
+        nodes = list(grid.get_node_ids())
+        ask = [n for n in nodes if n not in answered and asks.get(n, 0) < attempts]
+        if ask:
+            for n in ask:
+                asks[n] = asks.get(n, 0) + 1
+            replies = grid.send_and_receive([codec.query_message(n, attempt=asks[n]) for n in ask],
+                                            timeout=timeout)
+            got = _take_query_replies(replies, asked=set(ask), answered=answered, mapping=mapping,
+                                      totals=totals)
+            if got < len(ask):
+                log(f"partition query: {len(ask) - got} of {len(ask)} node(s) asked gave no answer within "
+                    f"{timeout:g} s; asking them again (at most {attempts} times each)")
         if len(totals) > 1:
             raise RuntimeError(f"nodes disagree on num-partitions: {sorted(totals)}")
-        if totals:
-            (total,) = totals
-            if sorted(mapping) == list(range(total)):
+        total = next(iter(totals)) if totals else None
+        if total is not None:
+            if len(mapping) == total and sorted(mapping) == list(range(total)):
                 return mapping
             if any(not 0 <= pid < total for pid in mapping):
                 raise RuntimeError(f"partition ids {sorted(mapping)} do not fit num-partitions={total}")
-        if time.monotonic() > deadline:
-            have = sorted(mapping)
-            raise NoClientsError(
-                f"only partitions {have} answered within {wait:.0f} s"
-                + (f" (num-partitions={next(iter(totals))})" if totals else "")
-                + "; start a SuperNode for every partition-id 0..num-partitions-1 (see README, Scaling out)"
-            )
-        time.sleep(1.0)
+        if last:
+            raise NoClientsError(_missing_text(mapping, total, nodes=nodes, answered=answered, asks=asks,
+                                               wait=wait, timeout=timeout))
+        if not ask:
+            time.sleep(1.0)
+
+
+_UNANSWERED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                         ErrorCode.NODE_UNAVAILABLE})
+
+
+def _take_query_replies(replies: Iterable[Message], *, asked: set[int], answered: set[int],
+                        mapping: dict[int, int], totals: set[int]) -> int:
+    """Record the answers of one pass; returns how many of the nodes asked answered.
+
+    A SuperLink's "message/reply/node unavailable" error is no answer (the node is asked again); a
+    ClientApp's error is final (RuntimeError). A second answer from a node, or a reply from a node not
+    asked in this pass, is ignored.
+    """
+    got = 0
+    for reply in replies:
+        src = reply.metadata.src_node_id
+        if src not in asked or src in answered:
+            continue
+        if reply.has_error():
+            if reply.error.code in _UNANSWERED:
+                continue
+            raise RuntimeError(f"node {src} failed the partition query: {codec.error_text(reply)}")
+        pid, total = codec.decode_query_reply(reply)
+        if pid in mapping:
+            raise RuntimeError(f"two nodes claim partition-id {pid}")
+        mapping[pid] = src
+        totals.add(total)
+        answered.add(src)
+        got += 1
+    return got
+
+
+def _ids(ids: Iterable[int]) -> str:
+    """``[0-428, 430, 432-702]``: sorted ids with runs of consecutive ids shortened."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in sorted(ids):
+        if run and i != run[-1] + 1:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(i)
+    if run:
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _missing_text(mapping: Mapping[int, int], total: int | None, *, nodes: Sequence[int],
+                  answered: set[int], asks: Mapping[int, int], wait: float, timeout: float) -> str:
+    text = f"only partitions {_ids(mapping)} answered within {wait:.0f} s"
+    if total is not None:
+        text += f" (num-partitions={total}; missing {_ids(set(range(total)) - set(mapping))})"
+    silent = sorted(n for n in nodes if n not in answered)
+    if silent:
+        shown = ", ".join(str(n) for n in silent[:10]) + (", ..." if len(silent) > 10 else "")
+        text += (f"; {len(silent)} connected node(s) never answered, asked up to "
+                 f"{max(asks.get(n, 0) for n in silent)} time(s) with client-timeout {timeout:g} s: {shown}")
+    return text + "; start a SuperNode for every partition-id 0..num-partitions-1 (see README, Scaling out)"
 
 
 def make_exchange(grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> Exchange:

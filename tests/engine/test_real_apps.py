@@ -100,6 +100,35 @@ def test_dropout_and_crash_do_not_stop_the_round(tmp_path: Path) -> None:
     assert res.stats.dropped == 1 and res.stats.errors == 1
 
 
+def test_discovery_asks_again_the_nodes_whose_query_reply_was_lost(tmp_path: Path) -> None:
+    """Issue 16: at 1000 SuperNodes Ray answered ~680 partition queries in one pass and discovery never
+    asked the rest again. Here the first ask to partitions 2 and 5 gets no reply (a drop: the query's
+    group_id is its attempt); the second ask finds them and the run is the run without faults."""
+    plan = FaultPlan.parse("drop:type=query,rounds=1,partitions=2|5")
+    cfg = {"num-server-rounds": 1, "client-timeout": 5.0}
+    lossy = run_inprocess(run_config=_config(tmp_path, "lossy", **cfg), num_supernodes=8, faults=plan,
+                          app_dir=REPO_DIR)
+    clean = run_inprocess(run_config=_config(tmp_path, "clean", **cfg), num_supernodes=8, app_dir=REPO_DIR)
+
+    assert lossy.stats.dropped == 2 and lossy.stats.by_type.get("query") == 8 + 2
+    (row,) = _rows(lossy.results_path)
+    assert (row["clients_sampled"], row["clients_aggregated"]) == (8, 8)
+    assert _rows(lossy.results_path) == _rows(clean.results_path)
+
+
+def test_discovery_gives_up_after_its_attempts_and_names_what_is_missing(tmp_path: Path) -> None:
+    from server.loop import QUERY_ATTEMPTS, NoClientsError
+
+    plan = FaultPlan.parse("drop:type=query,partitions=3|6|7")  # every ask to these nodes is lost
+    with pytest.raises(NoClientsError) as err:
+        run_inprocess(run_config=_config(tmp_path, "silent", **{"client-timeout": 2.0}), num_supernodes=9,
+                      faults=plan, app_dir=REPO_DIR)
+    text = str(err.value)
+    assert "only partitions [0-2, 4-5, 8] answered" in text and "missing [3, 6-7]" in text
+    assert f"3 connected node(s) never answered, asked up to {QUERY_ATTEMPTS} time(s)" in text
+    assert "(num-partitions=9;" in text
+
+
 def test_simulate_summary(tmp_path: Path) -> None:
     out = simulate(
         engine="inprocess",
