@@ -8,10 +8,12 @@
   - analytic (Balle & Wang 2018, "Improving the Gaussian Mechanism for Differential Privacy",
     Theorem 8 and Algorithm 1): exact, for every ε > 0.
 * Exponential mechanism (McSherry & Talwar 2007, Theorem 6; Dwork & Roth 2014, Theorem 3.10) and
-  report-noisy-max (Dwork & Roth 2014, §3.3), sampled with the Gumbel-max trick.
+  report-noisy-max (Dwork & Roth 2014, §3.3; permute-and-flip, McKenna & Sheldon 2020), sampled
+  exactly with rational Bernoulli(exp(−γ)) decisions and the exact discrete Laplace (Canonne, Kamath
+  & Steinke 2020), so that no floating-point support gap breaks pure ε-DP.
 
-All noise comes from a :class:`fedprivacy.dp.rng.RandomSource` (secure by default). The Gaussian and
-the selection mechanisms' samplers return floating-point values; see :mod:`fedprivacy.dp.discrete` for exact integer noise
+All noise comes from a :class:`fedprivacy.dp.rng.RandomSource` (secure by default). The Gaussian
+mechanism's sampler returns floating-point values; see :mod:`fedprivacy.dp.discrete` for exact integer noise
 (Mironov 2012's floating-point attack does not apply there). Sensitivities are in the unit of the
 released value; the neighbouring relation they assume (add/remove or replace-one) is the caller's.
 """
@@ -25,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import optimize, special
 
-from fedprivacy.dp.discrete import sample_discrete_laplace_exact
+from fedprivacy.dp.discrete import bernoulli_exp_exact, sample_discrete_laplace_exact
 from fedprivacy.dp.rng import RandomSource
 
 __all__ = [
@@ -273,6 +275,20 @@ def _utilities(utilities: Any) -> np.ndarray:
     return u
 
 
+def _selection_gaps(u: np.ndarray, factor: Fraction) -> list[Fraction]:
+    """``factor · (max u − u_r)`` for every candidate, as exact rationals (floats are dyadic)."""
+    exact = [Fraction(float(x)) for x in u]
+    top = max(exact)
+    return [factor * (top - x) for x in exact]
+
+
+def _selection_factor(sensitivity: float, epsilon: float, monotonic: bool) -> Fraction:
+    """``ε/(2Δu)`` (``ε/Δu`` when monotonic) as an exact rational of the floats given."""
+    sens = Fraction(_positive("sensitivity", sensitivity))
+    eps = Fraction(_positive("epsilon", epsilon))
+    return eps / (sens if monotonic else 2 * sens)
+
+
 def exponential_mechanism(
     utilities: Any,
     *,
@@ -281,21 +297,31 @@ def exponential_mechanism(
     rng: RandomSource | None = None,
     monotonic: bool = False,
 ) -> int:
-    """Pick index ``r`` with probability ∝ ``exp(ε u_r / (2Δu))`` (ε-DP).
+    """Pick index ``r`` with probability ∝ ``exp(ε u_r / (2Δu))`` (ε-DP), sampled exactly.
 
     McSherry & Talwar 2007, Theorem 6; Dwork & Roth 2014, Theorem 3.10. With ``monotonic=True``
     (every utility moves in the same direction between neighbours) the factor 2 is dropped,
     ``exp(ε u_r / Δu)``, still ε-DP (Dwork & Roth 2014, remark after Theorem 3.10).
 
-    Sampling uses the Gumbel-max trick, ``argmax_r (ε u_r / (2Δu) + G_r)`` with iid standard
-    Gumbel ``G_r``, which has exactly these probabilities and needs no exponentials (no overflow).
+    The sampler uses no floating point, so the output law is exactly the mechanism's (given ideal
+    uniform integers): a floating-point Gumbel-max draw has bounded support (``u`` on a 2⁻⁵³ grid
+    bounds the Gumbel to about [−3.6, 36.7]), so a candidate about 40/factor behind the best has
+    probability 0 under one input and > 0 under a neighbour, which breaks pure ε-DP (the selection
+    analogue of Mironov 2012; Ilvento 2020, "Implementing the Exponential Mechanism with Base-2
+    Differential Privacy", CCS, treats the same problem). Here the utilities are taken at their exact
+    binary values and, by rejection: propose ``r`` uniformly (``randbelow``), accept it with
+    probability ``exp(−factor·(max u − u_r))`` decided by the exact Bernoulli(exp(−γ)) of Canonne,
+    Kamath & Steinke 2020 (Algorithm 1) for the rational γ. An accepted index has probability
+    ∝ ``exp(factor·u_r)``; the best candidate is always accepted, so at most ``len(u)`` proposals
+    are expected.
     """
     u = _utilities(utilities)
-    sens = _positive("sensitivity", sensitivity)
-    eps = _positive("epsilon", epsilon)
-    factor = eps / (sens if monotonic else 2.0 * sens)
-    g = _source(rng).gumbel(u.size)
-    return int(np.argmax(u * factor + g))
+    gaps = _selection_gaps(u, _selection_factor(sensitivity, epsilon, monotonic))
+    src = _source(rng)
+    while True:
+        r = src.randbelow(len(gaps))
+        if bernoulli_exp_exact(gaps[r], src):
+            return r
 
 
 def report_noisy_max_scale(*, sensitivity: float, epsilon: float, monotonic: bool = False) -> float:
@@ -309,6 +335,33 @@ def report_noisy_max_scale(*, sensitivity: float, epsilon: float, monotonic: boo
     return (sens if monotonic else 2.0 * sens) / eps
 
 
+#: Grid steps per unit of sensitivity for the Laplace report-noisy-max (the noise scale exceeds
+#: ``2Δu/ε`` by the factor ``1 + 2⁻²⁰`` that rounding costs).
+_RNM_GRID = 2**20
+
+
+def _report_noisy_max_laplace(u: np.ndarray, sens: float, eps: float, monotonic: bool, src: RandomSource) -> int:
+    """Report-noisy-max with exact discrete Laplace noise on the grid ``γ = Δu/2²⁰``.
+
+    ``v_r = round(u_r/γ)`` (exact rationals; rounding is monotone and moves each value by ≤ 1/2, so
+    neighbours' ``v`` differ by at most ``Δ_g = 2²⁰ + 1`` per coordinate, in the same direction when
+    the utilities do). Index ``r`` wins (ties go to the lowest index) iff ``Z_r ≥ k`` for an integer
+    threshold ``k`` set by the other candidates' noisy values and ``v_r``; between neighbours ``k``
+    moves by at most ``2Δ_g`` (``Δ_g`` when monotonic). The discrete Laplace of scale ``t`` has
+    ``P[Z = z − m] ≤ e^{m/t} P[Z = z]``, hence ``P[Z ≥ k − m] ≤ e^{m/t} P[Z ≥ k]``, and with
+    ``t = 2Δ_g/ε`` (``Δ_g/ε``) every output's probability ratio is at most ``e^ε`` after integrating
+    over the other noises: Dwork & Roth 2014, Claim 3.9's argument, on the integers. The noise is
+    the exact sampler of Canonne, Kamath & Steinke 2020 (Algorithm 2): no floating point.
+    """
+    grid = Fraction(_RNM_GRID) / Fraction(sens)  # 1/γ
+    v = [round(Fraction(float(x)) * grid) for x in u]
+    grid_sens = _RNM_GRID + 1
+    scale = Fraction(grid_sens if monotonic else 2 * grid_sens) / Fraction(eps)
+    noise = sample_discrete_laplace_exact(scale=scale, size=len(v), rng=src)
+    noisy = [a + int(z) for a, z in zip(v, noise, strict=True)]
+    return noisy.index(max(noisy))
+
+
 def report_noisy_max(
     utilities: Any,
     *,
@@ -318,26 +371,38 @@ def report_noisy_max(
     noise: Literal["gumbel", "exponential", "laplace"] = "gumbel",
     monotonic: bool = False,
 ) -> int:
-    """Report the index of the largest noisy utility (ε-DP).
+    """Report the index of the largest noisy utility (ε-DP), sampled without floating point.
 
-    Noise of scale ``b = 2Δu/ε`` (``Δu/ε`` when ``monotonic``) is added to each utility:
+    Noise of scale ``b = 2Δu/ε`` (``Δu/ε`` when ``monotonic``) on each utility:
 
-    * ``"laplace"``: report-noisy-max, Dwork & Roth 2014, Claim 3.9 (stated there for counting
-      queries with ``Lap(1/ε)``, i.e. monotonic with Δ=1; general Δu-sensitive utilities need 2Δu/ε).
+    * ``"gumbel"``: identical in distribution to :func:`exponential_mechanism` (Gumbel-max trick),
+      and sampled as it is, exactly.
     * ``"exponential"``: report-noisy-max with exponential noise, which is the permute-and-flip
       mechanism (McKenna & Sheldon 2020, Theorem 1; equivalence: Ding, Kifer et al. 2021,
-      "The permute-and-flip mechanism is identical to report-noisy-max with exponential noise").
-    * ``"gumbel"``: identical in distribution to :func:`exponential_mechanism` (Gumbel-max trick).
+      "The permute-and-flip mechanism is identical to report-noisy-max with exponential noise"),
+      sampled as permute-and-flip: visit the candidates in a uniformly random order and return the
+      first one accepted with probability ``exp(−(max u − u_r)/b)`` (exact Bernoulli, CKS 2020
+      Algorithm 1; the best candidate is always accepted).
+    * ``"laplace"``: report-noisy-max, Dwork & Roth 2014, Claim 3.9 (stated there for counting
+      queries with ``Lap(1/ε)``, i.e. monotonic with Δ=1; general Δu-sensitive utilities need 2Δu/ε),
+      with the exact discrete Laplace on a grid of ``Δu/2²⁰`` (scale ``b·(1 + 2⁻²⁰)``; see
+      :func:`_report_noisy_max_laplace` for the proof on the integers).
+
+    Floating-point noise would have bounded support (≈ 36.7·b for a 53-bit uniform), so a candidate
+    far enough behind would have probability 0 under one input and > 0 under a neighbour.
     """
     u = _utilities(utilities)
-    b = report_noisy_max_scale(sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic)
+    if noise not in ("gumbel", "exponential", "laplace"):
+        raise ValueError(f"noise must be 'gumbel', 'exponential' or 'laplace', got {noise!r}")
     src = _source(rng)
     if noise == "gumbel":
-        z = src.gumbel(u.size) * b
-    elif noise == "exponential":
-        z = src.exponential(scale=b, size=u.size)
-    elif noise == "laplace":
-        z = src.laplace(scale=b, size=u.size)
-    else:
-        raise ValueError(f"noise must be 'gumbel', 'exponential' or 'laplace', got {noise!r}")
-    return int(np.argmax(u + z))
+        return exponential_mechanism(u, sensitivity=sensitivity, epsilon=epsilon, rng=src, monotonic=monotonic)
+    if noise == "laplace":
+        sens = _positive("sensitivity", sensitivity)
+        eps = _positive("epsilon", epsilon)
+        return _report_noisy_max_laplace(u, sens, eps, monotonic, src)
+    gaps = _selection_gaps(u, _selection_factor(sensitivity, epsilon, monotonic))
+    for r in src.permutation(len(gaps)):
+        if bernoulli_exp_exact(gaps[int(r)], src):
+            return int(r)
+    raise AssertionError("unreachable: the best candidate (gap 0) is always accepted")

@@ -246,6 +246,41 @@ def test_exponential_mechanism_is_stable_for_huge_utilities() -> None:
     assert picks == {0}  # index 2 is 1e290 behind (probability exp(-5e289)), index 1 far more
 
 
+@pytest.mark.parametrize("noise", ["gumbel", "exponential", "laplace"])
+@pytest.mark.parametrize("monotonic", [False, True])
+def test_selection_samplers_use_no_floating_point_noise(
+    noise: str, monotonic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A floating-point Gumbel / exponential / Laplace variate has bounded support (a 53-bit uniform
+    # caps it near 36.7 scales), so a candidate far enough behind gets probability 0 under one input
+    # and > 0 under a neighbour: pure ε-DP fails. The samplers must decide everything with exact
+    # integers (randbelow), so every float sampler of the real source is disabled here.
+    def forbidden(*_: object, **__: object) -> None:
+        raise AssertionError("a selection mechanism drew floating-point randomness")
+
+    for name in ("gumbel", "exponential", "laplace", "uniform", "normal"):
+        monkeypatch.setattr(RandomSource, name, forbidden)
+    rng = RandomSource.seeded(5)
+    u = np.array([0.0, -80.0, 3.0, 3.0, 1e-300])  # a gap of 80/b: outside any float noise's reach
+    picks = {
+        report_noisy_max(u, sensitivity=1.0, epsilon=1.0, rng=rng, noise=noise, monotonic=monotonic)  # type: ignore[arg-type]
+        for _ in range(200)
+    }
+    assert picks <= {0, 1, 2, 3, 4} and {2, 3} <= picks
+    assert exponential_mechanism(u, sensitivity=1.0, epsilon=1.0, rng=rng, monotonic=monotonic) in range(5)
+
+
+@pytest.mark.parametrize("noise", ["exponential", "laplace"])
+def test_report_noisy_max_ties_and_huge_utilities_are_exact(noise: str) -> None:
+    # Exact rationals: utilities far beyond 2^53 grid steps keep their order (no int64 or float
+    # overflow), and equal best utilities are chosen equally often.
+    rng = RandomSource.seeded(11)
+    u = np.array([1e300, 1e300, -1e300])
+    counts = _frequencies(lambda: report_noisy_max(u, sensitivity=1.0, epsilon=1.0, rng=rng, noise=noise), 3, 2_000)  # type: ignore[arg-type]
+    assert counts[2] == 0
+    assert stats.binomtest(int(counts[0]), 2_000, 0.5).pvalue > ALPHA
+
+
 def _rnm_probabilities(u: np.ndarray, noise: str, b: float) -> np.ndarray:
     """P[argmax(u_i + Z_i) = i] by numerical integration (independent of the sampler)."""
     dist = {
