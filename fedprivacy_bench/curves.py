@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["curve_points", "plot_curves", "curves_markdown", "is_curve_row", "plot_membership",
-           "membership_markdown", "membership_experiments", "experiment_title"]
+           "membership_markdown", "membership_experiments", "experiment_title", "distributed_pairs",
+           "distributed_markdown", "distributed_goal"]
 
 Row = Mapping[str, Any]
 
@@ -45,11 +46,16 @@ def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
             groups.items(), key=lambda kv: tuple("" if v is None else str(v) for v in kv[0])):
         accs = [float(r["test_accuracy"]) for r in rs]
         eps = [float(r["epsilon"]) for r in rs if r.get("epsilon") is not None]
+        observers = [float(a["observers"]) for r in rs
+                     if (a := r.get("epsilon_audiences") or {}).get("observers") is not None]
         first = rs[0]
         points.append({
             "dataset": dataset, "label": label, "framework": framework, "mode": mode,
             "target_epsilon": target,
             "epsilon": sum(eps) / len(eps) if eps else None,
+            # distributed: the ε against observers of the released models (the public's, with the
+            # sampling's amplification); ``epsilon`` is the run's headline (against the server)
+            "epsilon_observers": sum(observers) / len(observers) if observers else None,
             "accuracy": sum(accs) / len(accs), "accuracy_min": min(accs), "accuracy_max": max(accs),
             "seeds": sorted(int(r.get("seed", 0)) for r in rs),
             "noise_multiplier": first.get("noise_multiplier"),
@@ -61,6 +67,13 @@ def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "clients_per_round": first.get("clients_per_round"),
         })
     return points
+
+
+def _x(point: Mapping[str, Any]) -> float:
+    """A point's ε on the curve: the public's (observers') for distributed rows, which is what central
+    DP's amplified ε is against; the run's own headline otherwise."""
+    observers = point.get("epsilon_observers")
+    return float(point["epsilon"] if observers is None else observers)
 
 
 def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | None:
@@ -88,12 +101,14 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | Non
         curves = sorted({(p["framework"], p["mode"]) for p in here if p["mode"] != "none"})
         for framework, mode in curves:
             pts = sorted((p for p in here if (p["framework"], p["mode"]) == (framework, mode)
-                          and p["epsilon"] is not None), key=lambda p: p["epsilon"])
+                          and p["epsilon"] is not None), key=lambda p: _x(p))
             if not pts:
                 continue
-            x = [p["epsilon"] for p in pts]
+            x = [_x(p) for p in pts]
+            audience = ", ε against observers" if pts[0].get("epsilon_observers") is not None else ""
             line = ax.plot(x, [p["accuracy"] for p in pts], marker="o" if framework == "fedprivacy"
-                           else "s", label=f"{framework} {mode} ({len(pts[0]['seeds'])} seeds)")[0]
+                           else "s",
+                           label=f"{framework} {mode} ({len(pts[0]['seeds'])} seeds{audience})")[0]
             ax.fill_between(x, [p["accuracy_min"] for p in pts], [p["accuracy_max"] for p in pts],
                             color=line.get_color(), alpha=0.2)
         ax.set_xscale("log")
@@ -125,9 +140,12 @@ def curves_markdown(points: Sequence[Mapping[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
+        reached = _f(p["epsilon"])
+        if p.get("epsilon_observers") is not None:
+            reached = f"{reached} (server), {_f(p['epsilon_observers'])} (observers)"
         lines.append(
             f"| {p['label']} | {p['framework']} | {p['mode']} | {_f(p['target_epsilon'])} | "
-            f"{_f(p['epsilon'])} | {_f(p['noise_multiplier'], 4) if p['mode'] != 'none' else '–'} | "
+            f"{reached} | {_f(p['noise_multiplier'], 4) if p['mode'] != 'none' else '–'} | "
             f"{_f(p['sample_rate'], 3)} | {p['rounds']} | {_f(p['delta'])} | {p['accountant']} | "
             f"{p['accuracy']:.3f} | {p['accuracy_min']:.3f}–{p['accuracy_max']:.3f} | "
             f"{','.join(map(str, p['seeds']))} |")
@@ -300,7 +318,7 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     goal = ("Membership inference: clearly succeeds without DP (TPR at 1% FPR well above 1%) and falls "
             "to chance with DP on models that are still useful")
 
-    def best(s: Mapping[str, Any]) -> Mapping[str, Any]:  # the strongest user-level attack
+    def strongest(s: Mapping[str, Any]) -> Mapping[str, Any]:  # the strongest user-level attack
         return max((r for r in s["rows"] if r["level"] == "user"),
                    key=lambda r: (r["tpr_at_fpr_1pct"], r["auc"]))
 
@@ -310,12 +328,12 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
         dp = [s for s in experiment if s["summary"]["epsilon"] is not None]
         if not (nodp and dp):
             continue
-        b0 = best(nodp[0])
+        b0 = strongest(nodp[0])
         succeeds = b0["tpr_at_fpr_1pct"] > 0.05
         dp_figs = []
         chance_useful = False
         for s in sorted(dp, key=lambda s: s["summary"]["epsilon"]):
-            b = best(s)
+            b = strongest(s)
             m = s["summary"]
             top_auc = max(r["auc"] for r in s["rows"] if r["level"] == "user")
             useful_chance = (top_auc < 0.6 and m["test_accuracy"] >= 0.5
@@ -340,3 +358,107 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
         goals.append({"goal": goal, "verdict": "not measured",
                       "figures": "no membership run with and without DP"})
     return goals
+
+
+# ------------------------------------------------------- issue 12: distributed against central, same σ
+def _pair_key(row: Row) -> str:
+    """Everything of a run but its mode: two rows with equal keys ran the same σ, sampling and seed."""
+    import json
+
+    spec = dict(row.get("spec") or {k: row.get(k) for k in (
+        "dataset", "label", "num_clients", "clients_per_round", "rounds", "noise_multiplier",
+        "target_epsilon", "seed", "params")})
+    spec.pop("mode", None)
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+def distributed_pairs(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Distributed rows with the central row of the same spec (σ, q, T, seed, all else), grouped over
+    seeds: per group the per-seed accuracies, their difference in points (distributed − central),
+    central's ε (its PLD, Poisson) and the distributed run's ε per audience as it reported them."""
+    central = {_pair_key(r): r for r in rows
+               if r.get("framework") == "fedprivacy" and r.get("mode") == "central" and _ok(r)}
+    groups: dict[tuple[Any, ...], list[tuple[Row, Row]]] = defaultdict(list)
+    for d in rows:
+        if d.get("framework") != "fedprivacy" or d.get("mode") != "distributed" or not _ok(d):
+            continue
+        c = central.get(_pair_key(d))
+        if c is not None:
+            groups[(d.get("dataset"), d.get("label", ""), int(d.get("rounds", 0)),
+                    d.get("noise_multiplier"), d.get("target_epsilon"))].append((d, c))
+    out = []
+    for (dataset, label, rounds, sigma, target), pairs in sorted(
+            groups.items(), key=lambda kv: tuple(str(v) for v in kv[0])):
+        pairs.sort(key=lambda p: int(p[0].get("seed", 0)))
+        diffs = [100 * (float(d["test_accuracy"]) - float(c["test_accuracy"])) for d, c in pairs]
+
+        def mean(xs: Sequence[float | None]) -> float | None:
+            vals = [float(x) for x in xs if x is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        aud = [d.get("epsilon_audiences") or {} for d, _ in pairs]
+        first = pairs[0][0]
+        out.append({
+            "dataset": dataset, "label": label, "rounds": rounds, "noise_multiplier": sigma,
+            "target_epsilon": target, "sample_rate": first.get("sample_rate"),
+            "delta": first.get("delta"), "num_clients": first.get("num_clients"),
+            "clients_per_round": first.get("clients_per_round"),
+            "seeds": [int(d.get("seed", 0)) for d, _ in pairs],
+            "central_accuracy": [float(c["test_accuracy"]) for _, c in pairs],
+            "distributed_accuracy": [float(d["test_accuracy"]) for d, _ in pairs],
+            "points": diffs, "mean_points": sum(diffs) / len(diffs),
+            "central_epsilon": mean([c.get("epsilon") for _, c in pairs]),
+            "epsilon_server": mean([a.get("server") for a in aud]),
+            "epsilon_observers": mean([a.get("observers") for a in aud]),
+            "central_epsilon_no_sampling": mean([a.get("central_same_sigma_no_sampling") for a in aud]),
+            "noise": next((a["noise"] for a in aud if a.get("noise")), ""),
+            "wall_seconds": [(float(d.get("wall_seconds") or 0), float(c.get("wall_seconds") or 0))
+                             for d, c in pairs],
+        })
+    return out
+
+
+def _rel(a: float | None, b: float | None) -> str:
+    return "–" if a is None or not b else f"{100 * (a / b - 1):+.1f}%"
+
+
+def distributed_markdown(pairs: Sequence[Mapping[str, Any]]) -> str:
+    """One line per (setup, σ): accuracy per seed, the difference, and both audiences' ε beside central's."""
+    if not pairs:
+        return ""
+    lines = ["| setup | σ | q | T | seeds | central acc | distributed acc | Δ points (mean; per seed) | "
+             "central ε (PLD, Poisson) | distributed ε observers (vs central) | distributed ε server "
+             "(vs central PLD without sampling) | δ |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        lines.append(
+            f"| {p['label']} | {p['noise_multiplier']:.4f} | {p['sample_rate']:.3g} | {p['rounds']} | "
+            f"{','.join(map(str, p['seeds']))} | "
+            f"{' / '.join(f'{a:.3f}' for a in p['central_accuracy'])} | "
+            f"{' / '.join(f'{a:.3f}' for a in p['distributed_accuracy'])} | "
+            f"{p['mean_points']:+.2f}; {' / '.join(f'{x:+.1f}' for x in p['points'])} | "
+            f"{_f(p['central_epsilon'], 4)} | {_f(p['epsilon_observers'], 4)} "
+            f"({_rel(p['epsilon_observers'], p['central_epsilon'])}) | {_f(p['epsilon_server'], 4)} "
+            f"({_rel(p['epsilon_server'], p['central_epsilon_no_sampling'])} vs "
+            f"{_f(p['central_epsilon_no_sampling'], 4)}) | {_f(p['delta'])} |")
+    return "\n".join(lines)
+
+
+def distributed_goal(pairs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Issue 12's utility goal: distributed accuracy within 1 point of central at the same σ and
+    sampling, on the benchmark setups, several seeds (met: every setup's mean difference ≥ −1 point;
+    a setup with one seed is named as such: no spread)."""
+    goal = ("Issue 12: distributed accuracy within 1 point of central at the same σ and sampling "
+            "(several seeds)")
+    if not pairs:
+        return {"goal": goal, "verdict": "not measured", "figures": "no distributed/central pair"}
+    ok = all(p["mean_points"] >= -1.0 - 1e-9 for p in pairs)
+    several = all(len(p["seeds"]) >= 2 for p in pairs)
+    figs = "; ".join(
+        f"{p['label']}, T={p['rounds']}, σ={p['noise_multiplier']:.3f}, q={p['sample_rate']:.3g}: "
+        f"{p['mean_points']:+.2f} points over seed{'s' if len(p['seeds']) > 1 else ''} "
+        f"{','.join(map(str, p['seeds']))} (per seed {', '.join(f'{x:+.1f}' for x in p['points'])})"
+        for p in pairs)
+    if not several:
+        figs += " (a setup with one seed has no spread)"
+    return {"goal": goal, "verdict": "met" if ok else "missed", "figures": figs}

@@ -42,8 +42,9 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "target-delta": spec.delta,
         "sampling": "poisson",
         "sample-rate": spec.sample_rate,
-        # fedprivacy accounts distributed discrete Gaussian noise with RDP only (config rule)
-        "accountant": "rdp" if privacy == "distributed" else "pld",
+        # distributed: each round is the PLD of its dominating Gaussian (issue 12; RDP cross-check in
+        # results.json), like the central rows' PLD
+        "accountant": "pld",
         "dpsgd": spec.mode == "dpsgd",
         "secagg": privacy == "distributed" or bool(spec.option("secagg", False)),
         "seed": spec.seed,
@@ -63,12 +64,38 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
     return cfg
 
 
+def distributed_epsilons(privacy: dict[str, Any]) -> dict[str, Any]:
+    """A distributed run's ε per audience as its ``results.json`` reports them (issue 12).
+
+    ``server`` (no amplification: the server sees the cohorts), ``observers`` (the public, with the
+    amplification of the sampling that ran), and the central-DP references at the same σ: the PLD of
+    the continuous Gaussian σ = z·C with the same sampling and without any. Empty for other modes.
+    """
+    dist = privacy.get("distributed") or {}
+    audiences = dist.get("audiences") or {}
+    if not audiences:
+        return {}
+    return {
+        "audience": privacy.get("epsilon_audience", "server"),
+        "server": (audiences.get("server") or {}).get("epsilon"),
+        "observers": (audiences.get("observers") or {}).get("epsilon"),
+        "observers_amplified": (audiences.get("observers") or {}).get("amplification"),
+        "central_same_sigma_and_sampling": dist.get("central_dp_epsilon_same_sigma_and_sampling"),
+        "central_same_sigma_no_sampling": dist.get("central_dp_epsilon_same_sigma"),
+        "noise": dist.get("noise"),
+    }
+
+
 def record_from_results(spec: BenchSpec, results: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """Turn a fedprivacy ``results.json`` into a benchmark record."""
+    """Turn a fedprivacy ``results.json`` into a benchmark record (a distributed run's record also
+    carries ``epsilon_audiences``: :func:`distributed_epsilons`)."""
     rows = list(results.get("rounds", []))
     privacy = results.get("privacy", {}) or {}
     eps = privacy.get("epsilon")
     note = ""
+    audiences = distributed_epsilons(privacy) if spec.mode == "distributed" else {}
+    if audiences:
+        extra["epsilon_audiences"] = audiences
     if spec.mode == "dpsgd" and rows and rows[-1].get("dpsgd_epsilon") is not None:
         eps = rows[-1]["dpsgd_epsilon"]
         note = "epsilon is per-example (DP-SGD), not per-user"

@@ -16,6 +16,9 @@ from fedprivacy_bench.curves import (
     curve_goals,
     curve_points,
     curves_markdown,
+    distributed_goal,
+    distributed_markdown,
+    distributed_pairs,
     experiment_title,
     is_curve_row,
     membership_experiments,
@@ -429,12 +432,22 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
     points = curve_points(rows)
     membership = payload.get("membership") or []
     scope = payload.get("scope") or []
+    pairs = distributed_pairs(rows)
     if points or membership:
         lines += ["", "## Goals (issue 13)", "", "| goal | verdict | figures |", "|---|---|---|"]
         lines += [f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |"
-                  for g in curve_goals(points, membership)]
+                  for g in curve_goals(points, membership) + ([distributed_goal(pairs)] if pairs else [])]
     if scope:
         lines += ["", "## What was run and what was not (issue 13)", ""] + [f"- {n}" for n in scope]
+    if pairs:
+        lines += ["", "## Distributed against central DP at the same σ and sampling (issue 12)", "",
+                  "Each line pairs distributed rows with the central rows of the identical run (data, "
+                  "model, σ, Poisson q, T, seed) and states both audiences' ε as the distributed run "
+                  "reported them (results.json `privacy.distributed.audiences`): against the server "
+                  "(it sees the cohorts: no amplification) and against observers of the released "
+                  "models (the public: amplified by the sampling that ran). Central's ε is its PLD "
+                  "with Poisson amplification; the server's reference is the PLD of the continuous "
+                  "Gaussian of the same σ without sampling.", "", distributed_markdown(pairs)]
     if points:
         lines += ["", "## Fashion-MNIST: accuracy against ε (issue 13)", "",
                   "Each point pools the seeds that ran (mean, min–max); ε is what the framework's own "

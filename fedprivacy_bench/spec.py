@@ -222,7 +222,7 @@ def make_record(spec: BenchSpec, **values: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FashionSetup:
-    """A named, reproducible Fashion-MNIST recipe (``--setup NAME``): everything but mode, ε and seed.
+    """A named, reproducible recipe (``--setup NAME``): everything but mode, ε and seed.
 
     Attributes:
         name: the ``--setup`` name.
@@ -230,12 +230,18 @@ class FashionSetup:
         rounds: T, the server rounds (σ is calibrated for them).
         training: ``BenchSpec`` fields of every row (data, population, cohort, model, local and
             server optimisation, clip, δ, evaluation).
+        label: the rows' setup label (default ``fashion iid NAME``: the Fashion-MNIST curves).
+        data: where the data comes from, for the page.
     """
 
     name: str
     summary: str
     rounds: int
     training: Mapping[str, Any]
+    label: str = ""
+    data: str = ("Fashion-MNIST from Debian's `dataset-fashion-mnist` (the official 60,000 training "
+                 "images split over the clients, the official 10,000 test images as the server's test "
+                 "set)")
 
     def spec(self, *, mode: str, seed: int, sigma: Callable[[float, float, int], float],
              rounds: int | None = None, target_epsilon: float | None = None) -> BenchSpec:
@@ -246,7 +252,7 @@ class FashionSetup:
         Poisson, δ of the setup).
         """
         t = rounds or self.rounds
-        fields = dict(self.training, rounds=t, label=f"fashion iid {self.name}", seed=seed)
+        fields = dict(self.training, rounds=t, label=self.label or f"fashion iid {self.name}", seed=seed)
         fields["eval_every"] = min(int(fields.get("eval_every", 1)), t)
         if mode != "none":
             if target_epsilon is None:

@@ -122,3 +122,53 @@ def test_membership_experiments_are_judged_apart_and_one_meeting_both_halves_mee
     assert curve_goals([], low_fpr_leak)[2]["verdict"] == "missed"
     assert curve_goals([], [large[0], pool(_mia(4.0, auc=0.55, tpr=0.039, acc=0.80), 1000)])[2][
         "verdict"] == "met"
+
+
+def _dist_pair(seed: int, central_acc: float, dist_acc: float) -> list[dict]:
+    spec = {"dataset": "digits", "label": "digits 100k setup", "num_clients": 1000, "clients_per_round": 100,
+            "rounds": 15, "noise_multiplier": 1.04, "target_epsilon": 3.0, "seed": seed}
+    common = {"dataset": "digits", "label": "digits 100k setup", "framework": "fedprivacy",
+              "engine": "inprocess", "seed": seed, "rounds": 15, "noise_multiplier": 1.04,
+              "target_epsilon": 3.0, "sample_rate": 0.1, "delta": 1e-5, "num_clients": 1000,
+              "clients_per_round": 100, "status": "ok", "wall_seconds": 10.0}
+    central = {**common, "mode": "central", "test_accuracy": central_acc, "epsilon": 3.0,
+               "spec": {**spec, "mode": "central"}}
+    dist = {**common, "mode": "distributed", "test_accuracy": dist_acc, "epsilon": 10.35,
+            "spec": {**spec, "mode": "distributed"},
+            "epsilon_audiences": {"audience": "server", "server": 10.35, "observers": 3.004,
+                                  "central_same_sigma_and_sampling": 3.0,
+                                  "central_same_sigma_no_sampling": 10.34, "noise": "exact XNoise"}}
+    return [central, dist]
+
+
+def test_distributed_rows_pair_with_central_of_the_same_run_and_state_both_audiences() -> None:
+    from fedprivacy_bench.curves import distributed_goal, distributed_markdown, distributed_pairs
+
+    rows = [r for s, c, d in ((0, 0.77, 0.765), (1, 0.78, 0.79), (2, 0.76, 0.75))
+            for r in _dist_pair(s, c, d)]
+    other_sigma = _dist_pair(0, 0.7, 0.1)
+    other_sigma[1]["spec"] = {**other_sigma[1]["spec"], "noise_multiplier": 2.0}  # no central twin
+    rows += other_sigma[1:]
+
+    pairs = distributed_pairs(rows)
+
+    assert len(pairs) == 1 and pairs[0]["seeds"] == [0, 1, 2]
+    p = pairs[0]
+    assert [round(x, 6) for x in p["points"]] == [-0.5, 1.0, -1.0]
+    assert abs(p["mean_points"] - (-0.5 + 1.0 - 1.0) / 3) < 1e-9
+    assert (p["epsilon_server"], p["epsilon_observers"], p["central_epsilon"]) == (10.35, 3.004, 3.0)
+    table = distributed_markdown(pairs)
+    assert "| digits 100k setup | 1.0400 | 0.1 | 15 | 0,1,2 | 0.770 / 0.780 / 0.760 |" in table
+    assert "3.004 (+0.1%)" in table and "10.35 (+0.1% vs 10.34)" in table
+    goal = distributed_goal(pairs)
+    assert goal["verdict"] == "met" and "-0.17 points over seeds 0,1,2" in goal["figures"]
+    worse = distributed_pairs([r for s in (0, 1) for r in _dist_pair(s, 0.77, 0.75)])
+    assert distributed_goal(worse)["verdict"] == "missed"  # -2 points
+    one = distributed_goal(distributed_pairs(_dist_pair(0, 0.77, 0.77)))
+    assert one["verdict"] == "met" and "one seed has no spread" in one["figures"]
+    assert distributed_goal([])["verdict"] == "not measured"
+    # on the curve a distributed point sits at the public's ε, the comparable audience of central's
+    fashion = [dict(r, dataset="fashion-mnist", label="fashion iid x") for r in rows[:2]]
+    points = {p["mode"]: p for p in curve_points(fashion)}
+    assert points["distributed"]["epsilon_observers"] == 3.004 and points["distributed"]["epsilon"] == 10.35
+    assert "10.3 (server), 3 (observers)" in curves_markdown(list(points.values()))

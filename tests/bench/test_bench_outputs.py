@@ -141,3 +141,9 @@ def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_t
     rc = bench.main(["--setup", "fedavgm", "--only", "no-such-row", "--no-docs"])
     assert rc == 0  # nothing ran, nothing written
     assert bench.main(["--setup", "fedavgm", "--seeds", "x"]) == 2
+    # a setup on other data keeps its own label and says where its data comes from (issue 12's pairs)
+    digits = bench.setup_sweep("digits-100k", seeds=(0, 1), epsilons=(3.0,), modes=("central", "distributed"))
+    assert {(s.dataset, s.label, s.rounds, s.clients_per_round) for s in digits} == {
+        ("digits", "digits 100k setup", 15, 100)}
+    assert len({s.noise_multiplier for s in digits}) == 1  # distributed runs central's σ
+    assert "bundled digits" in bench.setup_notes("digits-100k", digits)[0]

@@ -123,7 +123,7 @@ def test_run_config_uses_only_keys_fedprivacy_accepts() -> None:
         assert cfg.privacy == ("none" if mode in ("none", "dpsgd") else mode)
         assert cfg.dpsgd is (mode == "dpsgd")
         assert cfg.secagg is (mode == "distributed")
-        assert cfg.accountant == ("rdp" if mode == "distributed" else "pld")
+        assert cfg.accountant == "pld"  # distributed too: each round the PLD of its dominating Gaussian
     synthetic = RunConfig.from_mapping(run_config_for(_spec(dataset="synthetic", hidden=140),
                                                       output_dir="out"))
     assert synthetic.dataset == "synthetic"
@@ -147,3 +147,27 @@ def test_memory_sampler_sees_child_processes() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_distributed_record_keeps_each_audiences_epsilon_from_results_json() -> None:
+    from fedprivacy_bench.fedprivacy_runner import record_from_results
+
+    results = {"status": "completed",
+               "rounds": [{"test_accuracy": 0.5, "epsilon": 10.3, "seconds": 2.0}] * 2,
+               "privacy": {"epsilon": 10.35, "accountant": "pld", "sampling": "poisson(q=0.1, N=1000)",
+                           "epsilon_audience": "server",
+                           "distributed": {"audiences": {"server": {"epsilon": 10.35, "amplification": False},
+                                                         "observers": {"epsilon": 3.004,
+                                                                       "amplification": True}},
+                                           "central_dp_epsilon_same_sigma": 10.34,
+                                           "central_dp_epsilon_same_sigma_and_sampling": 2.997,
+                                           "noise": "exact XNoise"}}}
+    rec = record_from_results(_spec(mode="distributed", noise_multiplier=1.0), results)
+    assert rec["epsilon"] == 10.35 and rec["epsilon_note"].startswith("fedprivacy pld accountant")
+    assert rec["epsilon_audiences"] == {
+        "audience": "server", "server": 10.35, "observers": 3.004, "observers_amplified": True,
+        "central_same_sigma_and_sampling": 2.997, "central_same_sigma_no_sampling": 10.34,
+        "noise": "exact XNoise"}
+    central = record_from_results(_spec(mode="central", noise_multiplier=1.0),
+                                  {**results, "privacy": {"epsilon": 2.997}})
+    assert "epsilon_audiences" not in central
