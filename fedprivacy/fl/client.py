@@ -14,6 +14,7 @@ secure source otherwise; the torch seed of local training is drawn from it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -52,11 +53,23 @@ def privatize_update(
     Gaussian mechanism on the clipped update (Dwork & Roth 2014, Thm. A.1): any two clipped updates are
     at most ``2C`` apart, which is the sensitivity the local-mode accounting uses.
 
-    Returns float64 arrays; raises ValueError if Δ contains NaN/Inf (nothing to release).
+    A non-finite Δ (local training diverged on this client's data) is a data-dependent event. In the
+    modes whose server is the adversary (``local``, ``distributed``) an error reply or a dropout
+    would disclose it outside ε, so Δ is replaced by zeros, a valid clipped update, and released with
+    the same noise: the reply then has the law of a client whose update is 0 (review3 V6's residue).
+    The client logs that locally; nothing in the reply says so. In ``none`` / ``central`` (trusted
+    server) it raises ValueError instead, so that the server can report the divergence.
+
+    Returns float64 arrays.
     """
     from fedprivacy.dp.clipping import clip_arrays
 
     arrays = [np.asarray(a, dtype=np.float64) for a in delta]
+    if privacy in ("local", "distributed") and not all(np.all(np.isfinite(a)) for a in arrays):
+        logging.getLogger(__name__).warning(
+            "this client's local update is not finite (training diverged): releasing a zero update "
+            "with the mode's noise, so that the reply does not depend on it")
+        arrays = [np.zeros_like(a) for a in arrays]
     if clip_norm > 0:
         clipped, _norm = clip_arrays(arrays, clip_norm=clip_norm)
         arrays = [np.asarray(a, dtype=np.float64) for a in clipped]

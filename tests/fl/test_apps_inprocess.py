@@ -67,3 +67,18 @@ def test_results_do_not_depend_on_node_ids(tmp_path: Path) -> None:
         runs.append(json.loads((tmp_path / f"n{node_seed}" / "results.json").read_text())["rounds"])
     strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in rows] for rows in runs]
     assert strip[0] == strip[1]
+
+
+def test_a_distributed_client_whose_training_diverges_still_takes_part(tmp_path: Path) -> None:
+    # A learning rate of 1e38 overflows float32 in the first step, so every local update is non-finite.
+    # The server is the adversary in distributed mode: an error reply or a dropout would tell it that
+    # a client's training diverged on its data. Each client releases a zero update with its noise instead,
+    # so every sampled client is aggregated and the round completes (review3 V6's residue).
+    run_config = {"num-server-rounds": 1, "seed": 2, "output-dir": str(tmp_path), "run-name": "diverged",
+                  "local-epochs": 1, "learning-rate": 1e38, "privacy": "distributed", "secagg": True,
+                  "target-delta": 1e-3}
+    run_inprocess(run_config=run_config, num_supernodes=5, app_dir=APP_DIR, node_id_seed=1)
+    saved = json.loads((tmp_path / "diverged" / "results.json").read_text())
+    assert saved.get("stopped") in (None, "") and len(saved["rounds"]) == 1
+    rounds = read_participation(tmp_path / "diverged")
+    assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(5, 5)]

@@ -35,10 +35,25 @@ def test_local_mode_adds_noise_of_the_stated_std() -> None:
     assert out[0].std() == pytest.approx(0.3, rel=0.01)
 
 
-def test_non_finite_update_is_not_released() -> None:
-    with pytest.raises(ValueError):
-        privatize_update([np.array([1.0, np.nan])], privacy="central", clip_norm=1.0, local_noise_std=0.0,
+@pytest.mark.parametrize("privacy", ["none", "central"])
+def test_non_finite_update_is_not_released_to_a_trusted_server(privacy: str) -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        privatize_update([np.array([1.0, np.nan])], privacy=privacy, clip_norm=1.0, local_noise_std=0.0,
                          rng=RandomSource.seeded(0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(bad=st.sampled_from([np.nan, np.inf, -np.inf]), where=st.integers(0, 5), seed=st.integers(0, 2**31 - 1))
+def test_a_diverged_update_in_local_mode_is_released_as_a_zero_update(bad: float, where: int, seed: int) -> None:
+    # The server (the adversary in local / distributed mode) must not learn that training diverged:
+    # the reply is bit-identical to the one of a client whose update is 0, noise included.
+    diverged = [np.arange(6.0)]
+    diverged[0][where] = bad
+    got = privatize_update(diverged, privacy="local", clip_norm=1.0, local_noise_std=0.5, rng=RandomSource.seeded(seed))
+    zero = privatize_update([np.zeros(6)], privacy="local", clip_norm=1.0, local_noise_std=0.5,
+                            rng=RandomSource.seeded(seed))
+    np.testing.assert_array_equal(got[0], zero[0])
+    assert np.isfinite(got[0]).all()
 
 
 def test_client_randomness_derives_from_seed_partition_and_round() -> None:
