@@ -97,13 +97,15 @@ Not claimed. (1) Removing ``i`` from the population: in the revealed view, with 
 of mass ``q P[B = b]``, larger than any useful delta, so no amplified figure follows from this
 argument. (2) Rounds that abort after the cohort was chosen (dropouts, protocol violations): their
 cause is not modelled; the summary claims no amplification for such a run. (3) Dropouts in rounds
-that complete: the pair models completion by the cohort size. When sampled clients can drop out,
-the survivor count also decides completion (``s >= t``), so client ``i`` can decide it through the
-survivors too, and conditioning on "no dropout" lowers the effective rate to ``q (1 - rho)`` whose
-``w_g`` can be larger. The figure is proved for runs in which no sampled client drops out; with a
-dropout rate ``rho > 0`` it is an assumption (stated in the threat model), as it was for the rate
-``q / P[n >= m0]`` this replaces. Revealing the others' dropouts too extends the proof, with
-``w_g`` then depending on ``rho`` (an assumed bound on it would be needed).
+that complete: the pair models completion by the cohort size. When sampled clients drop out, the
+survivor count also decides completion, so client ``i`` can decide it through the survivors, and no
+dropout rate can be assumed (a process that knows the cohort can make every completed round contain
+``i``; independent dropouts at rate ``p`` give the pair at rate ``q (1 - p)``, above the ``p = 0``
+figure for large ``p``: review3 V9). A run in which a completed round lost sampled clients therefore
+claims no amplification either (:func:`fedprivacy.fl.modes.distributed.amplification_void`): its
+rounds are charged the unamplified Gaussian, which holds for every data-independent dropout pattern
+(given the cohort and the survivors each round is a Gaussian or nothing for ``i``). Assumed, for a
+run that lost no sampled client: whether a round loses clients does not depend on who was sampled.
 """
 
 from __future__ import annotations

@@ -987,11 +987,14 @@ OBSERVERS_THREAT_MODEL = (
     "also learns how many other clients were sampled: with the probability that client i decided "
     "the round's completion it is an unamplified Gaussian, else the subsampled one "
     "(fedprivacy.accounting.completion; zero-out adjacency); rounds aborted by the cohort-size rule "
-    "are inside that pair, a run with a round aborted for another reason (dropouts, a protocol "
-    "violation) claims no amplification; the pair is proved for completion decided by the cohort "
-    "size, i.e. no sampled client dropping out of a completed round: with dropouts (assumed "
-    "independent of who was sampled and of the data) a client can also decide completion through "
-    "the survivor count, which the figure does not model")
+    "are inside that pair; a run with a round aborted for another reason (dropouts, a protocol "
+    "violation) or a completed round that lost sampled clients after its cohort was chosen "
+    "(dropouts: completion then also depends on the survivors) claims no amplification: every "
+    "round is charged the server's unamplified Gaussian, valid for every dropout pattern that does "
+    "not depend on the data (an observers-budgeted run stops there); the amplified figure of a run "
+    "that lost no sampled client assumes that whether a round loses clients does not depend on who "
+    "was sampled (true without dropouts; independent per-client dropouts that happened not to "
+    "occur would tilt the cohorts towards fewer clients: not modelled)")
 PARTICIPANTS_THREAT_MODEL = (
     "a client that takes part in rounds (or a coalition of max(c, 1) such clients, without the "
     "server): each round it takes part in tells it the roster and the survivors, so no amplification "
@@ -1002,7 +1005,8 @@ PARTICIPANTS_THREAT_MODEL = (
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
                    exact_noise: bool, sampled: bool = True,
-                   counts_published: bool = False, aborted: bool = False) -> dict[str, Any]:
+                   counts_published: bool = False, aborted: bool = False,
+                   lost: bool = False) -> dict[str, Any]:
     """The ``audiences`` block of a distributed run's privacy report (results.json, console, report)."""
     if eps.amplified:
         why = (f"amplified by {sampling_description}, with which rounds completed public (each completed "
@@ -1016,6 +1020,11 @@ def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluder
     elif aborted:
         why = ("not amplified: a round aborted after its cohort was chosen (dropouts or a protocol "
                "violation), which the public sees and whose cause is not modelled (review2 R8)")
+    elif lost:
+        why = ("not amplified: a completed round lost sampled clients after its cohort was chosen "
+               "(dropouts), so its completion also depended on the survivors, which the pair does not "
+               "model; every round is charged its unamplified Gaussian, valid for every dropout pattern "
+               "(review3 V9)")
     elif counts_published:
         why = ("not amplified: the per-round client counts are published (publish-participation), and "
                "a known count changes the sampling the public faces (review F2)")

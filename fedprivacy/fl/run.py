@@ -796,34 +796,54 @@ class FederatedRun:
         except PrivacyBudgetExhausted as exc:
             self._stop(f"round {rnd} discarded, its event exceeds the budget: {exc}")
             return False
+        if self._void_amplification(rnd, outcome):  # lost clients (review3 V9): charged unamplified
+            budget = self.accountant.budget
+            if budget is not None and self.accountant.epsilon(delta=budget.delta) > budget.epsilon:
+                # already seen by the server, not yet by the public: discarded, never published
+                self._stop(f"round {rnd} discarded: {self._void_reason}; ε "
+                           f"{self.accountant.epsilon(delta=budget.delta):.3f} exceeds the budget "
+                           f"{budget.epsilon:g} at δ={budget.delta:g}")
+                return False
         return True
 
-    def _void_amplification(self, rnd: int, outcome: RoundOutcome) -> None:
-        """An abort the public's pair does not model (distributed, ``privacy-audience=observers``:
-        dropouts or a protocol violation in a round whose cohort could complete) voids the public's
-        amplification for the whole run (:mod:`fedprivacy.accounting.completion`; review3 V4b).
+    def _void_amplification(self, rnd: int, outcome: RoundOutcome) -> bool:
+        """A round the public's pair does not model voids the public's amplification for the whole
+        run (distributed, ``privacy-audience=observers``; :func:`fedprivacy.fl.modes.distributed.
+        amplification_void`): an abort of a round whose cohort could complete (dropouts, a protocol
+        violation; review3 V4b), or a completed round that lost sampled clients after its cohort was
+        chosen (its completion then also depended on the survivors; review3 V9).
 
         Every completed round (and this one, if its release was charged) is then charged the
         server's unamplified event as well, as already released (never refused, review2 R6): the
-        ledger then dominates the unamplified composition, so the budget check, every later row's
-        ε and the headline stay valid. The run stops after this round (its remaining rounds could
-        only be charged unamplified, which the budget was not calibrated for).
+        ledger then dominates the unamplified composition, which is valid against the public for
+        every data-independent dropout pattern (the public's view is a post-processing of the
+        server's, and given the cohort and the survivors each round is a Gaussian of sensitivity
+        ``Delta`` or nothing for client ``i``: Zhu, Dong & Wang 2022, Theorem 10), so the budget
+        check, every later row's ε and the headline stay valid. The run stops after this round (its
+        remaining rounds could only be charged unamplified, which the budget was not calibrated
+        for). Returns whether it voided.
         """
         plan = self.plan  # only the distributed plan of an observers run has an unamplified event
         if plan is None or plan.unamplified_event is None or self.accountant is None:
-            return
-        from fedprivacy.fl.modes.distributed import unmodelled_abort
+            return False
+        from fedprivacy.fl.modes.distributed import unmodelled_round
 
-        if not unmodelled_abort(self.cfg, outcome.aborted, len(self._round_cohort),
-                                population=self.population):
-            return
+        aggregated = len(outcome.aggregate.aggregated) if outcome.aborted is None else None
+        why = unmodelled_round(self.cfg, outcome.aborted, len(self._round_cohort), aggregated,
+                               population=self.population)
+        if why is None:
+            return False
         count = sum(1 for r in self.records if r.aborted is None) + (self._round_charge is not None)
         if count:  # one durable charge of the count-fold event (was one fsync'd line per round)
             event = plan.unamplified_event
             self._spend(dataclasses.replace(event, count=event.count * count), rnd, released=True)
+        what = ("an abort the public's pair does not model" if why == "aborted" else
+                "sampled clients lost after the cohort was chosen (dropouts), which the public's pair "
+                "does not model,")
         self._void_reason = (
-            f"round {rnd}: an abort the public's pair does not model voids its amplification: "
+            f"round {rnd}: {what} voids its amplification: "
             f"{count} released round(s) charged the server's unamplified event as well; run stopped")
+        return True
 
     def _record(self, rnd: int, cohort: Sequence[int], outcome: RoundOutcome, t0: float) -> RoundRecord:
         """Evaluate the new model (every ``eval-every`` rounds and after the last), log who was left

@@ -190,7 +190,7 @@ class DistributedMode:
         if accountant is not None:
             block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
                                              records, epsilon=block["epsilon"], plan=plan,
-                                             charged=accountant.steps))
+                                             charged=charged_releases(accountant, plan)))
             audiences = block["distributed"]["audiences"]
             if audiences is not None:  # the figure with every slack term (the ledger's is below it)
                 # never below the ledger, whose charges are the events that ran (issue 11, review F3)
@@ -226,7 +226,7 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     if (done or cut_off) and plan is not None and dims:
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
         exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
-                                      aborted=_unmodelled_abort(cfg, records, population=plan.population))
+                                      void=amplification_void(cfg, records, population=plan.population))
     if plan is not None and done:  # no completed round (e.g. every client refused round 1): no reference
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -256,41 +256,66 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     }}
 
 
-def _unmodelled_abort(cfg: RunConfig, records: Sequence[RoundRecord], *, population: int) -> bool:
-    """Whether a round aborted for a reason the public's pair does not model.
+def amplification_void(cfg: RunConfig, records: Sequence[RoundRecord], *, population: int) -> str | None:
+    """Why the public's pair does not cover the run (``"aborted"`` / ``"lost"``), None when it does.
 
-    Modelled (:func:`fedprivacy.fl.secure.params.public_sampling`): the cohort size alone decided it,
-    i.e. SecureRound's cohort-size abort, or any abort of a round whose cohort size (the server's
+    Modelled (:func:`fedprivacy.fl.secure.params.public_sampling`, :mod:`fedprivacy.accounting.completion`):
+    rounds whose cohort is exactly the clients in the sum, completed or aborted by the cohort size
+    alone: SecureRound's cohort-size abort, or any abort of a round whose cohort size (the server's
     private count) is one the secure round never completes (:func:`completes`: e.g. a cohort of 2
-    with ``t = 2`` aborts inside the protocol, review3 V4a). Anything else (an abort of a round whose
-    cohort could have completed: dropouts, a protocol violation) is not modelled.
+    with ``t = 2`` aborts inside the protocol, review3 V4a). Not modelled: an abort of a round whose
+    cohort could have completed (dropouts, a protocol violation: ``"aborted"``), and a completed round
+    that lost sampled clients after its cohort was chosen (fewer clients in the sum than sampled:
+    ``"lost"``, review3 V9), whose completion then also depended on the survivors.
     """
-    return any(unmodelled_abort(cfg, r.aborted, r.clients_sampled, population=population)
-               for r in records if r.aborted)
+    for r in records:
+        why = unmodelled_round(cfg, r.aborted, r.clients_sampled, r.clients_aggregated, population=population)
+        if why is not None:
+            return why
+    return None
 
 
-def unmodelled_abort(cfg: RunConfig, reason: str | None, cohort_size: int | None, *,
-                     population: int) -> bool:
-    """One round's abort (``reason``, its cohort of ``cohort_size``) is outside the public's pair
-    (see :func:`_unmodelled_abort`); False when the round did not abort."""
-    if not reason:
-        return False
-    try:
-        rule = completes(cfg, population=population)
-    except ValueError:
-        return True
-    return not (is_cohort_rule_abort(reason) or (cohort_size is not None and not rule(int(cohort_size))))
+def unmodelled_round(cfg: RunConfig, reason: str | None, cohort_size: int | None, aggregated: int | None, *,
+                     population: int) -> str | None:
+    """Whether one round (aborted for ``reason``, or completed with ``aggregated`` of its ``cohort_size``
+    sampled clients in the sum) is outside the public's pair: ``"aborted"``, ``"lost"`` or None
+    (see :func:`amplification_void`)."""
+    if reason:
+        try:
+            rule = completes(cfg, population=population)
+        except ValueError:
+            return "aborted"
+        modelled = is_cohort_rule_abort(reason) or (cohort_size is not None and not rule(int(cohort_size)))
+        return None if modelled else "aborted"
+    if cohort_size is not None and aggregated is not None and int(aggregated) < int(cohort_size):
+        return "lost"
+    return None
+
+
+def charged_releases(accountant: Accountant, plan: PrivacyPlan) -> int:
+    """The releases the ledger holds: every entry's count except the unamplified re-charges of an
+    observers run whose amplification was voided (``FederatedRun._void_amplification``), which charge
+    rounds already counted once (review3 V4 residue: counting them made a phantom cut-off round)."""
+    void = plan.unamplified_event
+    return sum(e.event.count for e in accountant.ledger
+               if void is None or e.event.with_count(1) != void.with_count(1))
 
 
 def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
                ddps: list[list[DistributedDPConfig]] | None = None,
-               aborted: bool = False) -> tuple[bool, dict[str, Any]]:
+               void: str | None = None) -> tuple[bool, dict[str, Any]]:
     """``(exact, audiences block)`` for ``rounds`` charged rounds, each the run's worst case.
 
     Rounds aborted by the cohort-size rule are inside :func:`public_sampling`'s pair (which rounds
-    complete is public: :mod:`fedprivacy.accounting.completion`); a run with a round aborted for
-    another reason (after its cohort was chosen: dropouts, a protocol violation) claims no
-    amplification for the public (review2 R8: the abort is visible and its cause is not modelled).
+    complete is public: :mod:`fedprivacy.accounting.completion`). A run that has a round outside it
+    (``void``, :func:`amplification_void`: an abort after the cohort was chosen, review2 R8, or a
+    completed round that lost sampled clients, review3 V9) claims no amplification for the public:
+    every charged round is its unamplified Gaussian. That figure holds for every dropout pattern
+    that does not depend on the clients' data (whoever chooses it, adaptively, knowing the cohort):
+    given the cohort and the survivors (which the server sees) each round is a Gaussian of
+    sensitivity ``Delta`` or no release at all for client ``i``, so the server's unamplified
+    composition dominates its view (Zhu, Dong & Wang 2022, Theorem 10), and the public's view
+    (models, completion, the run's outputs) is a post-processing of the server's.
 
     ``ddps`` (adaptive clipping): per charged round, the encodings it can have run with (one for a
     completed round, its own clip norm); the round is charged the worst case over them."""
@@ -309,7 +334,7 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
         participant = None
     sampling = sampling_object(cfg, plan.population)
     eps = audience_epsilons(worst_list, delta=cfg.target_delta,
-                            sampling=None if aborted else public_sampling(cfg, population=plan.population),
+                            sampling=None if void else public_sampling(cfg, population=plan.population),
                             neighbouring=cfg.neighbouring, backend=cfg.accountant,
                             participant_releases=participant)
     if participant is None:
@@ -317,7 +342,8 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
     exact = all(w.exact for w in worst_list)
     block = audience_claim(eps, sampling_description=sampling.describe(), colluders=cfg.secagg_colluders,
                            exact_noise=exact, sampled=sampling.rate < 1.0,
-                           counts_published=cfg.publish_participation, aborted=aborted)
+                           counts_published=cfg.publish_participation, aborted=void == "aborted",
+                           lost=void == "lost")
     return exact, block
 
 
