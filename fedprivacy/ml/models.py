@@ -129,6 +129,55 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class _ChannelsLastMaxPool(torch.autograd.Function):
+    """``max_pool2d_with_indices`` of a channels-last copy of ``x``; returns a contiguous (NCHW) result.
+
+    Max pooling selects, so the values are the input's own and the format cannot change them; torch's
+    channels-last kernel picks the same element of each window as the NCHW kernel (the first maximum
+    in row-major window order, or the last NaN: ``val > max || isnan(val)`` in both), and returns
+    the same flat ``h * W + w`` indices. The backward is torch's own ``max_pool2d_with_indices_backward``
+    on those indices (itself differentiable: the gradient-leakage attacks take second derivatives), so
+    forward, gradient and double gradient equal ``F.max_pool2d``'s bit for bit
+    (tests/ml/test_models_fast_pool.py). Why: for a batch of 10 at 28x28x16 the NCHW kernel costs
+    ~0.7 ms, the copy plus the vectorised channels-last kernel ~0.2 ms; the two pools were ~16% of a
+    ``convnet`` SGD step.
+    """
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, kernel: list[int], stride: list[int],
+                padding: list[int], dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+        y, idx = torch.ops.aten.max_pool2d_with_indices(
+            x.contiguous(memory_format=torch.channels_last), kernel, stride, padding, dilation, ceil_mode)
+        ctx.save_for_backward(x, idx)  # type: ignore[attr-defined]
+        ctx.args = (kernel, stride, padding, dilation, ceil_mode)  # type: ignore[attr-defined]
+        return y.contiguous()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, idx = ctx.saved_tensors  # type: ignore[attr-defined]
+        grad_x = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, *ctx.args, idx)  # type: ignore[attr-defined]
+        return grad_x, None, None, None, None, None
+
+
+def _pair(v: int | tuple[int, ...]) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
+
+
+class MaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` (same arguments, no state) that pools 4-d contiguous CPU float batches through a
+    channels-last copy (:class:`_ChannelsLastMaxPool`): equal outputs and gradients, ~3-4x faster."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.return_indices or x.dim() != 4 or x.device.type != "cpu" or not x.is_contiguous()
+                or x.dtype not in (torch.float32, torch.float64)):
+            return super().forward(x)
+        stride = self.stride if self.stride is not None else self.kernel_size
+        out: torch.Tensor = _ChannelsLastMaxPool.apply(
+            x, _pair(self.kernel_size), _pair(stride), _pair(self.padding), _pair(self.dilation),
+            bool(self.ceil_mode))
+        return out
+
+
 class ConvClassifier(nn.Module):
     """Convolutional ``features`` (ending in Flatten), then one linear classifier of ``features_dim`` inputs."""
 
@@ -149,7 +198,7 @@ def CNN(*, input_shape: tuple[int, int, int], num_classes: int, channels: int) -
         nn.ReLU(),
         nn.Conv2d(max(1, channels // 2), channels, kernel_size=3, padding=1),
         nn.ReLU(),
-        nn.MaxPool2d(2),
+        MaxPool2d(2),
         nn.Flatten(),
     )
     return ConvClassifier(
@@ -163,10 +212,10 @@ def ConvNet(*, input_shape: tuple[int, int, int], num_classes: int, channels: in
     features = nn.Sequential(
         nn.Conv2d(c_in, max(1, channels // 2), kernel_size=5, padding=2),
         nn.ReLU(),
-        nn.MaxPool2d(2),
+        MaxPool2d(2),
         nn.Conv2d(max(1, channels // 2), channels, kernel_size=5, padding=2),
         nn.ReLU(),
-        nn.MaxPool2d(2),
+        MaxPool2d(2),
         nn.Flatten(),
     )
     return ConvClassifier(

@@ -27,6 +27,11 @@ REFERENCE = Path(__file__).with_name("runs.json")
 
 _COMMON: dict[str, Any] = {"num-server-rounds": 2, "seed": 11, "local-epochs": 1, "dataset": "digits",
                            "client-timeout": 30.0}
+# data3's Fashion-MNIST benchmark recipe (scripts/benchmark.py --setup fedavgm-c300: 3000 clients x 20 examples,
+# convnet, 2 local epochs, batch 10, FedAvgM) with ~6 clients per round: pins the convnet's training path
+# (its max pools; issue 16) and FedAvgM. Recorded on main c63cb7b, before the pool's fast path.
+FASHION = "fashion-convnet-fedavgm"
+SUPERNODES: dict[str, int] = {FASHION: 3000}
 CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"privacy": "none", "secagg": False, "accountant": "pld"},
     "central-poisson": {"privacy": "central", "secagg": False, "accountant": "pld",
@@ -34,6 +39,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "local": {"privacy": "local", "secagg": False, "accountant": "rdp", "noise-multiplier": 0.8},
     "distributed-secagg": {"privacy": "distributed", "secagg": True, "accountant": "rdp",
                            "target-delta": 1e-3},
+    FASHION: {"dataset": "fashion-mnist", "model": "convnet", "partitioner": "iid", "privacy": "central",
+              "secagg": False, "accountant": "pld", "sampling": "poisson", "sample-rate": 0.002,
+              "noise-multiplier": 1.0, "clip-norm": 0.5, "local-epochs": 2, "batch-size": 10,
+              "learning-rate": 0.1, "server-optimizer": "fedavgm", "server-learning-rate": 1.0,
+              "server-momentum": 0.9},
     "central-fixed-cohort": {"privacy": "central", "secagg": False, "accountant": "rdp",
                              "sampling": "fixed", "cohort-size": 4, "neighbouring": "replace-one",
                              "target-delta": 1e-3},
@@ -67,7 +77,8 @@ def run(name: str, out_dir: Path) -> dict[str, Any]:
     from server.engine import run_inprocess
 
     run_config = {**_COMMON, **CONFIGS[name], "output-dir": str(out_dir), "run-name": name}
-    run_inprocess(run_config=run_config, num_supernodes=NUM_SUPERNODES, app_dir=REPO, node_id_seed=3)
+    run_inprocess(run_config=run_config, num_supernodes=SUPERNODES.get(name, NUM_SUPERNODES), app_dir=REPO,
+                  node_id_seed=3)
     results = json.loads((out_dir / name / "results.json").read_text(encoding="utf-8"))
     ckpt = load_checkpoint(out_dir / name / "checkpoint")
     if ckpt is None:
