@@ -99,9 +99,10 @@ def _dpsgd_section(d: dict[str, Any]) -> list[str]:
     return [
         "## Sample-level DP-SGD (per client)",
         "",
-        f"Unit: {d['unit']}. Worst client ε = {_fmt(d.get('epsilon'), '.6g')} at δ = {_fmt(d.get('delta'), 'g')} "
+        f"Unit: {d['unit']}. ε = {_fmt(d.get('epsilon'), '.6g')} at δ = {_fmt(d.get('delta'), 'g')} "
         f"(σ = {_fmt(d.get('noise_multiplier'))}, per-example clip {_fmt(d.get('max_grad_norm'))}, "
         f"accountant {d.get('accountant')}). {d.get('note', '')}",
+        *(["", f"Basis: {d['epsilon_basis']}."] if d.get("epsilon_basis") else []),
         "",
         *[f"- {label}: {d[key]}" for label, key in (("Adjacency", "adjacency"), ("Mechanism", "mechanism"),
                                                     ("Sampling", "sampling")) if d.get(key)],

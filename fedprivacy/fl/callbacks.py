@@ -56,7 +56,8 @@ class ConsoleCallback(RunCallback):
 
     def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
         sample_level = ""
-        if record.dpsgd is not None and record.dpsgd.epsilon is not None:
+        # the worst client's figure moves with the cohorts: printed only where the counts are (review4 W2)
+        if record.dpsgd is not None and record.dpsgd.epsilon is not None and run.publishes_participation:
             sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
         clients = (f"clients {record.clients_aggregated}/{record.clients_sampled}"
                    if run.publishes_participation else "clients (private)")
@@ -71,6 +72,10 @@ class ConsoleCallback(RunCallback):
         self.log(f"{'done' if result.status == 'completed' else result.status}: {len(result.records)} "
                  f"rounds, accuracy {acc}, ε {_fmt_eps(privacy.get('epsilon'))}; "
                  f"results in {where}")
+        dpsgd = result.results.get("dpsgd") or {}
+        if dpsgd.get("epsilon") is not None:
+            self.log(f"example-level DP-SGD ε {_fmt_eps(dpsgd['epsilon'])} at δ={dpsgd['delta']:g} "
+                     f"({dpsgd.get('epsilon_basis', 'worst client')})")
         aud = (privacy.get("distributed") or {}).get("audiences")
         if aud:  # distributed DP: who each figure is against (the public's alone may be amplified)
             self.log(f"ε by audience: server {_fmt_eps(aud['server']['epsilon'])}, participating "

@@ -200,6 +200,10 @@ class _DpsgdLedger:
         self.accountants: dict[int, Accountant] = {}
         self.journal: Path | None = None
         self._planned: dict[int, dict[int, tuple[int, float]]] = {}  # round -> pid -> (steps, rate)
+        # rounds whose instructions were planned (a repeat after a crash counts again): with the
+        # partition sizes, all the cohort-independent bound needs (None: unknown, an old journal)
+        self.attempts: int | None = 0
+        self.beyond_plan = False  # a reply reported a spend the plan did not foresee
 
     def open_journal(self, path: Path) -> None:
         """Replay ``path`` (every spend written so far; a torn last line is dropped) or create it.
@@ -210,16 +214,24 @@ class _DpsgdLedger:
         """
         if path.exists():
             self.accountants = {}
+            self.attempts, self.beyond_plan = 0, False
             for rec in _read_json_lines(path, what="DP-SGD journal"):
                 if rec.get("kind") == "snapshot" and isinstance(rec.get("ledgers"), dict):
                     self.load(rec["ledgers"])
+                    known = rec.get("attempts")
+                    self.attempts = int(known) if isinstance(known, int) else (None if rec["ledgers"] else 0)
                 elif rec.get("kind") in ("planned", "spends") and isinstance(rec.get("spends"), list):
+                    if rec["kind"] == "planned" and self.attempts is not None:
+                        self.attempts += 1
+                    elif rec["kind"] == "spends":
+                        self.beyond_plan = True
                     for pid, steps, rate in rec["spends"]:
                         self.spend(int(pid), steps=int(steps), rate=float(rate), round=int(rec["round"]))
                 else:
                     raise ValueError(f"DP-SGD journal {path}: unknown line {rec!r}")
         else:
-            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json()}, create=True)
+            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json(),
+                                "attempts": self.attempts if self.accountants else 0}, create=True)
         self.journal = path
 
     def plan_round(self, cohort: Sequence[int], schedule: Callable[[int], tuple[int, float]], *,
@@ -227,9 +239,11 @@ class _DpsgdLedger:
         """Charge the planned DP-SGD spend of every client in ``cohort`` (on disk first), before
         the round's instructions are sent."""
         spends = [(int(pid), *schedule(int(pid))) for pid in cohort]
-        if spends and self.journal is not None:
+        if self.journal is not None:  # an empty cohort too: the attempt count must not depend on them
             _append_line(self.journal, {"kind": "planned", "round": round,
                                         "spends": [[p, int(s), float(q)] for p, s, q in spends]})
+        if self.attempts is not None:
+            self.attempts += 1
         self._planned[round] = {p: (int(s), float(q)) for p, s, q in spends}
         for pid, steps, rate in spends:
             self.spend(pid, steps=int(steps), rate=float(rate), round=round)
@@ -260,14 +274,49 @@ class _DpsgdLedger:
                  if planned is None or not _same_spend(planned.get(pid), (steps, rate))]
         if extra and self.journal is not None:  # on disk first
             _append_line(self.journal, {"kind": "spends", "round": round, "spends": [list(x) for x in extra]})
+        self.beyond_plan = self.beyond_plan or bool(extra)
         for pid, steps, rate in extra:
             self.spend(pid, steps=steps, rate=rate, round=round)
         return extra
 
     def epsilon(self) -> float | None:
+        """The worst client's figure: a function of the cohorts (private when the counts are)."""
         if not self.accountants:
             return None
         return max(a.epsilon(delta=self.cfg.target_delta) for a in self.accountants.values())
+
+    def cohort_independent_bound(self, schedule: Callable[[int], tuple[int, float]] | None, *,
+                                 population: int) -> float | None:
+        """An upper bound on every client's example-level ε that does not depend on who was sampled.
+
+        Each client's ledger composes its class's per-round spend ``(steps, rate)`` (a function of its
+        public partition size) once per round it was sent instructions in, at most once per planned
+        round (:attr:`attempts`, repeats after a crash included). Composing more Poisson-subsampled
+        Gaussians cannot lower ε (the PLD of a composition dominates that of its prefix), so the
+        maximum over the population's classes of ``attempts`` rounds bounds every client. The worst
+        client's actual figure is a function of the cohorts: a jump that only one client's class can
+        make says that it took part, which the central ε assumes secret (review4 W2). None when the
+        bound is unknown (no schedule, or a journal from before the attempt count).
+        """
+        from fedprivacy.accounting.accountant import Accountant
+        from fedprivacy.accounting.events import GaussianEvent, PoissonSampling, PrivacyEvent
+
+        if schedule is None or self.attempts is None:
+            return None
+        if self.attempts == 0:
+            return 0.0
+        classes = {schedule(pid) for pid in range(population)}
+        worst = 0.0
+        for steps, rate in sorted(classes):
+            if steps < 1 or not 0 < rate <= 1:
+                continue
+            acc = Accountant(backend="pld", neighbouring="replace-one", unit="example")
+            event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
+                                 sampling=PoissonSampling(rate=float(rate)), count=int(steps))
+            for rnd in range(1, self.attempts + 1):
+                acc.spend(event, round=rnd)
+            worst = max(worst, acc.epsilon(delta=self.cfg.target_delta))
+        return worst
 
     def to_json(self) -> dict[str, Any]:
         return {str(k): v.to_json() for k, v in self.accountants.items()}
@@ -277,8 +326,26 @@ class _DpsgdLedger:
 
         self.accountants = {int(k): Accountant.from_json(v) for k, v in data.items()}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, *, counts_private: bool = False,
+                schedule: Callable[[int], tuple[int, float]] | None = None, population: int = 0) -> dict[str, Any]:
+        """The ``dpsgd`` block of results.json. With the counts private the figure is the cohort-independent
+        bound (:meth:`cohort_independent_bound`), never the worst client's: that one goes to the private log."""
         cfg = self.cfg
+        epsilon, basis = self.epsilon(), "the worst client's ledger (the counts are published)"
+        if counts_private:
+            bound = self.cohort_independent_bound(schedule, population=population)
+            if bound is None:
+                epsilon, basis = None, ("not published: a bound that does not depend on the cohorts needs the "
+                                        "partition sizes and the attempt count (see the private log)")
+            elif self.beyond_plan:  # a client reported more than its class: the bound alone would be too low
+                epsilon = max(bound, epsilon or 0.0)
+                basis = ("the larger of the cohort-independent bound and the worst client's ledger: a reply "
+                         "reported a spend beyond the plan, so this figure depends on the cohorts")
+            else:
+                epsilon = bound
+                basis = (f"cohort-independent bound: every client's class (steps, rate from its public n) as if "
+                         f"sent instructions in each of the {self.attempts} planned rounds; the worst client's "
+                         "actual figure is a function of who was sampled and stays in the private log")
         return {
             "unit": "example (one training example of one client), per client, worst client",
             "adjacency": ("replace-one: one training example of the client replaced by another; its number "
@@ -290,7 +357,7 @@ class _DpsgdLedger:
                           "instructions in"),
             "sampling": ("Poisson, per client: rate q = 1/ceil(n/B), local-epochs x ceil(n/B) steps per "
                          f"round (B = batch-size {cfg.batch_size}, local-epochs {cfg.local_epochs})"),
-            "epsilon": self.epsilon(), "delta": cfg.target_delta,
+            "epsilon": epsilon, "epsilon_basis": basis, "delta": cfg.target_delta,
             "noise_multiplier": cfg.dpsgd_noise_multiplier, "max_grad_norm": cfg.dpsgd_max_grad_norm,
             "accountant": "pld (dp-accounting's PLD under replace-one, whatever the run's accountant)",
             "note": ("Composed over every round the client took part in, Poisson sampling at the "
@@ -924,7 +991,7 @@ class FederatedRun:
         counts: dict[str, Any] = {"round": record.round, "clients_sampled": record.clients_sampled,
                   "clients_aggregated": record.clients_aggregated}
         row = record.to_json()
-        counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS if k in row})
+        counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS + ("dpsgd_epsilon",) if k in row})
         if self._left_out:
             counts["left_out"] = self._left_out
         line = json.dumps(counts) + "\n"
@@ -938,7 +1005,8 @@ class FederatedRun:
         rows = [r.to_json() for r in self.records]
         if not self.publishes_participation:
             # central: the train loss is the clients' un-noised losses' mean, not covered by ε (review N2)
-            hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + (
+            # the worst client's DP-SGD ε moves with the cohorts (review4 W2): private too
+            hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + ("dpsgd_epsilon",) + (
                 UNNOISED_KEYS if self.cfg.privacy == "central" else ())
             for row in rows:
                 for key in hidden:
@@ -992,7 +1060,9 @@ class FederatedRun:
                         "crash stays charged, and its repetition is charged again",
             }
         if self.dpsgd is not None:
-            results["dpsgd"] = self.dpsgd.summary()
+            results["dpsgd"] = self.dpsgd.summary(
+                counts_private=not self.publishes_participation, population=plan.population,
+                schedule=self.hooks.dpsgd_schedule if self._dpsgd_planned and self.hooks is not None else None)
         return results
 
 

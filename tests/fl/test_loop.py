@@ -521,3 +521,51 @@ def test_an_event_released_beyond_the_charge_is_charged_even_over_the_budget(tmp
     both.spend(bigger)
     assert res["privacy"]["epsilon"] == pytest.approx(both.epsilon(delta=1e-5), rel=1e-12)
     assert res["privacy"]["epsilon"] > small * 1.5
+
+
+def test_with_counts_private_no_published_dpsgd_figure_depends_on_the_cohorts(tmp_path: Path) -> None:
+    # review4 W2: the worst client's example-level ledger moves only in rounds its client is sampled, and
+    # its step is a function of the client's (public) partition size, so a published per-round "worst
+    # client" figure tells who took part, which central mode's amplified ε assumes secret.
+    # Arrange: client 0's class (3 steps at 1/3) differs from everyone else's (5 at 0.2); two seeds
+    # give two different cohort sequences
+    def schedule(pid: int) -> tuple[int, float]:
+        return (3, 1 / 3) if pid == 0 else (5, 0.2)
+
+    plain = _exchange()
+
+    def exchange(instr, cohort, weights):
+        updates, failures = plain(instr, cohort, weights)
+        return [dataclasses.replace(u, metrics={"dpsgd_steps": float(schedule(u.partition_id)[0]),
+                                                "dpsgd_sample_rate": schedule(u.partition_id)[1]})
+                for u in updates], failures
+
+    hooks = dataclasses.replace(_hooks(), dpsgd_schedule=schedule)
+    published, cohorts = [], []
+    for seed in (1, 2):
+        lines: list[str] = []
+        kw = {"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.1, "sample-rate": 0.3,
+              "num-server-rounds": 4, "run-name": f"s{seed}", "seed": seed}
+        # Act
+        res = run_federated(_cfg(tmp_path, **kw), population=N, exchange=exchange, hooks=hooks, log=lines.append)
+        journal = _dpsgd_journal(tmp_path / f"s{seed}")
+        cohorts.append([sorted(p for p, _, _ in ln["spends"]) for ln in journal if ln["kind"] == "planned"])
+        # Assert: no row and no round line carries the worst client's figure; the private log does
+        assert all("dpsgd_epsilon" not in row for row in res["rounds"])
+        assert not any("DP-SGD" in ln for ln in lines if ln.startswith("round"))
+        assert all("dpsgd_epsilon" in r for r in read_participation(tmp_path / f"s{seed}"))
+        # every client's actual ledger (replayed from the private journal) is below the published bound
+        for pid in range(N):
+            times = sum(pid in c for c in cohorts[-1])
+            if times:
+                steps, rate = schedule(pid)
+                actual = epsilon_for(noise_multiplier=1.1, sample_rate=rate, steps=steps * times, delta=1e-5,
+                                     backend="pld", neighbouring="replace-one")
+                assert res["dpsgd"]["epsilon"] >= actual * (1 - 1e-9)
+        published.append(res["dpsgd"])
+    assert cohorts[0] != cohorts[1] and len(cohorts[0]) == len(cohorts[1]) == 4
+    # the published figure: the worst class composed over the 4 planned rounds, whoever was sampled
+    ref = max(epsilon_for(noise_multiplier=1.1, sample_rate=rate, steps=steps * 4, delta=1e-5, backend="pld",
+                          neighbouring="replace-one") for steps, rate in ((3, 1 / 3), (5, 0.2)))
+    assert published[0]["epsilon"] == published[1]["epsilon"] == pytest.approx(ref, rel=1e-6)
+    assert "cohort-independent" in published[0]["epsilon_basis"]
