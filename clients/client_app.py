@@ -9,6 +9,8 @@ submits the run chooses). A request outside it is refused (an error reply: the s
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import os
 
 from flwr.app import Context, Message
@@ -30,7 +32,14 @@ def _config(items: tuple) -> RunConfig:
 
 @functools.lru_cache(maxsize=16)
 def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
-    return ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
+    policy = ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
+    if math.isfinite(policy.max_rho_total) and not policy.budget_path:
+        # review4 W3: Flower's node state is per run, and whoever submits runs decides how many there are
+        logging.getLogger(__name__).warning(
+            "client-max-rho-total=%g bounds one run only: without client-budget-path the charges live in "
+            "Flower's per-run node state, so a server that starts a new run gets the total again; set "
+            "client-budget-path to a file of this node's to bound every run", policy.max_rho_total)
+    return policy
 
 
 def _policy(context: Context) -> ClientPolicy:

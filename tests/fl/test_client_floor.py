@@ -111,3 +111,21 @@ def test_a_client_takes_part_in_a_round_once_on_the_plain_path() -> None:
     assert _released(train(msg2, ctx)).size == first.size
     with pytest.raises(ProtocolViolation, match="twice"):
         train(msg, ctx)  # and no going back
+
+
+def test_a_total_without_a_budget_file_warns_that_it_bounds_one_run(caplog: pytest.LogCaptureFixture,
+                                                                     tmp_path) -> None:
+    # review4 W3: the node state is per run and the server decides how many runs there are
+    from clients.client_app import _policy_of
+
+    _policy_of.cache_clear()
+    with caplog.at_level("WARNING", logger="clients.client_app"):
+        _policy_of((("partition-id", 0),), None)
+    assert any("bounds one run only" in r.getMessage() and "client-budget-path" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="clients.client_app"):
+        _policy_of((("client-budget-path", str(tmp_path / "b.jsonl")),), None)
+        _policy_of((("client-max-rho-total", "inf"),), None)
+    assert not caplog.records
+    _policy_of.cache_clear()
