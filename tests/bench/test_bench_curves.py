@@ -167,6 +167,13 @@ def test_distributed_rows_pair_with_central_of_the_same_run_and_state_both_audie
     one = distributed_goal(distributed_pairs(_dist_pair(0, 0.77, 0.77)))
     assert one["verdict"] == "met" and "one seed has no spread" in one["figures"]
     assert distributed_goal([])["verdict"] == "not measured"
+    older = _dist_pair(5, 0.77, 0.64)  # a saved row of an earlier version: no audiences, not judged
+    del older[1]["epsilon_audiences"]
+    mixed = distributed_pairs(rows + older)
+    assert [(p["recorded"], p["seeds"]) for p in mixed] == [(True, [0, 1, 2]), (False, [5])]
+    judged = distributed_goal(distributed_pairs(older) + pairs)
+    assert judged["verdict"] == "met" and "not judged: 1 older saved pair" in judged["figures"]
+    assert "not recorded (an older saved run" in distributed_markdown(distributed_pairs(older))
     # on the curve a distributed point sits at the public's ε, the comparable audience of central's
     fashion = [dict(r, dataset="fashion-mnist", label="fashion iid x") for r in rows[:2]]
     points = {p["mode"]: p for p in curve_points(fashion)}
