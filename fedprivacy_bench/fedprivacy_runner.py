@@ -86,7 +86,8 @@ def distributed_epsilons(privacy: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def record_from_results(spec: BenchSpec, results: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def record_from_results(spec: BenchSpec, results: dict[str, Any], *, round_seconds: list[float] | None = None,
+                        **extra: Any) -> dict[str, Any]:
     """Turn a fedprivacy ``results.json`` into a benchmark record (a distributed run's record also
     carries ``epsilon_audiences``: :func:`distributed_epsilons`)."""
     rows = list(results.get("rounds", []))
@@ -111,7 +112,10 @@ def record_from_results(spec: BenchSpec, results: dict[str, Any], **extra: Any) 
                       f"fedprivacy {privacy.get('accountant', 'pld')} accountant, "
                       f"{privacy.get('sampling', 'Poisson')}"),
         rounds=len(rows),
-        round_seconds=[float(r["seconds"]) for r in rows],
+        # a run with private counts keeps each round's wall time in its private log (review3 V7):
+        # run_fedprivacy reads it there (fedprivacy.fl.run.round_seconds)
+        round_seconds=(list(round_seconds) if round_seconds is not None
+                       else [float(r["seconds"]) for r in rows if "seconds" in r]),
         status="ok" if status == "completed" else str(status),
         note=note,
         **extra,
@@ -147,7 +151,10 @@ def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
             return make_record(spec, status="failed", wall_seconds=wall,
                                note="the ServerApp wrote no results.json")
         results = json.loads(Path(path).read_text())
-    rec = record_from_results(spec, results, wall_seconds=wall)
+        from fedprivacy.fl.run import round_seconds
+
+        seconds = round_seconds(Path(path).parent)
+    rec = record_from_results(spec, results, round_seconds=seconds, wall_seconds=wall)
     first = rec["round_seconds"][0] if rec["round_seconds"] else 0.0
     rec["startup_seconds"] = (startup + first) if startup is not None else None
     if spec.engine == "ray":

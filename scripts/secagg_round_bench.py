@@ -61,7 +61,10 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
 
     ckpt = load_checkpoint(out / mode / "checkpoint")
     dim = int(sum(int(w.size) for w in ckpt.weights)) if ckpt is not None else None
-    secs = [r["seconds"] for r in saved["rounds"]]
+    # with private counts the rounds' wall times are in the private log (review3 V7)
+    from fedprivacy.fl.run import round_seconds
+
+    secs = round_seconds(out / mode)
     steady = secs[1:] or secs
     cpu = [b - a for a, b in zip(marks.at, marks.at[1:], strict=False)]
     exch = [(t, n, s) for t, n, s in res.stats.exchanges]

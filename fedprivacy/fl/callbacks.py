@@ -59,11 +59,14 @@ class ConsoleCallback(RunCallback):
         # the worst client's figure moves with the cohorts: printed only where the counts are (review4 W2)
         if record.dpsgd is not None and record.dpsgd.epsilon is not None and run.publishes_participation:
             sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
-        clients = (f"clients {record.clients_aggregated}/{record.clients_sampled}"
-                   if run.publishes_participation else "clients (private)")
+        # with counts private the round's wall time goes to the private log too: it grows with the
+        # cohort (review3 V7)
+        clients, seconds = ((f"clients {record.clients_aggregated}/{record.clients_sampled}",
+                             f"  {record.seconds:.2f}s") if run.publishes_participation
+                            else ("clients (private)", ""))
         self.log(f"round {record.round:3d}/{run.cfg.num_server_rounds}  accuracy {_fmt(record.test_accuracy)}  "
-                 f"loss {_fmt(record.test_loss)}  ε {_fmt_eps(record.epsilon)}  {clients}  "
-                 f"{record.seconds:.2f}s{sample_level}")
+                 f"loss {_fmt(record.test_loss)}  ε {_fmt_eps(record.epsilon)}  {clients}"
+                 f"{seconds}{sample_level}")
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         acc = _fmt(result.records[-1].test_accuracy) if result.records else "n/a"

@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JOURNAL_NAME", "PARTICIPATION_LOG", "RESUMABLE_CHANGES", "FederatedRun", "RunResult",
            "check_resume", "check_same_run", "missing_run_message", "plan_fingerprint", "read_participation",
-           "resume_checkpoint", "resolve_run_dir", "run_federated"]
+           "resume_checkpoint", "resolve_run_dir", "round_seconds", "run_federated"]
 
 #: The write-ahead journal of a run's charges, in its run folder (issue 11).
 JOURNAL_NAME = "privacy-journal.jsonl"
@@ -85,6 +85,9 @@ PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
 SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted")
 #: Per-round figures computed from clients' un-noised values (central mode): private with the counts.
 UNNOISED_KEYS = ("train_loss",)
+#: A round's wall time grows with its cohort (in-process, clients run one after another: review3 V7),
+#: so it is private with the counts; the run's total ``seconds`` stays published.
+TIMING_KEYS = ("seconds",)
 
 # Config keys that may differ between a run and its resumption.
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
@@ -498,10 +501,30 @@ class FederatedRun:
         load_round = getattr(self._round_fn, "load_state_dict", None)
         if load_round is not None:  # a round function with state (adaptive clipping's estimate)
             load_round(ckpt.extra.get("round", {}))
+        self._refuse_voided_resume()
         self.resumes = [*ckpt.extra.get("resumes", []),
                         {"after_round": ckpt.round, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
         self.log(f"resuming {self.run_dir} after round {ckpt.round} (population, sampling, privacy, "
                  "accountant and data settings checked against the checkpoint)")
+
+    def _refuse_voided_resume(self) -> None:
+        """Refuse to resume an observers run whose public amplification was voided (review4 W1).
+
+        :meth:`_void_amplification` charged every released round unamplified and stopped the run: its
+        later rounds could only be charged unamplified, while the plan, the budget check and every
+        round's charge are the amplified pair. Detected from the records (an abort or a completed round
+        the pair does not model) and from the ledger (the void's re-charge, also when the round that
+        voided it has no record: discarded, or cut off by a crash).
+        """
+        plan, acc = self.plan, self.accountant
+        if plan is None or plan.unamplified_event is None or acc is None:
+            return
+        from fedprivacy.fl.modes.distributed import amplification_void, voided_in_ledger
+
+        if amplification_void(self.cfg, self.records, population=self.population) or voided_in_ledger(acc, plan):
+            from fedprivacy.errors import ConfigError
+
+            raise ConfigError(voided_resume_message(self.run_dir))
 
     @property
     def journal_path(self) -> Path | None:
@@ -991,7 +1014,8 @@ class FederatedRun:
         counts: dict[str, Any] = {"round": record.round, "clients_sampled": record.clients_sampled,
                   "clients_aggregated": record.clients_aggregated}
         row = record.to_json()
-        counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS + ("dpsgd_epsilon",) if k in row})
+        counts.update({k: row[k] for k in SECURE_COUNT_KEYS + UNNOISED_KEYS + TIMING_KEYS + ("dpsgd_epsilon",)
+                       if k in row})
         if self._left_out:
             counts["left_out"] = self._left_out
         line = json.dumps(counts) + "\n"
@@ -1004,9 +1028,10 @@ class FederatedRun:
     def _published_rows(self) -> list[dict[str, Any]]:
         rows = [r.to_json() for r in self.records]
         if not self.publishes_participation:
-            # central: the train loss is the clients' un-noised losses' mean, not covered by ε (review N2)
-            # the worst client's DP-SGD ε moves with the cohorts (review4 W2): private too
-            hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + ("dpsgd_epsilon",) + (
+            # central: the train loss is the clients' un-noised losses' mean, not covered by ε (review N2);
+            # the worst client's DP-SGD ε moves with the cohorts (review4 W2): private too; so does the
+            # round's wall time, which follows its cohort size (review3 V7)
+            hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + TIMING_KEYS + ("dpsgd_epsilon",) + (
                 UNNOISED_KEYS if self.cfg.privacy == "central" else ())
             for row in rows:
                 for key in hidden:
@@ -1017,9 +1042,10 @@ class FederatedRun:
         if self.cfg.privacy == "distributed" and not self.publishes_participation:
             return {"published": False, "covered_by_epsilon": False,
                     "private_log": f"private/{PARTICIPATION_LOG}",
-                    "note": "per-round client counts, rosters, survivors, graph degrees, noise levels and "
-                            "abort reasons are left out of the published outputs (the public's amplified ε "
-                            "needs them secret); the server keeps them in its private log"}
+                    "note": "per-round client counts, rosters, survivors, graph degrees, noise levels, "
+                            "abort reasons and wall times (a round's time grows with its cohort) are left "
+                            "out of the published outputs (the public's amplified ε needs them secret); the "
+                            "server keeps them in its private log; the run's total time is published"}
         if self.cfg.privacy != "central":
             return {"published": True, "covered_by_epsilon": False,
                     "note": "who takes part is seen by the server in this mode and not covered by ε"}
@@ -1030,9 +1056,10 @@ class FederatedRun:
                             "took part; the train loss is the mean of the clients' un-noised losses)"}
         return {"published": False, "covered_by_epsilon": False,
                 "private_log": f"private/{PARTICIPATION_LOG}",
-                "note": "per-round client counts and the train loss (the mean of the clients' un-noised "
-                        "losses) are left out of the published outputs (ε covers neither); the server "
-                        "keeps them in its private log"}
+                "note": "per-round client counts, the train loss (the mean of the clients' un-noised "
+                        "losses) and the rounds' wall times (a round's time grows with its cohort) are left "
+                        "out of the published outputs (ε covers none of them); the server keeps them in "
+                        "its private log; the run's total time is published"}
 
     def _results(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
@@ -1100,6 +1127,21 @@ def read_participation(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
+def round_seconds(run_dir: str | os.PathLike[str]) -> list[float]:
+    """Each round's wall seconds, in the order of ``results.json``'s rows (for the operator and the
+    benchmarks): from the rows, or, for a run that keeps its counts private (whose published rows leave
+    the per-round timing out, review3 V7), from the private participation log."""
+    rows = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))["rounds"]
+    if all("seconds" in r for r in rows):
+        return [float(r["seconds"]) for r in rows]
+    private = {int(r["round"]): float(r["seconds"]) for r in read_participation(run_dir) if "seconds" in r}
+    missing = [r["round"] for r in rows if int(r["round"]) not in private]
+    if missing:
+        raise ValueError(f"run {run_dir}: no wall time for rounds {missing} in results.json or "
+                         f"{PRIVATE_DIR}/{PARTICIPATION_LOG}")
+    return [private[int(r["round"])] for r in rows]
+
+
 def run_federated(cfg: RunConfig, *, population: int, round_fn: RoundFn | None = None,
                   exchange: Exchange | None = None, transport: Transport | None = None,
                   hooks: ModelHooks | None = None, log: Callable[[str], None] = print,
@@ -1153,7 +1195,25 @@ def resume_checkpoint(cfg: RunConfig, run_dir: Path, *, population: int) -> Chec
         raise ConfigError(f"run-name {cfg.run_name!r}: {run_dir} already holds a run; set resume=true to "
                          "continue it or choose another run-name")
     check_resume(ckpt, cfg, population=population)
+    if cfg.privacy == "distributed" and cfg.privacy_audience == "observers":  # review4 W1 (preflight too)
+        from fedprivacy.fl.modes.distributed import amplification_void
+        from fedprivacy.fl.secure.params import public_sampling
+
+        records = [RoundRecord.from_json(r) for r in ckpt.rows]
+        if (public_sampling(cfg, population=population).rate < 1.0
+                and amplification_void(cfg, records, population=population)):
+            raise ConfigError(voided_resume_message(run_dir))
     return ckpt
+
+
+def voided_resume_message(run_dir: Path | None) -> str:
+    """The refusal of ``resume=true`` for an observers run whose public amplification was voided."""
+    return (f"resume=true: run {run_dir} is final: the public's amplification was voided (a round lost "
+            "sampled clients or aborted in a way the public's pair does not model), every round it "
+            "released is charged unamplified and it stopped there; the rounds a resume would run could "
+            "only be charged unamplified, which its budget for privacy-audience='observers' was not "
+            "calibrated for. Its results stand; start a new run (another run-name), e.g. with "
+            "privacy-audience='server'")
 
 
 def missing_run_message(run_dir: Path) -> str:

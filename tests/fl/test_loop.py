@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
 from fedprivacy.fl.modes.plain import CentralMode
 from fedprivacy.fl.privacy import neighbouring_of, sampling_object
-from fedprivacy.fl.run import read_participation, run_federated
+from fedprivacy.fl.run import read_participation, round_seconds, run_federated
 from fedprivacy.fl.types import ClientUpdate, ModelHooks
 
 N = 12
@@ -104,19 +105,25 @@ def test_central_epsilon_equals_epsilon_for_and_outputs_are_written(tmp_path: Pa
     saved = json.loads((run_dir / "results.json").read_text())
     assert saved["privacy"]["epsilon"] == pytest.approx(res["rounds"][-1]["epsilon"], abs=1e-12)
     assert saved["privacy"]["rng_mode"] == "seeded" and saved["config"]["sample-rate"] == 0.5
-    assert set(saved["rounds"][0]) >= {"round", "test_loss", "test_accuracy", "epsilon", "delta", "seconds"}
-    # central mode: participation counts and the train loss (clients' un-noised losses) are private
-    # (issue 11, review-dp N2): not in results.json, rounds.csv or the console, only in the server's
-    # private log (owner-only); the report says so
-    assert not {"clients_sampled", "clients_aggregated", "train_loss"} & set(saved["rounds"][0])
+    assert set(saved["rounds"][0]) >= {"round", "test_loss", "test_accuracy", "epsilon", "delta"}
+    # central mode: participation counts, the train loss (clients' un-noised losses) and each round's
+    # wall time (it grows with the cohort, review3 V7) are private (issue 11, review-dp N2): not in
+    # results.json, rounds.csv or the console, only in the server's private log (owner-only); the
+    # report says so; the run's total time stays published
+    assert not {"clients_sampled", "clients_aggregated", "train_loss", "seconds"} & set(saved["rounds"][0])
+    assert saved["seconds"] > 0 and "wall times" in saved["privacy"]["participation"]["note"]
+    timed = round_seconds(run_dir)
+    assert timed == [r["seconds"] for r in read_participation(run_dir)] and len(timed) == 2
+    assert all(t > 0 for t in timed)
     assert all(isinstance(r["train_loss"], float) for r in read_participation(run_dir))
     assert saved["privacy"]["participation"]["published"] is False
     assert [r["clients_sampled"] for r in read_participation(run_dir)] == [r["clients_sampled"]
                                                                           for r in _private(res, run_dir)]
     assert (run_dir / "private" / "participation.jsonl").stat().st_mode & 0o077 == 0
     rows = list(csv.DictReader((run_dir / "rounds.csv").open()))
-    assert [int(r["round"]) for r in rows] == [1, 2] and not {"clients_sampled", "train_loss"} & set(rows[0])
-    assert all("clients (private)" in line for line in lines if line.startswith("round "))
+    assert [int(r["round"]) for r in rows] == [1, 2] and not {"clients_sampled", "train_loss", "seconds"} & set(rows[0])
+    round_lines = [line for line in lines if line.startswith("round ")]
+    assert all("clients (private)" in line and not re.search(r"\d+\.\d\ds", line) for line in round_lines)
     assert (run_dir / "accuracy_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (run_dir / "privacy_report.md").read_text()
     assert "Seeded research mode" in report and "add-remove" in report and "poisson(q=0.5" in report

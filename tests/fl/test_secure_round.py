@@ -398,9 +398,10 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
     private = [r for r in read_participation(tmp_path / "ddp-sampled") if "secagg_survivors" in r]
     rows = [r for r in res["rounds"] if r["epsilon"] is not None]
     assert private and all(r["secagg_survivors"] <= r["secagg_roster"] for r in private)
-    for row in res["rounds"]:
+    for row in res["rounds"]:  # nor each round's wall time, which grows with the cohort (review3 V7)
         assert not {"secagg_survivors", "secagg_roster", "secagg_degree", "clients_sampled",
-                    "clients_aggregated", "noise_std_sum", "aborted"} & set(row)
+                    "clients_aggregated", "noise_std_sum", "aborted", "seconds"} & set(row)
+    assert all(r["seconds"] > 0 for r in private) and res["seconds"] > 0
     enc = make_encoding(cfg, population=12, dim=64 * 32 + 32 + 32 * 10 + 10, threshold=t)
     sigma2 = (cfg.noise_multiplier * enc.clip_norm * enc.scale) ** 2 * (1 - 1e-9)
     # the public sees which rounds completed: each completed round is the labelled mixture whose
@@ -604,3 +605,43 @@ def test_engine_observers_run_charges_unamplified_and_stops_after_an_abort_the_p
     # the headline agrees with the last row (review3 V4 residue: the re-charge is not a cut-off round)
     assert res["privacy"]["distributed"]["charged_without_record"] == 0
     assert res["privacy"]["epsilon"] == rows[1]["epsilon"]
+    # review4 W1: the void is final; a resume (whose rounds would be charged amplified) is refused
+    from fedprivacy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"resume=true: run .*obs is final.*privacy-audience='observers'"):
+        _run(tmp_path, "obs", None, num_supernodes=12, privacy="distributed", secagg=True, resume=True, **cfg)
+
+
+def test_engine_observers_budget_discards_a_round_whose_lost_clients_void_the_amplification(tmp_path: Path) -> None:
+    """review3 V9 with a budget for the public: round 3 completes after losing two sampled clients, so
+    every released round is charged unamplified as well; that takes ε above target-epsilon, so round 3's
+    model is discarded (the server saw the sum, the public never sees the model) and the run stops."""
+    import dp_accounting
+
+    # Arrange: the first engine test's seeded cohorts (round 3 completes with dropouts), calibrated for
+    # the public to ε = 6 over 3 rounds
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,),
+                                        partition_ids=(3, 8)),))
+    cfg = {"sample-rate": 0.5, "num-server-rounds": 3, "target-delta": 1e-4, "privacy-audience": "observers",
+           "target-epsilon": 6.0, "noise-multiplier": 0.0, "accountant": "pld"}
+    # Act
+    res = _run(tmp_path, "obs-budget", faults, num_supernodes=12, privacy="distributed", secagg=True, **cfg)
+    # Assert: rounds 1 and 2 within the budget, round 3 discarded, the charges stay
+    rows = res["rounds"]
+    assert [r["round"] for r in rows] == [1, 2] and rows[-1]["epsilon"] <= 6.0
+    assert res["status"] == "budget-exhausted" and "round 3 discarded" in res["stopped"]
+    assert "voids its amplification" in res["stopped"]
+    d = res["privacy"]["distributed"]
+    assert d["completed_rounds"] == [1, 2] and d["charged_without_record"] == 1  # round 3 was released
+    pld = dp_accounting.pld.PLDAccountant()
+    pld.compose(dp_accounting.GaussianDpEvent(noise_multiplier=res["privacy"]["noise_multiplier"]), 3)
+    assert d["ledger_epsilon"] > 6.0 and d["ledger_epsilon"] > pld.get_epsilon(1e-4) * 0.99
+    assert d["audiences"]["observers"]["amplification"] is False  # from the ledger: round 3 has no record
+    assert d["audiences"]["observers"]["epsilon"] == pytest.approx(d["audiences"]["server"]["epsilon"], rel=1e-12)
+    assert res["privacy"]["epsilon"] >= d["ledger_epsilon"]
+    # review4 W1: the records show no void (round 3 was discarded), the ledger does: a resume is refused
+    from fedprivacy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"is final"):
+        _run(tmp_path, "obs-budget", None, num_supernodes=12, privacy="distributed", secagg=True, resume=True,
+             **cfg)

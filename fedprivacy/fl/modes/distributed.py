@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedprivacy.accounting.events import Neighbouring, NoSampling
+from fedprivacy.accounting.events import Neighbouring, NoSampling, PrivacyEvent
 from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
@@ -190,7 +190,8 @@ class DistributedMode:
         if accountant is not None:
             block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
                                              records, epsilon=block["epsilon"], plan=plan,
-                                             charged=charged_releases(accountant, plan)))
+                                             charged=charged_releases(accountant, plan),
+                                             voided=voided_in_ledger(accountant, plan)))
             audiences = block["distributed"]["audiences"]
             if audiences is not None:  # the figure with every slack term (the ledger's is below it)
                 # never below the ledger, whose charges are the events that ran (issue 11, review F3)
@@ -201,7 +202,7 @@ class DistributedMode:
 
 def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
                         epsilon: float | None, plan: PrivacyPlan | None = None,
-                        charged: int | None = None) -> dict[str, Any]:
+                        charged: int | None = None, voided: bool = False) -> dict[str, Any]:
     """The noise the survivors really left, every audience's ε, and central DP with the same σ.
 
     Every completed round is accounted as the run's one worst-case release
@@ -212,7 +213,9 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     write-ahead ledger; or an abort after it) may have been released, so it is accounted too: never
     refunded. The central references are the PLD of the continuous Gaussian ``σ = z C`` on the same
     rounds, without sampling and with the sampling that ran. With :func:`counts_private` the per-round
-    counts are left out (they are in the server's private participation log).
+    counts are left out (they are in the server's private participation log). ``voided``: the
+    ledger holds the unamplified re-charge of a voided observers run (the public gets no amplification
+    even if the round that voided it was discarded and has no record).
     """
     from fedprivacy.accounting.accountant import epsilon_for
 
@@ -226,7 +229,8 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
     if (done or cut_off) and plan is not None and dims:
         ddps = _adaptive_ddps(cfg, plan, [r for r, _ in done], dim=dims[0], cut_off=cut_off)
         exact, audiences = _audiences(cfg, plan, dim=dims[0], rounds=len(done) + cut_off, ddps=ddps,
-                                      void=amplification_void(cfg, records, population=plan.population))
+                                      void=(amplification_void(cfg, records, population=plan.population)
+                                            or ("lost" if voided else None)))
     if plan is not None and done:  # no completed round (e.g. every client refused round 1): no reference
         central_sampled = epsilon_for(noise_multiplier=cfg.noise_multiplier,
                                       sampling=sampling_object(cfg, plan.population), steps=len(done),
@@ -292,13 +296,25 @@ def unmodelled_round(cfg: RunConfig, reason: str | None, cohort_size: int | None
     return None
 
 
+def _is_void_charge(event: PrivacyEvent, plan: PrivacyPlan) -> bool:
+    """Whether ``event`` is an unamplified re-charge of ``FederatedRun._void_amplification`` (an
+    observers run's rounds are charged amplified events; only the void charges the plan's
+    ``unamplified_event``)."""
+    void = plan.unamplified_event
+    return void is not None and event.with_count(1) == void.with_count(1)
+
+
 def charged_releases(accountant: Accountant, plan: PrivacyPlan) -> int:
     """The releases the ledger holds: every entry's count except the unamplified re-charges of an
     observers run whose amplification was voided (``FederatedRun._void_amplification``), which charge
     rounds already counted once (review3 V4 residue: counting them made a phantom cut-off round)."""
-    void = plan.unamplified_event
-    return sum(e.event.count for e in accountant.ledger
-               if void is None or e.event.with_count(1) != void.with_count(1))
+    return sum(e.event.count for e in accountant.ledger if not _is_void_charge(e.event, plan))
+
+
+def voided_in_ledger(accountant: Accountant, plan: PrivacyPlan) -> bool:
+    """Whether the run's amplification was voided (the ledger holds a void re-charge): also when the
+    round that voided it has no record (discarded because the re-charge exceeded the budget)."""
+    return any(_is_void_charge(e.event, plan) for e in accountant.ledger)
 
 
 def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
