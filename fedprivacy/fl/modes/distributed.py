@@ -188,6 +188,8 @@ class DistributedMode:
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
         block = privacy_block(cfg, plan, accountant, rng)
         if accountant is not None:
+            # the releases, not the ledger's steps: a void's re-charge is not another round (review3 V4 residue)
+            block["rounds"] = charged_releases(accountant, plan)
             block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
                                              records, epsilon=block["epsilon"], plan=plan,
                                              charged=charged_releases(accountant, plan),
