@@ -754,7 +754,10 @@ class FederatedRun:
         if self.journal is not None:
             self.journal.mark_completed(rnd)
         if self._void_reason is not None and self.status == "running":
-            self._stop(self._void_reason)
+            if rnd < self.cfg.num_server_rounds:
+                self._stop(self._void_reason)
+            else:  # the last round: nothing left to stop, the run completed (its summary says why)
+                self.log(self._void_reason.replace("; run stopped", ""))
         return record
 
     @property
