@@ -17,7 +17,7 @@ import numpy as np
 from fedprivacy.fl.client import client_rng, train_client
 from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure.params import encoding_kind
-from fedprivacy.fl.secure.session import export_session, import_session
+from fedprivacy.fl.secure.session import export_session, import_session, recall, remember
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from fedprivacy.secagg.encoding import EncodingSpec
 from fedprivacy.secagg.protocol import (
@@ -121,19 +121,37 @@ class ExportedSessionStore(SessionStore):
     def _name(self, round: int, what: str = "") -> str:
         return f"{self.field_name}{what}/{round}"
 
+    # What a record holds is parsed once per process and record object (fl/secure/session.py: remember /
+    # recall; a copy of the session, never the object a caller goes on changing).
     def put(self, key: tuple[int, int], session: ClientSession) -> None:
-        self.holder[self._name(session.setup.round)] = self.wrap(export_session(session))
+        record = self.wrap(export_session(session))
+        self.holder[self._name(session.setup.round)] = record
+        remember(record, session)
 
     def put_encoding(self, key: tuple[int, int], round: int, encoding: EncodingSpec) -> None:
-        self.holder[self._name(round, "-encoding")] = self.wrap(encoding.to_record())
+        record = self.wrap(encoding.to_record())
+        self.holder[self._name(round, "-encoding")] = record
+        remember(record, encoding)
 
     def _load(self, key: tuple[int, int], round: int) -> ClientSession | None:
-        fields = self.holder.get(self._name(round))
-        return None if fields is None else import_session(dict(fields))
+        record = self.holder.get(self._name(round))
+        if record is None:
+            return None
+        session = recall(record)
+        if not isinstance(session, ClientSession):
+            session = import_session(dict(record))
+            remember(record, session)
+        return session
 
     def _load_encoding(self, key: tuple[int, int], round: int) -> EncodingSpec | None:
-        fields = self.holder.get(self._name(round, "-encoding"))
-        return None if fields is None else EncodingSpec.from_record(dict(fields))
+        record = self.holder.get(self._name(round, "-encoding"))
+        if record is None:
+            return None
+        encoding = recall(record)
+        if not isinstance(encoding, EncodingSpec):
+            encoding = EncodingSpec.from_record(dict(record))
+            remember(record, encoding)
+        return encoding
 
     def rounds(self, key: tuple[int, int]) -> list[int]:
         prefix = self.field_name + "/"
