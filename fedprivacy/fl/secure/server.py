@@ -53,6 +53,7 @@ import numpy as np
 
 from fedprivacy.fl.charging import before_release
 from fedprivacy.fl.secure.params import (
+    counts_private,
     largest_roster,
     make_encoding,
     public_sampling,
@@ -347,8 +348,11 @@ class SecureRound:
         info = dataclasses.replace(progress.info(), survivors=len(survivors))
         event, noise_std, info = self._event(enc, len(survivors), info)
         failures = progress.failures
-        for pid, reason in failures.items():  # in the sum; dropped out only at the unmask stage
-            if pid in survivors:
+        missed = {pid: reason for pid, reason in failures.items() if pid in survivors}  # in the sum; a later stage
+        if missed and counts_private(self.cfg):  # who took part is private (review4 W4, the V6 class)
+            self.log(f"  round {instr.round}: clients in the sum missed a later stage (ids not published)")
+        else:
+            for pid, reason in missed.items():
                 self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
         agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
                               denominator=float(self.denominator))
