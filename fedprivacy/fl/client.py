@@ -57,15 +57,16 @@ def privatize_update(
     modes whose server is the adversary (``local``, ``distributed``) an error reply or a dropout
     would disclose it outside ε, so Δ is replaced by zeros, a valid clipped update, and released with
     the same noise: the reply then has the law of a client whose update is 0 (review3 V6's residue).
-    The client logs that locally; nothing in the reply says so. In ``none`` / ``central`` (trusted
-    server) it raises ValueError instead, so that the server can report the divergence.
+    So in ``central`` mode too, where a failure would reach the published console and stop reason
+    (review4 W5). The client logs that locally; nothing in the reply says so. Without privacy
+    (``none``) it raises ValueError instead, so that the run reports the divergence.
 
     Returns float64 arrays.
     """
     from fedprivacy.dp.clipping import clip_arrays
 
     arrays = [np.asarray(a, dtype=np.float64) for a in delta]
-    if privacy in ("local", "distributed") and not all(np.all(np.isfinite(a)) for a in arrays):
+    if privacy in ("local", "distributed", "central") and not all(np.all(np.isfinite(a)) for a in arrays):
         logging.getLogger(__name__).warning(
             "this client's local update is not finite (training diverged): releasing a zero update "
             "with the mode's noise, so that the reply does not depend on it")
