@@ -732,9 +732,12 @@ class FederatedRun:
             return None
         if self.dpsgd is not None:  # the server holds the replies: what they report beyond the plan
             for pid, steps, rate in self.dpsgd.spend_round(outcome.updates, round=rnd):
-                if self._dpsgd_planned:
+                if self._dpsgd_planned and self.publishes_participation:
                     self.log(f"  round {rnd}: client {pid} reports DP-SGD {steps} steps at rate {rate:g}, "
                              "not the planned spend; charged as well")
+                elif self._dpsgd_planned:  # who took part is private (review4 W6)
+                    self.log(f"  round {rnd}: a client reports another DP-SGD spend than planned; charged as "
+                             "well (the private DP-SGD journal names it)")
         if not self.charge_before_release(rnd, outcome):
             return None
         if outcome.aborted is None:

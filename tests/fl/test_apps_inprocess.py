@@ -82,3 +82,25 @@ def test_a_distributed_client_whose_training_diverges_still_takes_part(tmp_path:
     assert saved.get("stopped") in (None, "") and len(saved["rounds"]) == 1
     rounds = read_participation(tmp_path / "diverged")
     assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(5, 5)]
+
+
+def test_the_engine_prints_no_line_per_failing_client(tmp_path: Path) -> None:
+    # review4 W6: one console line per failing client counts a round's failures (with private counts and
+    # "every one of them", the cohort size). Without privacy a diverged update is a real ClientApp error.
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    try:
+        run_config = {"num-server-rounds": 1, "seed": 2, "output-dir": str(tmp_path), "run-name": "errors",
+                      "local-epochs": 1, "learning-rate": 1e38, "privacy": "none", "secagg": False}
+        run_inprocess(run_config=run_config, num_supernodes=3, app_dir=APP_DIR, node_id_seed=1)
+    finally:
+        flwr_logger.removeHandler(handler)
+    assert any("fedprivacy: 3 clients" in r.getMessage() for r in records)  # the handler sees the run's lines
+    assert not any("ClientApp error" in r.getMessage() for r in records)
+    saved = json.loads((tmp_path / "errors" / "results.json").read_text())
+    assert "NaN or Inf" in saved["stopped"]  # the run itself still says why (its counts are public here)
