@@ -38,6 +38,7 @@ File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighb
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -137,10 +138,15 @@ class ClientBudget:
         where = f"budget file {self.path}" if self.path is not None else "this run's node state"
         cost = "an unbounded rho (the update leaves without this client's noise)" if math.isinf(rho) \
             else f"rho = {rho:.4g}"
-        return (f"{what} round {round} would cost {cost}, taking this client's total to {total:.4g} > "
-                f"{self.max_rho_total:g} (node config client-max-rho-total; {self.spent:.4g} spent over "
-                f"{len(self._charges)} rounds in {where}; zCDP composes additively, Bun & Steinke 2016 "
-                "Lemma 2.3)")
+        # The refusal goes to the server as the error reply's reason: it names the round's cost (a function
+        # of the server's own request) and the rule, never the total, the history or the file, which
+        # describe the node's participation in other runs and federations (review4 W7). Those stay here.
+        logging.getLogger(__name__).warning(
+            "%s round %d refused: its %s would take this client's total to %.4g > %g (%.4g spent over %d "
+            "rounds in %s)", what, round, cost, total, self.max_rho_total, self.spent, len(self._charges), where)
+        return (f"{what} round {round} would cost {cost}, which this client's cumulative budget cannot pay "
+                "(node config client-max-rho-total; the total and the rounds charged stay on the client; "
+                "zCDP composes additively, Bun & Steinke 2016 Lemma 2.3)")
 
     def check(self, rho: float, *, round: int, what: str = "") -> None:
         """Refuse (:class:`PolicyRefusal`) a round of cost ``rho`` that the total cannot pay.

@@ -64,7 +64,8 @@ def _file_charges(path: Path) -> list[dict]:
 
 
 # ------------------------------------------------------------------ the adversary, local mode
-def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_path: Path, weights) -> None:
+def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_path: Path, weights,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
     # Arrange: the client's own floor: z >= 1 (rho = 2/z^2 = 2 per local round), a total of 5 in its file
     path = tmp_path / "node" / "budget.jsonl"
     keys = {"client-max-rho-total": 5.0, "client-budget-path": str(path)}
@@ -79,14 +80,19 @@ def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_
             refused.append((rnd, str(exc)))
     # Assert: two rounds (rho 4 <= 5); the third would be 6 > 5; nothing after it either
     assert answered == [1, 2] and [r for r, _ in refused] == [3, 17, 1000]
-    assert all("client-max-rho-total" in why and "total to 6 > 5" in why for _, why in refused)
+    assert all("client-max-rho-total" in why and "cumulative budget cannot pay" in why for _, why in refused)
+    # the figures stay in the client's own log, not in the reason the server receives (review4 W7)
+    assert not any("6 > 5" in why or str(path) in why for _, why in refused)
+    local = [r.getMessage() for r in caplog.records if r.name == "fedprivacy.fl.client_budget"]
+    assert len(local) == 3 and all("total to 6 > 5" in m and str(path) in m for m in local)
     charges = _file_charges(path)
     assert [(c["round"], c["rho"], c["mode"], c["run"]) for c in charges] == [(1, 2.0, "local", "1"), (2, 2.0, "local", "1")]
     assert math.fsum(c["rho"] for c in charges) <= 5.0
     assert path.stat().st_mode & 0o077 == 0  # the operator's file, owner-only
 
 
-def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights) -> None:
+def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     # Arrange: run 1 spends the budget
     path = tmp_path / "budget.jsonl"
     keys = {"client-max-rho-total": 4.0, "client-budget-path": str(path)}
@@ -94,16 +100,21 @@ def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights)
     for rnd in (1, 2):
         train(_message(weights, round=rnd), ctx1)
     # Act / Assert: a new run (fresh node state, round numbers from 1 again) is refused at once
-    with pytest.raises(PolicyRefusal, match=r"round 1 would cost rho = 2, taking this client's total to 6 > 4"):
+    with pytest.raises(PolicyRefusal, match=r"round 1 would cost rho = 2, which this client's cumulative budget") as refused:
         train(_message(weights, round=1), _context(run_id=2, **keys))
+    # the reason reaches the new run's server: nothing of the node's history in it (review4 W7)
+    assert str(path) not in str(refused.value) and "spent" not in str(refused.value)
+    assert "6" not in str(refused.value).replace("2016", "")
     assert len(_file_charges(path)) == 2
     # without a file the total is per run (Flower's node state is per run): the docs say so
     per_run = {"client-max-rho-total": 4.0}
     ctx3 = _context(run_id=3, **per_run)
     train(_message(weights, round=1), ctx3)
     train(_message(weights, round=2), ctx3)
-    with pytest.raises(PolicyRefusal, match="this run's node state"):
+    caplog.clear()
+    with pytest.raises(PolicyRefusal, match="cumulative budget cannot pay"):
         train(_message(weights, round=3), ctx3)
+    assert any("this run's node state" in r.getMessage() for r in caplog.records)
     train(_message(weights, round=1), _context(run_id=4, **per_run))  # a new run starts at 0
 
 
