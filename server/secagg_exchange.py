@@ -66,15 +66,16 @@ class GridSecureTransport:
         """One exchange: stage ``name`` of round r and stage ``next_name`` of round r+1 (module docstring)."""
         shared = _stage_records(name, **payload)
         nxt_shared = _stage_records(next_name, **next_payload) if next_requests else {}
+        records = _RequestRecords()
         messages = []
         for pid, req in requests.items():
-            content = to_records(name, req)
+            content = records(name, req)
             content.update(shared)
             if pid in next_requests:
-                content.update(to_records(next_name, next_requests[pid], record="secagg-next"))
+                content.update(records(next_name, next_requests[pid], record="secagg-next"))
                 content.update({f"{key}-next": rec for key, rec in nxt_shared.items()})
             messages.append(self._message(name, pid, req, content))
-        messages += [self._message(next_name, pid, req, {**to_records(next_name, req), **nxt_shared})
+        messages += [self._message(next_name, pid, req, {**records(next_name, req), **nxt_shared})
                      for pid, req in next_requests.items() if pid not in requests]
         pid_of = {self.nodes[pid]: pid for pid in set(requests) | set(next_requests)}
         replies = self.grid.send_and_receive(messages, timeout=self.timeout) if messages else []
@@ -107,6 +108,24 @@ class GridSecureTransport:
                 if pid not in out and pid not in failures:
                     failures[pid] = f"secagg {stage}: no reply within client-timeout ({self.timeout:g} s)"
         return main, nxt
+
+
+class _RequestRecords:
+    """``to_records`` of a stage's requests, built once per request object: the server sends most stages'
+    one request (the roster, the view, the unmask sets) to every client, and a roster-sized record costs
+    Flower's per-element checks each time it is built. The messages share the record objects, as they
+    share the stage's ``config`` record; what each client receives is unchanged."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[int, str, str], tuple[Any, dict[str, Any]]] = {}
+
+    def __call__(self, stage: str, request: Any, *, record: str = "secagg") -> dict[str, Any]:
+        key = (id(request), stage, record)
+        hit = self._built.get(key)
+        if hit is None or hit[0] is not request:
+            hit = (request, to_records(stage, request, record=record))  # (keeps the id taken)
+            self._built[key] = hit
+        return dict(hit[1])
 
 
 def _stage_records(name: str, *, instructions: RoundInstructions | None = None,

@@ -357,11 +357,13 @@ def world_id(setup: SetupRequest, roster: ShareKeysRequest) -> bytes:
                          setup.dim, setup.min_survivors, setup.colluders, setup.active))
     entries = sorted(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, roster.sign_publics,
                          roster.seed_commitments, strict=True))
-    h.update(struct.pack(">Q", len(entries)))
+    parts = [struct.pack(">Q", len(entries))]  # hashed as one string: the same bytes as one update each
     for node_id, *keys in entries:
-        h.update(struct.pack(">Q", node_id))
+        parts.append(struct.pack(">Q", node_id))
         for k in keys:
-            h.update(struct.pack(">H", len(k)) + bytes(k))
+            parts.append(struct.pack(">H", len(k)))
+            parts.append(bytes(k))
+    h.update(b"".join(parts))
     return h.digest()
 
 
@@ -1274,10 +1276,10 @@ class ServerSession:
         flat = [j for u in self.u3 for j in used[u]]
         sigs = [self._peer_sigs[u] for u in self.u3]
         designs = [fp] * len(self.u3) if fp else []
-        return {u: ConsistencyRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped),
-                                      peer_counts=counts, peer_flat=flat, peer_signatures=sigs,
-                                      designs=designs)
-                for u in self.u3}
+        # one request, the same for every survivor (as the unmask request): the view is one
+        req = ConsistencyRequest(round=s.round, survivors=list(self.u3), dropped=list(self.dropped),
+                                 peer_counts=counts, peer_flat=flat, peer_signatures=sigs, designs=designs)
+        return dict.fromkeys(self.u3, req)
 
     def _safe_core(self, survivors: set[int], peer_sets: Mapping[int, Sequence[int]]) -> set[int]:
         """The largest part of the survivors the clients will accept: peel clients with <= c mutual

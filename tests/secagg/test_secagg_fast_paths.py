@@ -314,3 +314,38 @@ def test_a_try_that_fails_in_its_first_chunk_still_draws_all_its_uniforms() -> N
     plain = RandomSource.seeded(2)
     plain.uniform(size=3 * r.shape[0])
     assert src.uniform() == plain.uniform()
+
+
+def _world_id_plain(setup, roster) -> bytes:  # type: ignore[no-untyped-def]
+    """protocol.world_id as written before issue 16's glue pass (one hash update per field)."""
+    import hashlib
+    import struct
+
+    h = hashlib.sha256(b"fedprivacy/v1/world")
+    h.update(struct.pack(">QQQQQQQ?", setup.round, setup.threshold, setup.degree, setup.modulus_bits,
+                         setup.dim, setup.min_survivors, setup.colluders, setup.active))
+    entries = sorted(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, roster.sign_publics,
+                         roster.seed_commitments, strict=True))
+    h.update(struct.pack(">Q", len(entries)))
+    for node_id, *keys in entries:
+        h.update(struct.pack(">Q", node_id))
+        for k in keys:
+            h.update(struct.pack(">H", len(k)) + bytes(k))
+    return h.digest()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 2), min_size=1, max_size=40, unique=True), st.randoms(use_true_random=False))
+def test_world_id_is_the_plain_hash(ids: list[int], rnd) -> None:  # type: ignore[no-untyped-def]
+    from fedprivacy.secagg.protocol import SetupRequest, ShareKeysRequest, world_id
+
+    def key() -> bytes:
+        return bytes(rnd.getrandbits(8) for _ in range(rnd.choice([0, 1, 32, 33])))
+
+    n = len(ids)
+    setup = SetupRequest(round=rnd.randint(1, 99), threshold=max(1, n // 2), degree=max(1, n - 1), dim=8,
+                         active=rnd.random() < 0.5)
+    roster = ShareKeysRequest(round=setup.round, node_ids=ids, enc_publics=[key() for _ in ids],
+                              mask_publics=[key() for _ in ids], sign_publics=[key() for _ in ids],
+                              seed_commitments=[key() for _ in ids])
+    assert world_id(setup, roster) == _world_id_plain(setup, roster)
