@@ -82,7 +82,8 @@ PRIVATE_DIR = "private"
 PARTICIPATION_LOG = "participation.jsonl"
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
 #: Row keys of a secure round that depend on its counts (distributed runs with private counts, review F2).
-SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted")
+SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted",
+                     "secagg_late")
 #: Per-round figures computed from clients' un-noised values (central mode): private with the counts.
 UNNOISED_KEYS = ("train_loss",)
 #: A round's wall time grows with its cohort (in-process, clients run one after another: review3 V7),
@@ -925,8 +926,9 @@ class FederatedRun:
         from fedprivacy.fl.modes.distributed import unmodelled_round
 
         aggregated = len(outcome.aggregate.aggregated) if outcome.aborted is None else None
+        late = outcome.secagg.late if outcome.secagg is not None else None
         why = unmodelled_round(self.cfg, outcome.aborted, len(self._round_cohort), aggregated,
-                               population=self.population)
+                               population=self.population, late=late)
         if why is None:
             return False
         count = sum(1 for r in self.records if r.aborted is None) + (self._round_charge is not None)

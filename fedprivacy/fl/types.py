@@ -155,6 +155,8 @@ class SecureRoundInfo:
         noise_std_sum: std of the noise in the released sum (0 without DP).
         roster: clients in the round's roster (the XNoise design's ``n``; None if aborted early).
         dim: the padded dimension the clients encoded (the accounting's ``m``).
+        late: survivors (in the sum) that missed a later stage (consistency, unmask), None if none: the
+            round's completion then also depended on the other survivors' shares (review3 V9).
     """
 
     threshold: int
@@ -167,11 +169,13 @@ class SecureRoundInfo:
     noise_std_sum: float | None = None
     roster: int | None = None
     dim: int | None = None
+    late: int | None = None
 
     _KEYS = {"threshold": "secagg_threshold", "exchanges": "secagg_exchanges",
              "degree": "secagg_degree", "pipelined": "secagg_pipelined",
              "survivors": "secagg_survivors", "rho": "rho", "max_abs_error": "secagg_max_abs_error",
-             "noise_std_sum": "noise_std_sum", "roster": "secagg_roster", "dim": "secagg_dim"}
+             "noise_std_sum": "noise_std_sum", "roster": "secagg_roster", "dim": "secagg_dim",
+             "late": "secagg_late"}
 
     def to_json(self) -> dict[str, Any]:
         """The row keys (a figure that does not apply is left out, as is ``pipelined=False``)."""

@@ -646,3 +646,30 @@ def test_engine_observers_budget_discards_a_round_whose_lost_clients_void_the_am
     with pytest.raises(ConfigError, match=r"is final"):
         _run(tmp_path, "obs-budget", None, num_supernodes=12, privacy="distributed", secagg=True, resume=True,
              **cfg)
+
+
+def test_engine_a_client_in_the_sum_that_misses_the_unmask_stage_voids_the_publics_amplification(
+        tmp_path: Path) -> None:
+    """review3 V9, later stage: every sampled client's masked input is in round 3's sum, but some miss the
+    unmask stage; the round completes only because enough of the others' shares arrived, so its
+    completion depended on the survivors: the public's pair does not model it (counted, kept private)."""
+    # Arrange: the first engine test's seeded cohorts; partitions 3 and 8 vanish at round 3's unmask stage
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="query.secagg_unmask", rounds=(3,),
+                                        partition_ids=(3, 8)),))
+    # Act
+    res = _run(tmp_path, "late", faults, num_supernodes=12, privacy="distributed", secagg=True,
+               accountant="pld", **{"sample-rate": 0.5, "num-server-rounds": 3, "target-delta": 1e-4,
+                                    "privacy-audience": "observers"})
+    # Assert: round 3 completed with every sampled client in the sum, some late (private log only)
+    from fedprivacy.fl.run import read_participation
+
+    private = read_participation(tmp_path / "late")
+    assert [r["round"] for r in private] == [1, 2, 3] and all("aborted" not in r for r in private)
+    assert private[2]["clients_aggregated"] == private[2]["clients_sampled"] and private[2]["secagg_late"] >= 1
+    assert all("secagg_late" not in r for r in private[:2])
+    assert all("secagg_late" not in row for row in res["rounds"])
+    aud = res["privacy"]["distributed"]["audiences"]
+    assert aud["observers"]["amplification"] is False and "lost sampled clients" in aud["observers"]["sampling"]
+    assert aud["observers"]["epsilon"] == pytest.approx(aud["server"]["epsilon"], rel=1e-12)
+    assert res["privacy"]["epsilon"] == res["rounds"][-1]["epsilon"] == res["privacy"]["distributed"]["ledger_epsilon"]
+    assert res["rounds"][-1]["epsilon"] > aud["server"]["epsilon"]  # 3 amplified + 3 unamplified charges

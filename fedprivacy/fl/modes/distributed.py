@@ -271,21 +271,23 @@ def amplification_void(cfg: RunConfig, records: Sequence[RoundRecord], *, popula
     private count) is one the secure round never completes (:func:`completes`: e.g. a cohort of 2
     with ``t = 2`` aborts inside the protocol, review3 V4a). Not modelled: an abort of a round whose
     cohort could have completed (dropouts, a protocol violation: ``"aborted"``), and a completed round
-    that lost sampled clients after its cohort was chosen (fewer clients in the sum than sampled:
-    ``"lost"``, review3 V9), whose completion then also depended on the survivors.
+    that lost sampled clients after its cohort was chosen (fewer clients in the sum than sampled, or
+    clients in the sum that missed the consistency/unmask stage: ``"lost"``, review3 V9), whose
+    completion then also depended on the survivors.
     """
     for r in records:
-        why = unmodelled_round(cfg, r.aborted, r.clients_sampled, r.clients_aggregated, population=population)
+        why = unmodelled_round(cfg, r.aborted, r.clients_sampled, r.clients_aggregated, population=population,
+                               late=r.secagg.late if r.secagg is not None else None)
         if why is not None:
             return why
     return None
 
 
 def unmodelled_round(cfg: RunConfig, reason: str | None, cohort_size: int | None, aggregated: int | None, *,
-                     population: int) -> str | None:
+                     population: int, late: int | None = None) -> str | None:
     """Whether one round (aborted for ``reason``, or completed with ``aggregated`` of its ``cohort_size``
-    sampled clients in the sum) is outside the public's pair: ``"aborted"``, ``"lost"`` or None
-    (see :func:`amplification_void`)."""
+    sampled clients in the sum, ``late`` of them missing a later stage) is outside the public's pair:
+    ``"aborted"``, ``"lost"`` or None (see :func:`amplification_void`)."""
     if reason:
         try:
             rule = completes(cfg, population=population)
@@ -294,6 +296,8 @@ def unmodelled_round(cfg: RunConfig, reason: str | None, cohort_size: int | None
         modelled = is_cohort_rule_abort(reason) or (cohort_size is not None and not rule(int(cohort_size)))
         return None if modelled else "aborted"
     if cohort_size is not None and aggregated is not None and int(aggregated) < int(cohort_size):
+        return "lost"
+    if late:  # in the sum, but missed the consistency/unmask stage: completion needed the others' shares
         return "lost"
     return None
 

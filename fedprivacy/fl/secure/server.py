@@ -354,6 +354,8 @@ class SecureRound:
         else:
             for pid, reason in missed.items():
                 self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
+        if missed:  # the completion depended on the other survivors' shares (review3 V9): the row says how many
+            info = dataclasses.replace(info, late=len(missed))
         agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
                               denominator=float(self.denominator))
         kept = tuple(updates[p] for p in survivors if p in updates)
