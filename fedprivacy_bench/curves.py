@@ -290,7 +290,8 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     goal = "Non-DP CNN on Fashion-MNIST (IID) reaches ≥ 88% test accuracy, federated"
     none = _iid_none(points)
     if none:
-        best = max(none, key=lambda p: p["accuracy"])
+        # the point that meets the goal on the most seeds (then the highest); else the highest
+        best = max(none, key=lambda p: (p["accuracy"] >= 0.88, len(p["seeds"]), p["accuracy"]))
         goals.append({"goal": goal, "verdict": "met" if best["accuracy"] >= 0.88 else "missed",
                       "figures": f"{best['accuracy']:.3f} (mean of seeds {best['seeds']}, "
                                  f"{best['accuracy_min']:.3f}–{best['accuracy_max']:.3f}) after "

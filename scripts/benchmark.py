@@ -270,7 +270,7 @@ SETUP_SCOPE: list[str] = [
     "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100, "
     "120 and 150 (`--rounds`; σ calibrated for each T); `fedavgm` (FedAvgM, 100 per round, T = 150): "
     "central ε = 4. "
-    "Seed 0 everywhere: one run per point, so the min–max bands are not a spread estimate.",
+    "Seed 0 in session 3 (one run per point); session 4 added the seeds and points below.",
     "**Why 300 per round**: with 100 per round, FedAvgM reaches 0.888 without DP at T = 150 (a probe "
     "with the identical recipe, `runs/probe.py` in the data3 worktree, not on the curves: rounds "
     "10..150 .727 .808 .838 .845 .856 .857 .869 .864 .872 .874 .877 .882 .881 .887 .888), but central "
@@ -292,9 +292,18 @@ SETUP_SCOPE: list[str] = [
     "C = 1. The verdict rule is the one above; at 200 x 100, ε = 4 keeps AUC ≤ 0.552 but the loss "
     "attack's TPR at 1% FPR is 0.048 (not chance at low FPR); ε = 2 is at chance on both measures "
     "with test accuracy 0.528.",
-    "**Not run** for the named setups (time: a T = 150 run at 300 per round took ~20 minutes here "
-    "with one worker; the session had ~2 hours of a shared 2-core machine): seeds 1 and 2, ε ∈ {1, 2, "
-    "8}, the Dirichlet(0.5) setup, distributed and local DP, Flower's DP wrapper at the same σ.",
+    "**Ran** in session 4 (1 December 2026, 17:47–19:30 UTC, load average 5–13 from other work; one "
+    "process per row, at most two at a time, each command in the list at the top): `fedavgm-c300` at "
+    "T = 120 (σ calibrated for T = 120, q = 0.1): non-DP and central ε = 4 at seeds 1 and 2 (with "
+    "session 3's seed 0: three seeds, the min–max band is over them), central ε = 1, 2 and 8 (seed 0), "
+    "and distributed DP at the σ of central ε = 4 (seed 0; PLD accountant; its ε against the server and "
+    "against observers in the issue-12 table; on the curve it sits at the observers' ε); "
+    "`digits-100k` (the full sweep's main digits setup, T = 15): central and distributed at the σ of "
+    "ε = 3, seeds 0–2, for issue 12's several-seed comparison.",
+    "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–20 minutes here "
+    "with one worker and a distributed one ~57 minutes; the session had ~1h50 of a 2-core machine "
+    "shared with ~6 helpers): seeds 1 and 2 of ε ∈ {1, 2, 8} and of distributed (one run per point "
+    "there: no spread), local DP, the Dirichlet(0.5) setup, Flower's DP strategies at the same σ.",
 ]
 
 

@@ -94,6 +94,11 @@ def test_issue_13_goals_follow_the_figures(tmp_path: Path) -> None:
     low = curve_points([_row("none", 0, 0.80, eps=None, target=None),
                         _row("central", 0, 0.70, eps=4.0, target=4.0)])
     assert [g["verdict"] for g in curve_goals(low)] == ["missed", "missed", "not measured"]
+    # the goal's figure is the point meeting it on the most seeds, not a higher single-seed one
+    seeds3 = [dict(_row("none", s, a, eps=None, target=None), rounds=120) for s, a in ((0, 0.886), (1, 0.889),
+                                                                                     (2, 0.886))]
+    chosen = curve_goals(curve_points(seeds3 + [_row("none", 0, 0.8884, eps=None, target=None)]))[0]
+    assert "mean of seeds [0, 1, 2]" in chosen["figures"] and "T=120" in chosen["figures"]
     table = membership_markdown(useful)
     assert table.count("\n") == 2 + 2 * 4 - 1 and "| no DP | – |" in table
     assert plot_membership(useful, tmp_path / "m.png").stat().st_size > 10_000
