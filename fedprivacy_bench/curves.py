@@ -106,9 +106,13 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | Non
                 continue
             x = [_x(p) for p in pts]
             audience = ", ε against observers" if pts[0].get("epsilon_observers") is not None else ""
-            line = ax.plot(x, [p["accuracy"] for p in pts], marker="o" if framework == "fedprivacy"
-                           else "s",
-                           label=f"{framework} {mode} ({len(pts[0]['seeds'])} seeds{audience})")[0]
+            counts = sorted({len(p["seeds"]) for p in pts})
+            seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+            ys = [p["accuracy"] for p in pts]
+            line = ax.errorbar(x, ys, yerr=[[y - p["accuracy_min"] for y, p in zip(ys, pts, strict=True)],
+                                            [p["accuracy_max"] - y for y, p in zip(ys, pts, strict=True)]],
+                               marker="o" if framework == "fedprivacy" else "s", capsize=3,
+                               label=f"{framework} {mode} ({seeds} seeds per point, min–max{audience})")[0]
             ax.fill_between(x, [p["accuracy_min"] for p in pts], [p["accuracy_max"] for p in pts],
                             color=line.get_color(), alpha=0.2)
         ax.set_xscale("log")

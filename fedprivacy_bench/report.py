@@ -126,7 +126,7 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
 
     # 1. DP+SecAgg round within 1.3x of non-DP at 100 clients/round, ~100k params.
     dist = [r for r in _pick(rows, framework="fedprivacy", mode="distributed", engine="inprocess")
-            if (r.get("clients_per_round") or 0) >= 100]
+            if (r.get("clients_per_round") or 0) >= 100 and r.get("ratio_vs_none")]  # a non-DP twin ran
     best = _largest(dist)
     if best is not None and best.get("ratio_vs_none"):
         ratio = best["ratio_vs_none"]["seconds_per_round"]

@@ -292,7 +292,7 @@ SETUP_SCOPE: list[str] = [
     "C = 1. The verdict rule is the one above; at 200 x 100, ε = 4 keeps AUC ≤ 0.552 but the loss "
     "attack's TPR at 1% FPR is 0.048 (not chance at low FPR); ε = 2 is at chance on both measures "
     "with test accuracy 0.528.",
-    "**Ran** in session 4 (1 December 2026, 17:47–19:30 UTC, load average 5–13 from other work; one "
+    "**Ran** in session 4 (1 December 2026, 17:47–19:17 UTC, load average 5–13 from other work; one "
     "process per row, at most two at a time, each command in the list at the top): `fedavgm-c300` at "
     "T = 120 (σ calibrated for T = 120, q = 0.1): non-DP and central ε = 4 at seeds 1 and 2 (with "
     "session 3's seed 0: three seeds, the min–max band is over them), central ε = 1, 2 and 8 (seed 0), "
@@ -301,7 +301,7 @@ SETUP_SCOPE: list[str] = [
     "`digits-100k` (the full sweep's main digits setup, T = 15): central and distributed at the σ of "
     "ε = 3, seeds 0–2, for issue 12's several-seed comparison.",
     "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–20 minutes here "
-    "with one worker and a distributed one ~57 minutes; the session had ~1h50 of a 2-core machine "
+    "with one worker and the distributed one 46 minutes; the session had ~1h50 of a 2-core machine "
     "shared with ~6 helpers): seeds 1 and 2 of ε ∈ {1, 2, 8} and of distributed (one run per point "
     "there: no spread), local DP, the Dirichlet(0.5) setup, Flower's DP strategies at the same σ.",
 ]
