@@ -243,13 +243,14 @@ class FashionSetup:
                  "images split over the clients, the official 10,000 test images as the server's test "
                  "set)")
 
-    def spec(self, *, mode: str, seed: int, sigma: Callable[[float, float, int], float],
+    def spec(self, *, mode: str, seed: int, sigma: Callable[[float, float, int, str], float],
              rounds: int | None = None, target_epsilon: float | None = None) -> BenchSpec:
         """One row: ``mode`` none / central / distributed (σ of central at ``target_epsilon``) / local
         (σ calibrated without amplification: every client in every round, the worst case).
 
-        ``sigma(target_epsilon, sample_rate, rounds)`` is the calibration (the benchmark's: PLD,
-        Poisson, δ of the setup).
+        ``sigma(target_epsilon, sample_rate, rounds, neighbouring)`` is the calibration (the
+        benchmark's: PLD, Poisson, δ of the setup; ``replace-one`` for local rows, as fedprivacy
+        accounts them).
         """
         t = rounds or self.rounds
         fields = dict(self.training, rounds=t, label=self.label or f"fashion iid {self.name}", seed=seed)
@@ -258,6 +259,8 @@ class FashionSetup:
             if target_epsilon is None:
                 raise ValueError(f"target_epsilon is required for mode {mode!r}")
             q = 1.0 if mode == "local" else fields["clients_per_round"] / fields["num_clients"]
-            fields["noise_multiplier"] = sigma(target_epsilon, q, t)
+            # fedprivacy accounts local DP under replace-one (fl.privacy.neighbouring_of)
+            fields["noise_multiplier"] = sigma(target_epsilon, q, t,
+                                               "replace-one" if mode == "local" else "add-remove")
             fields["target_epsilon"] = target_epsilon
         return BenchSpec(framework="fedprivacy", engine="inprocess", mode=mode, **fields)

@@ -53,13 +53,15 @@ SLOW_ROUNDS_CAP = 5
 
 
 # ------------------------------------------------------------------------------------ calibration
-_SIGMA_CACHE: dict[tuple[float, float, int], float] = {}
+_SIGMA_CACHE: dict[tuple[float, float, int, str], float] = {}
 
 
 def calibrated_sigma(*, target_epsilon: float, sample_rate: float, rounds: int,
-                     rel_tol: float) -> float:
-    """sigma with epsilon(PLD, Poisson q, T rounds, delta) <= target (fedprivacy.accounting)."""
-    key = (target_epsilon, sample_rate, rounds)
+                     rel_tol: float, neighbouring: str = "add-remove") -> float:
+    """sigma with epsilon(PLD, Poisson q, T rounds, delta, ``neighbouring``) <= target
+    (fedprivacy.accounting). Local rows pass ``replace-one``: fedprivacy accounts local DP under
+    replace-one (``fedprivacy.fl.privacy.neighbouring_of``), whatever the run's neighbouring key."""
+    key = (target_epsilon, sample_rate, rounds, neighbouring)
     if key not in _SIGMA_CACHE:
         from fedprivacy.accounting.calibration import calibrate_noise_multiplier
         from fedprivacy.accounting.events import PoissonSampling
@@ -67,7 +69,7 @@ def calibrated_sigma(*, target_epsilon: float, sample_rate: float, rounds: int,
         _SIGMA_CACHE[key] = float(calibrate_noise_multiplier(
             target_epsilon=target_epsilon, target_delta=DELTA,
             sampling=PoissonSampling(rate=sample_rate), steps=rounds, backend="pld",
-            rel_tol=rel_tol))
+            rel_tol=rel_tol, neighbouring=neighbouring))
     return _SIGMA_CACHE[key]
 
 
@@ -127,7 +129,7 @@ def fashion_sweep(*, quick: bool, rounds: int | None = None) -> list[BenchSpec]:
                                            mode="distributed", seed=seed, **dp))
             if iid:  # one seed each: local stays near chance, Flower's rows compare epsilons
                 local_sigma = calibrated_sigma(target_epsilon=eps, sample_rate=1.0, rounds=t,
-                                               rel_tol=1e-3)
+                                               rel_tol=1e-3, neighbouring="replace-one")
                 specs.append(BenchSpec(framework="fedprivacy", engine="inprocess", mode="local",
                                        **dict(dp, noise_multiplier=local_sigma)))
                 specs.append(BenchSpec(framework="flower", engine="ray", mode="central", **dp))
@@ -307,9 +309,10 @@ SETUP_SCOPE: list[str] = [
 ]
 
 
-def _sigma(target_epsilon: float, sample_rate: float, rounds: int) -> float:
+def _sigma(target_epsilon: float, sample_rate: float, rounds: int,
+           neighbouring: str = "add-remove") -> float:
     return calibrated_sigma(target_epsilon=target_epsilon, sample_rate=sample_rate, rounds=rounds,
-                            rel_tol=1e-3)
+                            rel_tol=1e-3, neighbouring=neighbouring)
 
 
 def setup_sweep(name: str, *, rounds: int | None = None, seeds: Sequence[int] = (0,),

@@ -39,8 +39,11 @@ def _fake_calibration(monkeypatch, bench) -> list[tuple[float, float, int]]:
     itself is tested in tests/accounting)."""
     asked: list[tuple[float, float, int]] = []
 
-    def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float) -> float:
+    def sigma(*, target_epsilon: float, sample_rate: float, rounds: int, rel_tol: float,
+              neighbouring: str = "add-remove") -> float:
         asked.append((target_epsilon, sample_rate, rounds))
+        # local rows are calibrated as fedprivacy accounts them (replace-one); the others add/remove
+        assert neighbouring == ("replace-one" if sample_rate == 1.0 else "add-remove")
         return 1.0 / target_epsilon
 
     monkeypatch.setattr(bench, "calibrated_sigma", sigma)
@@ -147,3 +150,16 @@ def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_t
         ("digits", "digits 100k setup", 15, 100)}
     assert len({s.noise_multiplier for s in digits}) == 1  # distributed runs central's σ
     assert "bundled digits" in bench.setup_notes("digits-100k", digits)[0]
+
+
+def test_local_rows_are_calibrated_under_replace_one_as_fedprivacy_accounts_them() -> None:
+    from fedprivacy.accounting.accountant import epsilon_for
+
+    bench = _script()
+    add_remove = bench.calibrated_sigma(target_epsilon=4.0, sample_rate=1.0, rounds=10, rel_tol=1e-4)
+    local = bench.calibrated_sigma(target_epsilon=4.0, sample_rate=1.0, rounds=10, rel_tol=1e-4,
+                                   neighbouring="replace-one")
+    assert abs(local / add_remove - 2.0) < 1e-2  # no sampling: replace-one doubles the sensitivity
+    reported = epsilon_for(noise_multiplier=local, sample_rate=1.0, steps=10, delta=bench.DELTA,
+                           backend="pld", neighbouring="replace-one")
+    assert 3.9 < reported <= 4.0 + 1e-6  # what a local run's accountant reports for that σ
