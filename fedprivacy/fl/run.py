@@ -185,6 +185,10 @@ def _read_json_lines(path: Path, *, what: str) -> list[dict[str, Any]]:
     return out
 
 
+def _untimed(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "timestamp"}
+
+
 class _DpsgdLedger:
     """Per-client sample-level accountants for DP-SGD (unit: one training example).
 
@@ -591,9 +595,9 @@ class FederatedRun:
             from fedprivacy.accounting.accountant import Accountant
 
             journal.accountant = Accountant.from_json({**self.accountant.to_json(), "entries": kept})
-        if checkpointed is not None:
-            ckpt_entries = [e.to_dict() for e in checkpointed.ledger]
-            if kept[: len(ckpt_entries)] != ckpt_entries:
+        if checkpointed is not None:  # the journal keeps no wall-clock time (review4 W8): compare without it
+            ckpt_entries = [_untimed(e.to_dict()) for e in checkpointed.ledger]
+            if [_untimed(e) for e in kept[: len(ckpt_entries)]] != ckpt_entries:
                 raise ValueError(f"privacy journal {path} does not extend the checkpoint's ledger: "
                                  "refusing to resume with either")
         if journal.unfinished_rounds:
