@@ -51,6 +51,9 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "output-dir": output_dir,
         "run-name": spec.key(),
         "eval-every": spec.eval_every,
+        # a benchmark row must not depend on the machine's load: with the default 120 s a loaded round
+        # left late clients out silently and the same seed gave another loss (perf, session 4)
+        "client-timeout": 3600.0,
         "server-optimizer": spec.server_optimizer,
         "server-learning-rate": spec.server_learning_rate,
         "server-momentum": spec.server_momentum,
