@@ -319,10 +319,12 @@ class _DpsgdLedger:
             if steps < 1 or not 0 < rate <= 1:
                 continue
             acc = Accountant(backend="pld", neighbouring="replace-one", unit="example")
+            # one event of count steps x attempts: the same composition as a client's per-round spends (the
+            # accountant self-composes identical events by their total count: the same ε, bit for bit),
+            # at one PLD self-composition instead of one per round (120 rounds: 0.3 s, not 24 s)
             event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
-                                 sampling=PoissonSampling(rate=float(rate)), count=int(steps))
-            for rnd in range(1, self.attempts + 1):
-                acc.spend(event, round=rnd)
+                                 sampling=PoissonSampling(rate=float(rate)), count=int(steps) * self.attempts)
+            acc.spend(event, round=self.attempts)
             worst = max(worst, acc.epsilon(delta=self.cfg.target_delta))
         return worst
 

@@ -576,3 +576,12 @@ def test_with_counts_private_no_published_dpsgd_figure_depends_on_the_cohorts(tm
                           neighbouring="replace-one") for steps, rate in ((3, 1 / 3), (5, 0.2)))
     assert published[0]["epsilon"] == published[1]["epsilon"] == pytest.approx(ref, rel=1e-6)
     assert "cohort-independent" in published[0]["epsilon_basis"]
+    # the bound composes one event of count steps x rounds; a client's ledger composes per round: same ε
+    from fedprivacy.accounting import Accountant, PoissonSampling, PrivacyEvent
+
+    per_round, at_once = (Accountant(backend="pld", neighbouring="replace-one", unit="example") for _ in range(2))
+    step = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.1), sampling=PoissonSampling(rate=1 / 3), count=3)
+    for rnd in range(1, 5):
+        per_round.spend(step, round=rnd)
+    at_once.spend(step.with_count(12), round=4)
+    assert per_round.epsilon(delta=1e-5) == at_once.epsilon(delta=1e-5)
