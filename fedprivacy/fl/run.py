@@ -189,6 +189,15 @@ def _untimed(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k != "timestamp"}
 
 
+def _example_accountant() -> Accountant:
+    """A client's example-level ledger: replace-one with n public (review3 V2: q = 1/ceil(n/B), the steps and
+    Opacus' noise scale all follow n, so add/remove of an example is visible; only replace-one keeps n fixed).
+    dp-accounting's PLD composes Poisson subsampling under replace-one (Zhu, Dong & Wang 2022)."""
+    from fedprivacy.accounting.accountant import Accountant
+
+    return Accountant(backend="pld", neighbouring="replace-one", unit="example")
+
+
 class _DpsgdLedger:
     """Per-client sample-level accountants for DP-SGD (unit: one training example).
 
@@ -227,7 +236,8 @@ class _DpsgdLedger:
                 if rec.get("kind") == "snapshot" and isinstance(rec.get("ledgers"), dict):
                     self.load(rec["ledgers"])
                     known = rec.get("attempts")
-                    self.attempts = int(known) if isinstance(known, int) else (None if rec["ledgers"] else 0)
+                    if isinstance(known, int):
+                        self.attempts = known
                 elif rec.get("kind") in ("planned", "spends") and isinstance(rec.get("spends"), list):
                     if rec["kind"] == "planned" and self.attempts is not None:
                         self.attempts += 1
@@ -238,8 +248,8 @@ class _DpsgdLedger:
                 else:
                     raise ValueError(f"DP-SGD journal {path}: unknown line {rec!r}")
         else:
-            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json(),
-                                "attempts": self.attempts if self.accountants else 0}, create=True)
+            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json(), "attempts": self.attempts},
+                         create=True)
         self.journal = path
 
     def plan_round(self, cohort: Sequence[int], schedule: Callable[[int], tuple[int, float]], *,
@@ -257,20 +267,19 @@ class _DpsgdLedger:
             self.spend(pid, steps=int(steps), rate=float(rate), round=round)
 
     def spend(self, pid: int, *, steps: int, rate: float, round: int) -> None:
-        from fedprivacy.accounting.accountant import Accountant
-        from fedprivacy.accounting.events import GaussianEvent, PoissonSampling, PrivacyEvent
-
         if steps < 1 or not 0 < rate <= 1:
             return
         acc = self.accountants.get(pid)
         if acc is None:
-            # replace-one with n public (review3 V2): q = 1/ceil(n/B), the steps and Opacus' noise scale
-            # all follow n, so add/remove of an example is visible; only replace-one keeps n fixed. dp-accounting's
-            # PLD is the backend that composes Poisson subsampling under replace-one (Zhu, Dong & Wang 2022)
-            acc = self.accountants[pid] = Accountant(backend="pld", neighbouring="replace-one", unit="example")
-        event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
-                             sampling=PoissonSampling(rate=rate), count=steps)
-        acc.spend(event, round=round)
+            acc = self.accountants[pid] = _example_accountant()
+        acc.spend(self._event(rate=rate, count=steps), round=round)
+
+    def _event(self, *, rate: float, count: int) -> PrivacyEvent:
+        """``count`` DP-SGD steps: the Poisson-subsampled Gaussian at the run's DP-SGD noise multiplier."""
+        from fedprivacy.accounting.events import GaussianEvent, PoissonSampling, PrivacyEvent
+
+        return PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
+                            sampling=PoissonSampling(rate=rate), count=count)
 
     def spend_round(self, updates: Sequence[ClientUpdate], *, round: int) -> list[tuple[int, int, float]]:
         """Charge what the replies report beyond the round's plan (every reply received, aggregated or
@@ -306,9 +315,6 @@ class _DpsgdLedger:
         make says that it took part, which the central ε assumes secret (review4 W2). None when the
         bound is unknown (no schedule, or a journal from before the attempt count).
         """
-        from fedprivacy.accounting.accountant import Accountant
-        from fedprivacy.accounting.events import GaussianEvent, PoissonSampling, PrivacyEvent
-
         if schedule is None or self.attempts is None:
             return None
         if self.attempts == 0:
@@ -318,13 +324,11 @@ class _DpsgdLedger:
         for steps, rate in sorted(classes):
             if steps < 1 or not 0 < rate <= 1:
                 continue
-            acc = Accountant(backend="pld", neighbouring="replace-one", unit="example")
+            acc = _example_accountant()
             # one event of count steps x attempts: the same composition as a client's per-round spends (the
             # accountant self-composes identical events by their total count: the same ε, bit for bit),
             # at one PLD self-composition instead of one per round (120 rounds: 0.3 s, not 24 s)
-            event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=self.cfg.dpsgd_noise_multiplier),
-                                 sampling=PoissonSampling(rate=float(rate)), count=int(steps) * self.attempts)
-            acc.spend(event, round=self.attempts)
+            acc.spend(self._event(rate=float(rate), count=int(steps) * self.attempts), round=self.attempts)
             worst = max(worst, acc.epsilon(delta=self.cfg.target_delta))
         return worst
 
@@ -335,6 +339,8 @@ class _DpsgdLedger:
         from fedprivacy.accounting.accountant import Accountant
 
         self.accountants = {int(k): Accountant.from_json(v) for k, v in data.items()}
+        # ledgers from a checkpoint carry no attempt count (the journal replay sets it): unknown until then
+        self.attempts = None if self.accountants else 0
 
     def summary(self, *, counts_private: bool = False,
                 schedule: Callable[[int], tuple[int, float]] | None = None, population: int = 0) -> dict[str, Any]:
