@@ -125,7 +125,25 @@ def record_from_results(spec: BenchSpec, results: dict[str, Any], *, round_secon
     )
 
 
-def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
+def _keep_final_model(spec: BenchSpec, run_dir: Path, record: dict[str, Any], keep_dir: Path) -> Path:
+    """The run's last checkpoint (round T: the global model the row evaluated) into ``keep_dir``."""
+    from fedprivacy.fl.checkpoint import load_checkpoint
+    from fedprivacy_bench.kept_models import keep_model
+
+    ckpt = load_checkpoint(run_dir / "checkpoint")
+    if ckpt is None or ckpt.round != spec.rounds:
+        found = None if ckpt is None else ckpt.round
+        raise ValueError(f"keep_dir: run {spec.key()} has no checkpoint of its last round "
+                         f"{spec.rounds} (found {found})")
+    return keep_model(spec, ckpt.weights, record, keep_dir)
+
+
+def run_fedprivacy(spec: BenchSpec, *, keep_dir: Path | None = None) -> dict[str, Any]:
+    """Run ``spec`` on fedprivacy's apps in a temporary run folder; its record.
+
+    ``keep_dir``: also keep the final global model there (``fedprivacy_bench.kept_models``: weights,
+    partition, sidecar; the record's ``kept_model`` names the sidecar).
+    """
     if spec.framework != "fedprivacy":
         raise ValueError(f"framework must be 'fedprivacy', got {spec.framework!r}")
     import server.engine as engine
@@ -157,7 +175,13 @@ def run_fedprivacy(spec: BenchSpec) -> dict[str, Any]:
         from fedprivacy.fl.run import round_seconds
 
         seconds = round_seconds(Path(path).parent)
-    rec = record_from_results(spec, results, round_seconds=seconds, wall_seconds=wall)
+        rec = record_from_results(spec, results, round_seconds=seconds, wall_seconds=wall)
+        if keep_dir is not None:
+            try:
+                rec["kept_model"] = str(_keep_final_model(spec, Path(path).parent, rec, keep_dir))
+            except (OSError, ValueError) as exc:  # the row's figures stand without its model
+                rec["kept_model"] = None
+                rec["note"] = (rec["note"] + "; " if rec["note"] else "") + f"model not kept: {exc}"[:300]
     first = rec["round_seconds"][0] if rec["round_seconds"] else 0.0
     rec["startup_seconds"] = (startup + first) if startup is not None else None
     if spec.engine == "ray":

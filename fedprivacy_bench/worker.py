@@ -19,8 +19,8 @@ from typing import Any
 from fedprivacy_bench.spec import BenchSpec, make_record
 
 
-def run_spec(spec: BenchSpec) -> dict[str, Any]:
-    """Dispatch ``spec`` to its runner."""
+def run_spec(spec: BenchSpec, *, keep_dir: Path | None = None) -> dict[str, Any]:
+    """Dispatch ``spec`` to its runner (``keep_dir``: keep a fedprivacy row's final model there)."""
     if spec.framework == "torch":
         from fedprivacy_bench.torch_loop import run_torch_loop
 
@@ -31,18 +31,20 @@ def run_spec(spec: BenchSpec) -> dict[str, Any]:
         return run_flower_baseline(spec)
     from fedprivacy_bench.fedprivacy_runner import run_fedprivacy
 
-    return run_fedprivacy(spec)
+    return run_fedprivacy(spec, keep_dir=keep_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True, help="BenchSpec as JSON")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--keep-model-dir", type=Path, default=None,
+                        help="keep a fedprivacy row's final global model here (fedprivacy_bench.kept_models)")
     args = parser.parse_args(argv)
     spec = BenchSpec.from_dict(json.loads(args.spec))
     t0 = time.perf_counter()
     try:
-        record = run_spec(spec)
+        record = run_spec(spec, keep_dir=args.keep_model_dir)
     except Exception as exc:  # a failed config becomes a row saying why, the sweep goes on
         record = make_record(spec, status="failed",
                              note=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])

@@ -483,8 +483,9 @@ SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_N
 
 
 def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float,
-            single_thread: bool = True) -> dict[str, Any]:
-    """Run ``spec`` in a fresh worker process; record its tree's peak memory."""
+            single_thread: bool = True, keep_dir: Path | None = None) -> dict[str, Any]:
+    """Run ``spec`` in a fresh worker process; record its tree's peak memory (``keep_dir``: the worker
+    keeps a fedprivacy row's final global model there, ``fedprivacy_bench.kept_models``)."""
     out = log_dir / f"{spec.key()}.json"
     log = log_dir / f"{spec.key()}.log"
     env = dict(os.environ)
@@ -494,6 +495,8 @@ def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float,
         env.update(SINGLE_THREAD_ENV)
     cmd = [sys.executable, "-m", "fedprivacy_bench.worker", "--spec", json.dumps(spec.to_dict()),
            "--out", str(out)]
+    if keep_dir is not None:
+        cmd += ["--keep-model-dir", str(keep_dir.resolve())]
     t0 = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -525,7 +528,8 @@ def run_one(spec: BenchSpec, *, log_dir: Path, timeout: float,
 
 def run_sweep(specs: Sequence[BenchSpec], *, log_dir: Path, timeout: float,
               single_thread: bool = True,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_row: Callable[[dict[str, Any]], None] | None = None,
+              keep_dir: Path | None = None) -> list[dict[str, Any]]:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -545,7 +549,8 @@ def run_sweep(specs: Sequence[BenchSpec], *, log_dir: Path, timeout: float,
         for i in order:
             spec = specs[i]
             progress.update(task, description=f"{spec.key()}")
-            row = run_one(spec, log_dir=log_dir, timeout=timeout, single_thread=single_thread)
+            row = run_one(spec, log_dir=log_dir, timeout=timeout, single_thread=single_thread,
+                          keep_dir=keep_dir)
             by_index[i] = row
             if on_row is not None:
                 on_row(row)
@@ -694,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
                              "repeat to merge runs of other settings")
     parser.add_argument("--no-docs", action="store_true",
                         help="write nothing but --json (no report, plots or results copy)")
+    parser.add_argument("--keep-models", type=Path, default=None, metavar="DIR",
+                        help="keep each fedprivacy row's final global model in DIR for the attacks "
+                             "(<key>.npz, <key>.partition.npz, <key>.json: fedprivacy_bench.kept_models)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for BENCHMARKS.md, img/ and the JSON copy (default: docs/ for "
                              f"the full sweep, {QUICK_OUT.relative_to(REPO)}/ for --quick)")
@@ -745,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
         rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout,
-                         single_thread=not args.native_threads, on_row=save_partial)
+                         single_thread=not args.native_threads, on_row=save_partial,
+                         keep_dir=args.keep_models)
     if partial is not None and partial.exists():
         partial.unlink()
     runtime = time.perf_counter() - t0
