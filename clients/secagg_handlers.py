@@ -39,7 +39,7 @@ from fedprivacy_flwr.secagg_records import from_records, to_records
 
 
 def _store(context: Context) -> ExportedSessionStore:
-    return ExportedSessionStore(context.state, field_name="secagg-session", wrap=ConfigRecord)
+    return ExportedSessionStore(context.state, field_name="secagg-session", wrap=codec.config_record)
 
 
 def _key(context: Context) -> tuple[int, int]:

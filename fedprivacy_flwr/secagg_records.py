@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 
 from fedprivacy.secagg import wire
 from fedprivacy.secagg.packing import pack_residues, unpack_residues
-from fedprivacy_flwr.codec import arrays_to_record, optional_record, record_to_arrays
+from fedprivacy_flwr.codec import arrays_to_record, config_record, optional_record, record_to_arrays
 
 __all__ = ["MESSAGE_TYPES", "from_records", "to_records"]
 
@@ -44,7 +44,7 @@ def to_records(stage: str, msg: object, *, record: str = "secagg",
         packed = pack_residues(values, modulus_bits=modulus_bits)
         fields.update(packed_bits=int(modulus_bits), count=int(values.shape[0]))
         array = np.frombuffer(packed, dtype=np.uint8)
-    out: dict[str, Any] = {record: ConfigRecord({"stage": stage, "kind": kind, **fields})}
+    out: dict[str, Any] = {record: config_record({"stage": stage, "kind": kind, **fields})}
     if array is not None:
         out[f"{record}-masked"] = arrays_to_record([array])
     return out

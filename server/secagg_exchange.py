@@ -136,10 +136,10 @@ def _stage_records(name: str, *, instructions: RoundInstructions | None = None,
     if name == "share":
         if instructions is None or encoding is None:
             raise ValueError("the share stage needs the round instructions and the encoding")
-        return {"config": ConfigRecord(instructions.to_record()),
-                "encoding": ConfigRecord(encoding.to_record())}
+        return {"config": codec.config_record(instructions.to_record()),
+                "encoding": codec.config_record(encoding.to_record())}
     if name == "masked":
         if instructions is None or weights is None:
             raise ValueError("the masked stage needs the round instructions and the model")
-        return {"arrays": codec.arrays_to_record(weights), "config": ConfigRecord(instructions.to_record())}
+        return {"arrays": codec.arrays_to_record(weights), "config": codec.config_record(instructions.to_record())}
     return {}
