@@ -402,6 +402,17 @@ def _sign(private: Secret, data: bytes) -> bytes:
     return Ed25519PrivateKey.from_private_bytes(private.reveal()).sign(data)
 
 
+#: views that passed :meth:`ClientSession._check_view`, keyed by everything those checks read: the world
+#: id (SHA-256 over the setup and the roster: it fixes the roster's signing keys and the graph, which
+#: ``harary_neighbours`` derives from the world), the design fingerprint, c, and the whole proposed view
+#: (survivors, dropouts, peer lists, signatures). Like :func:`_verify`'s cache it only saves the
+#: in-process engine's clients from re-deriving one another's verdict on the same view: a client checks
+#: its own peer set, membership and stage every time, a view that failed is checked again, and a
+#: client in its own process (any real deployment) checks every view itself.
+_VIEWS_PASSED: dict[tuple[Any, ...], tuple[dict[int, tuple[int, ...]], bytes]] = {}
+_VIEWS_KEPT = 8
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _verify(public: bytes, signature: bytes, data: bytes) -> bool:
     """Ed25519 verification (RFC 8032). Cached: in one process (the in-process engine) many clients
@@ -798,6 +809,36 @@ class ClientSession:
         designs = list(request.designs) if request.designs else [b""] * len(surv)
         if designs != [fp] * len(surv):
             raise ProtocolViolation("the survivors do not all use this client's noise design")
+        key = (self._world, fp, s.colluders, tuple(surv), tuple(drop), tuple(request.peer_counts),
+               tuple(request.peer_flat), tuple(map(bytes, request.peer_signatures)))
+        passed = _VIEWS_PASSED.get(key)
+        if passed is not None:  # this very view passed every check below that is not about this client
+            peer_sets, digest = passed
+            if peer_sets[self.node_id] != self._peers:
+                raise ProtocolViolation("the view misstates the peers this client masked with")
+        else:
+            peer_sets, digest = self._check_view(request, surv, drop, sset, dset, fp)
+            _VIEWS_PASSED[key] = (peer_sets, digest)
+            while len(_VIEWS_PASSED) > _VIEWS_KEPT:
+                del _VIEWS_PASSED[next(iter(_VIEWS_PASSED))]
+        if self._stage is _Stage.SIGNED:
+            if digest != self._view_digest:
+                raise ProtocolViolation("this client already signed another view of this round: refusing")
+            return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=self._view_signature)
+        signature = _sign(self._sign, _view_statement(digest))
+        self._view_survivors = tuple(sorted(surv))
+        self._view_dropped = tuple(sorted(drop))
+        self._view_digest = digest
+        self._view_signature = signature
+        self._stage = _Stage.SIGNED
+        return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=signature)
+
+    def _check_view(self, request: ConsistencyRequest, surv: list[int], drop: list[int], sset: set[int],
+                    dset: set[int], fp: bytes) -> tuple[dict[int, tuple[int, ...]], bytes]:
+        """:meth:`sign_view`'s checks of the peer sets (signed, in the graph, mutual, D exact, the used
+        graph (c + 1)-connected; in this order, with the client's own peer set among them) -> the peer
+        sets and the view's digest."""
+        s = self.setup
         peer_sets = _split_peer_lists(surv, request.peer_counts, request.peer_flat)
         for u, sig in zip(surv, request.peer_signatures, strict=True):
             ps = peer_sets[u]
@@ -817,18 +858,7 @@ class ClientSession:
             raise ProtocolViolation(
                 f"the survivors' used masking graph is not {s.colluders + 1}-vertex-connected: with "
                 f"{s.colluders} colluders the server could learn partial sums; refusing")
-        digest = _view_digest(self._world, surv, drop, peer_sets, fp)
-        if self._stage is _Stage.SIGNED:
-            if digest != self._view_digest:
-                raise ProtocolViolation("this client already signed another view of this round: refusing")
-            return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=self._view_signature)
-        signature = _sign(self._sign, _view_statement(digest))
-        self._view_survivors = tuple(sorted(surv))
-        self._view_dropped = tuple(sorted(drop))
-        self._view_digest = digest
-        self._view_signature = signature
-        self._stage = _Stage.SIGNED
-        return ConsistencyResponse(round=s.round, node_id=self.node_id, signature=signature)
+        return peer_sets, _view_digest(self._world, surv, drop, peer_sets, fp)
 
     # stage 5
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
