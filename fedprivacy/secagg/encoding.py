@@ -20,6 +20,7 @@ expected cohort (Bonawitz et al. 2017; Bell et al. 2020), :func:`round_degree` t
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from collections.abc import Callable, Mapping
@@ -121,14 +122,12 @@ class EncodingSpec:
                            modulus_bits=self.modulus_bits)
 
     def ddp(self) -> DistributedDPConfig:
-        from fedprivacy.secagg.ddp import DistributedDPConfig
-
-        return DistributedDPConfig(dim=self.dim, clip_norm=self.clip_norm,
-                                   noise_multiplier=self.noise_multiplier,
-                                   min_survivors=self.min_survivors, scale=self.scale,
-                                   modulus_bits=self.modulus_bits, max_clients=self.max_clients,
-                                   xnoise=self.xnoise, colluders=self.colluders,
-                                   count_scale=self.count_scale)
+        """The distributed-DP parameters of this encoding (immutable; built once per process for equal
+        fields of equal types: a client asks ~4 times a round, ~45 µs of checks each)."""
+        return _ddp_config(dim=self.dim, clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
+                           min_survivors=self.min_survivors, scale=self.scale,
+                           modulus_bits=self.modulus_bits, max_clients=self.max_clients,
+                           xnoise=self.xnoise, colluders=self.colluders, count_scale=self.count_scale)
 
     @property
     def padded_dim(self) -> int:
@@ -181,12 +180,26 @@ class EncodingSpec:
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EncodingSpec:
         """Inverse of :meth:`to_record`; the field types come from the dataclass."""
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in fields(cls)]
-        missing = sorted(set(names) - set(record))
+        casts = _field_casts(cls)  # type: ignore[arg-type]  # (a class is hashable; mypy: dataclass __hash__)
+        missing = sorted(set(casts) - set(record))
         if missing:
             raise ValueError(f"encoding record misses {missing}")
-        return cls(**{n: hints[n](record[n]) for n in names})
+        return cls(**{n: cast(record[n]) for n, cast in casts.items()})
+
+
+@functools.cache
+def _field_casts(cls: Any) -> dict[str, Callable[[Any], Any]]:
+    """Field name -> its annotated type, in field order (``typing.get_type_hints`` once per class: it
+    re-evaluates every annotation string, ~0.1 ms a call)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _ddp_config(**fields: Any) -> DistributedDPConfig:
+    from fedprivacy.secagg.ddp import DistributedDPConfig
+
+    return DistributedDPConfig(**fields)
 
 
 def _largest_scale(*, clip_norm: float, fits: Callable[[float], bool]) -> float:
