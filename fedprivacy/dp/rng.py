@@ -159,8 +159,8 @@ class RandomSource:
         if _mode == "secure":
             self._ks = _Keystream(_key if _key is not None else secrets.token_bytes(32))
         elif _mode == "seeded" and _seed is not None:
-            ss = np.random.SeedSequence(entropy=_seed, spawn_key=_label_words(_labels))
-            self._gen = np.random.Generator(np.random.PCG64(ss))
+            _label_words(_labels)  # validated now; the generator is built at its first draw (a root or
+            # intermediate source, e.g. client_rng's, often only makes children: ~0.1 ms saved each)
         else:  # pragma: no cover - internal
             raise ValueError(f"mode must be 'secure' or 'seeded' (with a seed), got {_mode!r}")
 
@@ -236,8 +236,13 @@ class RandomSource:
         return self._ks
 
     def _generator(self) -> np.random.Generator:
-        if self._gen is None:  # pragma: no cover - internal invariant
-            raise RuntimeError("no numpy generator in secure mode")
+        """Seeded mode's PCG64 generator, from ``SeedSequence(entropy=seed, spawn_key=labels)`` (built
+        at the first draw: the same generator as one built with the source)."""
+        if self._gen is None:
+            if self.mode != "seeded":  # pragma: no cover - internal invariant
+                raise RuntimeError("no numpy generator in secure mode")
+            ss = np.random.SeedSequence(entropy=self.seed, spawn_key=_label_words(self.labels))
+            self._gen = np.random.Generator(np.random.PCG64(ss))
         return self._gen
 
     def _words(self, n: int) -> np.ndarray:
@@ -319,8 +324,8 @@ class RandomSource:
             raise ValueError(f"high must be > low, got low={low}, high={high}")
         shape = _shape(size)
         n = math.prod(shape) if size is not None else 1
-        if self._gen is not None:
-            arr = self._gen.integers(low, high, size=n, dtype=np.int64)
+        if self._ks is None:  # seeded
+            arr = self._generator().integers(low, high, size=n, dtype=np.int64)
             return _out(arr, size)
         vals = self._bounded(r, n)
         res = (vals + np.uint64(low % 2**64)).view(np.int64)  # wraps mod 2**64 -> exact result
@@ -364,8 +369,8 @@ class RandomSource:
     def uniform(self, size: Size = None) -> Any:
         """Doubles uniform on ``[0, 1)`` with 53 random bits (multiples of 2**-53)."""
         n = math.prod(_shape(size)) if size is not None else 1
-        if self._gen is not None:
-            return _out(self._gen.random(n), size)
+        if self._ks is None:  # seeded
+            return _out(self._generator().random(n), size)
         w = self._words(n)
         w >>= np.uint64(11)
         u = w.astype(np.float64)
@@ -416,8 +421,8 @@ class RandomSource:
         """Gaussian N(0, std^2) doubles (secure: polar method on the keystream)."""
         sd = _check_positive("std", std)
         n = math.prod(_shape(size)) if size is not None else 1
-        if self._gen is not None:
-            return _out(self._gen.normal(0.0, sd, size=n), size)
+        if self._ks is None:  # seeded
+            return _out(self._generator().normal(0.0, sd, size=n), size)
         z = self._std_normal_polar(n)
         z *= sd
         return _out(z, size)
@@ -426,8 +431,8 @@ class RandomSource:
         """Exponential(scale) doubles: ``-scale * log(u)``, ``u`` in (0, 1]."""
         sc = _check_positive("scale", scale)
         n = math.prod(_shape(size)) if size is not None else 1
-        if self._gen is not None:
-            return _out(self._gen.exponential(sc, size=n), size)
+        if self._ks is None:  # seeded
+            return _out(self._generator().exponential(sc, size=n), size)
         e = np.log(self._unit_open(n))
         e *= -sc
         return _out(e, size)
@@ -436,8 +441,8 @@ class RandomSource:
         """Laplace(0, scale) doubles: a random sign times an Exponential(scale)."""
         sc = _check_positive("scale", scale)
         n = math.prod(_shape(size)) if size is not None else 1
-        if self._gen is not None:
-            return _out(self._gen.laplace(0.0, sc, size=n), size)
+        if self._ks is None:  # seeded
+            return _out(self._generator().laplace(0.0, sc, size=n), size)
         w = self._words(n)
         sign_bits = w & np.uint64(1 << 63)  # the top bit is the sign
         w &= np.uint64((1 << 53) - 1)  # the 53 low bits, independent of the sign bit
@@ -454,8 +459,8 @@ class RandomSource:
     def gumbel(self, size: Size = None) -> Any:
         """Standard Gumbel doubles ``-log(-log(u))`` with ``u`` in (0, 1) (used for report-noisy-max)."""
         n = math.prod(_shape(size)) if size is not None else 1
-        if self._gen is not None:
-            return _out(self._gen.gumbel(0.0, 1.0, size=n), size)
+        if self._ks is None:  # seeded
+            return _out(self._generator().gumbel(0.0, 1.0, size=n), size)
         u = self._unit_open(n)
         # u == 1 would give +inf; map it to the largest double below 1 (probability 2**-53)
         np.minimum(u, 1.0 - 2.0**-53, out=u)
@@ -478,8 +483,8 @@ class RandomSource:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         n = int(n)
-        if self._gen is not None:
-            return self._gen.permutation(n).astype(np.int64)
+        if self._ks is None:  # seeded
+            return self._generator().permutation(n).astype(np.int64)
         perm = np.arange(n, dtype=np.int64)
         if n < 2:
             return perm
