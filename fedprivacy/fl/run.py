@@ -222,12 +222,15 @@ class _DpsgdLedger:
         self.attempts: int | None = 0
         self.beyond_plan = False  # a reply reported a spend the plan did not foresee
 
-    def open_journal(self, path: Path) -> None:
+    def open_journal(self, path: Path, *, run: dict[str, Any] | None = None) -> None:
         """Replay ``path`` (every spend written so far; a torn last line is dropped) or create it.
 
         Every line is a charge that stays: ``planned`` (written before the round's instructions left)
         and ``spends`` (reported beyond the plan, or, without a plan, as soon as the replies
-        arrived); a round repeated after a crash is charged again.
+        arrived); a round repeated after a crash is charged again. The lines hold steps and rates,
+        not the noise multiplier they ran at: a new journal's first line keeps ``run`` (the run's
+        config and population), against which a run that replays it without a checkpoint is checked
+        (:meth:`FederatedRun._open_dpsgd_journal`; review5 X1).
         """
         if path.exists():
             self.accountants = {}
@@ -248,8 +251,8 @@ class _DpsgdLedger:
                 else:
                     raise ValueError(f"DP-SGD journal {path}: unknown line {rec!r}")
         else:
-            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json(), "attempts": self.attempts},
-                         create=True)
+            _append_line(path, {"kind": "snapshot", "ledgers": self.to_json(), "attempts": self.attempts,
+                                **({"run": run} if run is not None else {})}, create=True)
         self.journal = path
 
     def plan_round(self, cohort: Sequence[int], schedule: Callable[[int], tuple[int, float]], *,
@@ -475,7 +478,7 @@ class FederatedRun:
         else:
             self.accountant = make_accountant(cfg, plan)
             self._open_journal(checkpointed=None)
-            self._open_dpsgd_journal(expected=False)
+            self._open_dpsgd_journal(expected=False, checkpointed=False)
         self.log(f"fedprivacy: {self.population} clients, {cfg.num_server_rounds} rounds, "
                  f"dataset={cfg.dataset}, model={cfg.model}, output={self.run_dir}")
         self.log(plan.describe())
@@ -509,7 +512,7 @@ class FederatedRun:
                                journal_expected=bool(ckpt.extra.get("journal")))
         if self.dpsgd is not None:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
-            self._open_dpsgd_journal(expected=bool(ckpt.extra.get("dpsgd_journal")))
+            self._open_dpsgd_journal(expected=bool(ckpt.extra.get("dpsgd_journal")), checkpointed=True)
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
         load_round = getattr(self._round_fn, "load_state_dict", None)
         if load_round is not None:  # a round function with state (adaptive clipping's estimate)
@@ -614,10 +617,18 @@ class FederatedRun:
         self.journal = journal
         self.accountant = journal.accountant
 
-    def _open_dpsgd_journal(self, *, expected: bool) -> None:
+    def _open_dpsgd_journal(self, *, expected: bool, checkpointed: bool) -> None:
         """The DP-SGD spends' journal (``<run dir>/private/privacy-journal-dpsgd.jsonl``, owner-only: its
         lines name each round's cohort): replayed or created. One left in the run folder itself by an
-        older version is moved there first."""
+        older version is moved there first.
+
+        Without a checkpoint (killed before the first one) an existing journal is treated like the
+        user-level one (:meth:`_open_journal`): it needs ``resume = true``, and the run must be the one
+        that wrote it (:func:`check_same_run` against its first line). Its lines are replayed at this
+        run's ``dpsgd-noise-multiplier``, so another one would re-account spends at noise they did not
+        carry (review5 X1: relaunched at z = 4 after a crash at z = 0.5, ε 0.744 published for charges
+        worth 12.444). A checkpointed resume was checked against the checkpoint (:func:`check_resume`).
+        """
         if self.dpsgd is None or self.run_dir is None:
             return
         from fedprivacy.errors import ConfigError
@@ -632,7 +643,31 @@ class FederatedRun:
                 f"DP-SGD journal {path} is missing, but the checkpoint in {self.run_dir}/checkpoint was "
                 "written with it: resuming without it would drop the DP-SGD steps spent after that "
                 "checkpoint; restore the file, or start a new run (another run-name)")
-        self.dpsgd.open_journal(path)
+        if not checkpointed and path.exists():
+            self._check_dpsgd_journal_run(path)
+        self.dpsgd.open_journal(path, run={"config": self.cfg.to_mapping(), "population": self.population})
+
+    def _check_dpsgd_journal_run(self, path: Path) -> None:
+        """Refuse to replay, without a checkpoint, a DP-SGD journal another run (or no resume) wrote."""
+        from fedprivacy.errors import ConfigError
+
+        if not self.cfg.resume:
+            raise ConfigError(
+                f"run-name {self.cfg.run_name!r}: {path} holds the DP-SGD journal of a run that was charged "
+                "and did not checkpoint; set resume=true to continue it (its charges stay) or choose another "
+                "run-name")
+        lines = _read_json_lines(path, what="DP-SGD journal")
+        saved = lines[0].get("run") if lines and lines[0].get("kind") == "snapshot" else None
+        if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+            raise ConfigError(
+                f"resume=true: the DP-SGD journal {path} (no checkpoint yet) does not record the run that "
+                "wrote it (an older version): its spends cannot be checked against this run's "
+                "dpsgd-noise-multiplier; start a new run (another run-name)")
+        check_same_run(saved["config"], saved.get("population"), self.cfg, population=self.population)
+        if not self.resumes:
+            self.resumes = [{"after_round": 0, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+            self.log(f"resuming {self.run_dir} from its DP-SGD journal alone (no checkpoint yet; the run's "
+                     "settings checked against the journal)")
 
     def _saved_plan(self) -> dict[str, Any]:
         """:func:`plan_fingerprint` and the ``num-server-rounds`` it was made for (journal, checkpoint)."""
@@ -1208,7 +1243,8 @@ def resume_checkpoint(cfg: RunConfig, run_dir: Path, *, population: int) -> Chec
     if ckpt is None:
         # A privacy journal without a checkpoint: killed after round 1 was charged, before it was
         # checkpointed; resume=true continues it from round 1 with that charge kept.
-        if cfg.resume and not (run_dir / JOURNAL_NAME).exists():
+        journals = (run_dir / JOURNAL_NAME, run_dir / PRIVATE_DIR / DPSGD_JOURNAL_NAME, run_dir / DPSGD_JOURNAL_NAME)
+        if cfg.resume and not any(p.exists() for p in journals):
             raise ConfigError(missing_run_message(run_dir))
         return None
     if not cfg.resume:

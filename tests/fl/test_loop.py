@@ -409,6 +409,47 @@ def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(
         _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True, "num-server-rounds": 4}), ex)
 
 
+def test_a_dpsgd_only_journal_without_a_checkpoint_is_replayed_only_by_the_run_that_wrote_it(tmp_path: Path) -> None:
+    # Arrange (review5 X1): privacy none + DP-SGD (its only DP claim is the example-level figure), killed in
+    # round 1 after the planned spends at z = 0.5 were on disk (the instructions had left), before any
+    # checkpoint; there is no user-level journal to check a relaunch against
+    kw = {"privacy": "none", "dpsgd": True, "dpsgd-noise-multiplier": 0.5, "sample-rate": 1.0, "run-name": "x1",
+          "num-server-rounds": 1}
+
+    def killed(instr, cohort, weights):
+        raise _Killed
+
+    with pytest.raises(_Killed):
+        _dpsgd_run(_cfg(tmp_path, **kw), killed)
+    assert [ln["kind"] for ln in _dpsgd_journal(tmp_path / "x1")] == ["snapshot", "planned"]
+    assert not (tmp_path / "x1" / "checkpoint").exists()
+    ex = _dpsgd_exchange(5, 0.1)
+    # Act / Assert: a fresh start under the same name, or a resume at another noise multiplier, is refused
+    # (it would replay the z = 0.5 spends at z = 4.0: 0.744 published for charges worth 12.444 in the repro)
+    with pytest.raises(ConfigError, match=r"holds the DP-SGD journal of a run that was charged .*resume=true"):
+        _dpsgd_run(_cfg(tmp_path, **{**kw, "dpsgd-noise-multiplier": 4.0}), ex)
+    with pytest.raises(ConfigError, match=r"dpsgd-noise-multiplier differs .*0\.5"):
+        _dpsgd_run(_cfg(tmp_path, **{**kw, "dpsgd-noise-multiplier": 4.0, "resume": True}), ex)
+    lines: list[str] = []
+    res = run_federated(_cfg(tmp_path, **{**kw, "resume": True}), population=N, exchange=ex,
+                        hooks=_dpsgd_hooks(5, 0.1), log=lines.append)
+    # the resumed run composes the cut-off round's spends and its own: 2 x 5 steps at z = 0.5 per client
+    ref = epsilon_for(noise_multiplier=0.5, sample_rate=0.1, steps=10, delta=1e-5, backend="pld",
+                      neighbouring="replace-one")
+    assert res["dpsgd"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+    assert [r["after_round"] for r in res["resumed"]] == [0]
+    assert any("from its DP-SGD journal alone" in ln for ln in lines)
+    # a journal written before it recorded its run cannot be checked: refused rather than guessed
+    journal = tmp_path / "x1" / "private" / "privacy-journal-dpsgd.jsonl"
+    first, *rest = journal.read_text().splitlines(keepends=True)
+    head = json.loads(first)
+    del head["run"]
+    journal.write_text(json.dumps(head) + "\n" + "".join(rest))
+    (tmp_path / "x1" / "checkpoint").rename(tmp_path / "x1" / "checkpoint.old")
+    with pytest.raises(ConfigError, match=r"does not record the run that wrote it"):
+        _dpsgd_run(_cfg(tmp_path, **{**kw, "resume": True}), ex)
+
+
 def test_dpsgd_spends_are_on_disk_before_the_instructions_leave(tmp_path: Path) -> None:
     # Arrange: an exchange that looks at the DP-SGD journal the moment the instructions would leave
     # the server, then the clients train and reply, and the server dies before the round function
