@@ -332,6 +332,16 @@ def _abscissae(ids: Iterable[int]) -> dict[int, int]:
 _SECRET_BYTES = 32
 
 
+_ROW_BYTES = 4 * shamir.limbs_per_secret(_SECRET_BYTES)
+
+
+def _share_rows(data: bytes, start: int, stop: int) -> bytes:
+    """``encode_shares(decode_shares(data, ...)[start:stop])`` for ``data`` that ``decode_shares`` accepted:
+    the encoding is the rows' little-endian limbs one after another, so rows ``start..stop`` are these
+    bytes (no second decode/encode per row)."""
+    return bytes(data[_ROW_BYTES * start:_ROW_BYTES * stop])
+
+
 def _u64s(values: Iterable[int]) -> bytes:
     vals = list(values)
     return struct.pack(f">Q{len(vals)}Q", len(vals), *vals)
@@ -747,14 +757,14 @@ class ClientSession:
             try:
                 pt = open_sealed(self._seal_keys[j], ct, purpose=_SHARE_SEAL,
                                  context=_context(self._world, s.round, j, self.node_id))
-                rows = shamir.decode_shares(pt, num_secrets=2 + m, secret_bytes=_SECRET_BYTES)
-                seed_sh, key_sh = shamir.encode_shares(rows[0:1]), shamir.encode_shares(rows[1:2])
+                shamir.decode_shares(pt, num_secrets=2 + m, secret_bytes=_SECRET_BYTES)  # validates
+                seed_sh, key_sh = _share_rows(pt, 0, 1), _share_rows(pt, 1, 2)
             except (SealError, TypeError, ValueError):
                 rejected.append(j)  # a bad share drops its sender for this client, not the round
                 continue
             seed_shares[j], key_shares[j] = seed_sh, key_sh
             if m:
-                comp_shares[j] = shamir.encode_shares(rows[2:])
+                comp_shares[j] = _share_rows(pt, 2, 2 + m)
         peers = tuple(sorted(seed_shares))
         if len(peers) + 1 < s.threshold:
             raise ProtocolViolation(f"only {len(peers) + 1} holders of this client's shares, fewer "
@@ -943,11 +953,11 @@ class ClientSession:
         owners, indices, shares = [], [], []
         for owner in (self.node_id, *seed_owners):
             blob = self._own_component_share if owner == self.node_id else self._held_components[owner]
-            rows = shamir.decode_shares(blob, num_secrets=design.num_seeded, secret_bytes=_SECRET_BYTES)
+            shamir.decode_shares(blob, num_secrets=design.num_seeded, secret_bytes=_SECRET_BYTES)  # validates
             for j in design.removable(survivors=count, rank=rank[owner]):
                 owners.append(owner)
                 indices.append(j)
-                shares.append(shamir.encode_shares(rows[j - 1:j]))
+                shares.append(_share_rows(blob, j - 1, j))
         return owners, indices, shares
 
     # state

@@ -349,3 +349,20 @@ def test_world_id_is_the_plain_hash(ids: list[int], rnd) -> None:  # type: ignor
                               mask_publics=[key() for _ in ids], sign_publics=[key() for _ in ids],
                               seed_commitments=[key() for _ in ids])
     assert world_id(setup, roster) == _world_id_plain(setup, roster)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num=st.integers(1, 10), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_share_rows_are_the_reencoded_rows_of_an_accepted_encoding(num: int, seed: int, data) -> None:
+    from fedprivacy.secagg import shamir
+    from fedprivacy.secagg.protocol import _share_rows
+
+    xs = list(range(1, 4))
+    secrets_ = [np.random.default_rng(seed + i).bytes(32) for i in range(num)]
+    blob = shamir.encode_shares(shamir.split_secrets(secrets_, threshold=2, xs=xs)[1])
+    rows = shamir.decode_shares(blob, num_secrets=num, secret_bytes=32)
+    a = data.draw(st.integers(0, num))
+    b = data.draw(st.integers(a, num))
+    for holder in (blob, bytearray(blob)):
+        got = _share_rows(holder, a, b)
+        assert type(got) is bytes and got == shamir.encode_shares(rows[a:b])
