@@ -362,11 +362,22 @@ def component_commitment(*, round: int, node_id: int, index: int, seed: bytes) -
 
 def world_id(setup: SetupRequest, roster: ShareKeysRequest) -> bytes:
     """``SHA-256`` over every setup field and the sorted roster: the identity of one protocol instance."""
+    columns = (tuple(roster.node_ids), tuple(roster.enc_publics), tuple(roster.mask_publics),
+               tuple(roster.sign_publics), tuple(roster.seed_commitments))
+    try:
+        return _world_id(setup, *columns)
+    except TypeError:  # an unhashable element (a bytearray key): computed without the cache
+        return _world_id.__wrapped__(setup, *columns)
+
+
+@functools.lru_cache(maxsize=16)
+def _world_id(setup: SetupRequest, *columns: tuple[Any, ...]) -> bytes:
+    """:func:`world_id` of equal inputs, computed once per process (every client of the in-process engine
+    derives the world of the same roster; equal setups and columns pack to the same bytes)."""
     h = hashlib.sha256(b"fedprivacy/v1/world")
     h.update(struct.pack(">QQQQQQQ?", setup.round, setup.threshold, setup.degree, setup.modulus_bits,
                          setup.dim, setup.min_survivors, setup.colluders, setup.active))
-    entries = sorted(zip(roster.node_ids, roster.enc_publics, roster.mask_publics, roster.sign_publics,
-                         roster.seed_commitments, strict=True))
+    entries = sorted(zip(*columns, strict=True))
     parts = [struct.pack(">Q", len(entries))]  # hashed as one string: the same bytes as one update each
     for node_id, *keys in entries:
         parts.append(struct.pack(">Q", node_id))
@@ -669,9 +680,10 @@ class ClientSession:
         cols = (request.enc_publics, request.mask_publics, request.sign_publics, request.seed_commitments)
         if any(len(c) != len(ids) for c in cols):
             raise ProtocolViolation("roster lists have different lengths")
-        for i in ids:
-            _check_node_id(i)
-        if any(len(k) != _KEY_BYTES for c in cols for k in c):
+        if not (set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) < 2**64 - 1))):
+            for i in ids:  # (the fast test above accepts exactly what this loop accepts)
+                _check_node_id(i)
+        if not all(set(map(len, c)) <= {_KEY_BYTES} for c in cols):
             raise ProtocolViolation("roster carries a malformed key or commitment")
         for c in cols[:3]:
             if len(set(c)) != len(c):
