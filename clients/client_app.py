@@ -30,7 +30,7 @@ def _config(items: tuple) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4096)  # one entry per node: its node_config holds its partition id
 def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
     policy = ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
     if math.isfinite(policy.max_rho_total) and not policy.budget_path:

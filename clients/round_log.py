@@ -9,9 +9,10 @@ average the client's fresh noise away).
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context
 
 from fedprivacy.secagg.protocol import RoundLog
+from fedprivacy_flwr import codec
 
 __all__ = ["load", "save"]
 
@@ -24,4 +25,4 @@ def load(context: Context) -> RoundLog:
 
 
 def save(context: Context, log: RoundLog) -> None:
-    context.state[_LOG] = ConfigRecord(log.to_state())
+    context.state[_LOG] = codec.config_record(log.to_state())
