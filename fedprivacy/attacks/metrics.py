@@ -9,11 +9,14 @@ empirical ROC curve as the largest TPR over thresholds whose FPR is at most the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 __all__ = [
+    "RocSummary",
     "auc",
     "gaussian_window",
     "label_accuracy",
@@ -21,6 +24,7 @@ __all__ = [
     "mse",
     "psnr",
     "roc_curve",
+    "roc_summary",
     "ssim",
     "tpr_at_fpr",
 ]
@@ -189,3 +193,172 @@ def tpr_at_fpr(member_scores: np.ndarray, nonmember_scores: np.ndarray, *, fpr: 
     f, t = roc_curve(member_scores, nonmember_scores)
     ok = f <= fpr + 1e-12
     return float(np.max(t[ok]))
+
+
+# ------------------------------------------------------------------ intervals and a test against chance
+class _SortedScores:
+    """Members' and non-members' scores sorted once (descending), grouped by tied value.
+
+    Every ROC figure below is a function of the per-group member and non-member *weights*: weights 1
+    give the empirical curve, bootstrap multiplicities give a resampled one, and a permuted labelling
+    gives the curve of an attack with no signal. So one sort serves every replicate.
+    """
+
+    def __init__(self, members: np.ndarray, nonmembers: np.ndarray) -> None:
+        pos = np.asarray(members, dtype=np.float64).ravel()
+        neg = np.asarray(nonmembers, dtype=np.float64).ravel()
+        if pos.size == 0 or neg.size == 0:
+            raise ValueError("member_scores and nonmember_scores must both be non-empty")
+        if not (np.all(np.isfinite(pos)) and np.all(np.isfinite(neg))):
+            raise ValueError("scores must be finite")
+        values = np.concatenate([pos, neg])
+        uniq, inverse = np.unique(-values, return_inverse=True)  # ascending in -score = descending score
+        self.groups = int(uniq.size)
+        self.group_of = inverse.astype(np.int64)  # group of every score, members first
+        self.n_pos, self.n_neg = int(pos.size), int(neg.size)
+
+    def figures(self, w_pos: np.ndarray, w_neg: np.ndarray, fprs: Sequence[float]) -> tuple[float, list[float]]:
+        """AUC and TPR at each FPR of the weighted scores (member weights ``w_pos``, non-member ``w_neg``)."""
+        p = np.bincount(self.group_of[: self.n_pos], weights=w_pos, minlength=self.groups)
+        n = np.bincount(self.group_of[self.n_pos :], weights=w_neg, minlength=self.groups)
+        return _weighted_figures(p, n, fprs)
+
+    def permuted(self, rng: Any, fprs: Sequence[float]) -> tuple[float, list[float]]:
+        """The figures when the member labels are given to a random subset of the same size."""
+        order = rng.permutation(self.n_pos + self.n_neg)
+        is_pos = np.zeros(self.n_pos + self.n_neg, dtype=bool)
+        is_pos[order[: self.n_pos]] = True
+        p = np.bincount(self.group_of[is_pos], minlength=self.groups).astype(np.float64)
+        n = np.bincount(self.group_of[~is_pos], minlength=self.groups).astype(np.float64)
+        return _weighted_figures(p, n, fprs)
+
+
+def _weighted_figures(p: np.ndarray, n: np.ndarray, fprs: Sequence[float]) -> tuple[float, list[float]]:
+    """AUC (Mann-Whitney, ties count 1/2) and max TPR with FPR <= each target, from per-group weights.
+
+    Groups are in descending score order; ``p[g]`` / ``n[g]`` are the member / non-member weights tied at
+    group g. The rule "member iff score >= t" at group g's value has TP = cumsum(p)[g], FP = cumsum(n)[g].
+    """
+    wp, wn = float(p.sum()), float(n.sum())
+    tp, fp = np.cumsum(p), np.cumsum(n)
+    auc_value = float(np.sum(n * (tp - p + 0.5 * p)) / (wp * wn))
+    tprs = []
+    for f in fprs:
+        ok = fp <= f * wn + 1e-9 * max(wn, 1.0)
+        tprs.append(float(tp[ok].max() / wp) if ok.any() else 0.0)
+    return auc_value, tprs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RocSummary:
+    """AUC and TPR at low FPR of one attack, each with a 95% interval and a p-value against chance.
+
+    Attributes:
+        auc, tpr: the empirical figures (``tpr[i]`` at ``fprs[i]``, Carlini et al. 2022's rule).
+        auc_interval, tpr_intervals: bootstrap percentile intervals (members and non-members resampled
+            separately, ``bootstrap`` replicates; Efron & Tibshirani 1993, Ch. 13).
+        tpr_exact_intervals: Clopper-Pearson (1934) intervals of the TPR at the chosen threshold, taking
+            the threshold as given (the members' binomial part of the error only).
+        auc_p_value, tpr_p_values: one-sided permutation p-values (Good 2005): the share of ``permutations``
+            random relabellings (same counts, so no membership signal) whose figure is >= the observed
+            one, with the +1 correction (Phipson & Smyth 2010), so never 0.
+        false_positives_allowed: floor(fpr * non-members) per target FPR; 0 means the target FPR is below
+            the resolution 1 / non-members and the TPR there is the TPR at FPR 0 (not resolved).
+    """
+
+    auc: float
+    auc_interval: tuple[float, float]
+    auc_p_value: float
+    fprs: tuple[float, ...]
+    tpr: tuple[float, ...]
+    tpr_intervals: tuple[tuple[float, float], ...]
+    tpr_exact_intervals: tuple[tuple[float, float], ...]
+    tpr_p_values: tuple[float, ...]
+    false_positives_allowed: tuple[int, ...]
+    members: int
+    nonmembers: int
+    bootstrap: int
+    permutations: int
+
+    @property
+    def fpr_resolution(self) -> float:
+        return 1.0 / self.nonmembers
+
+    def at_chance(self, *, level: float = 0.05) -> bool:
+        """No figure beats chance at this level: every p-value (AUC, each resolved TPR) is >= ``level``."""
+        ps = [self.auc_p_value] + [p for p, k in zip(self.tpr_p_values, self.false_positives_allowed,
+                                                      strict=True) if k >= 1]
+        return all(p >= level for p in ps)
+
+    def to_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"auc": self.auc, "auc_ci95": list(self.auc_interval),
+                               "auc_p_value": self.auc_p_value}
+        for f, t, ci, cp, pv, k in zip(self.fprs, self.tpr, self.tpr_intervals, self.tpr_exact_intervals,
+                                       self.tpr_p_values, self.false_positives_allowed, strict=True):
+            key = f"tpr_at_fpr_{f:g}"
+            row.update({key: t, f"{key}_ci95": list(ci), f"{key}_clopper_pearson95": list(cp),
+                        f"{key}_p_value": pv, f"{key}_false_positives_allowed": k,
+                        f"{key}_resolved": k >= 1})
+        row.update({"members": self.members, "nonmembers": self.nonmembers,
+                    "fpr_resolution": self.fpr_resolution, "bootstrap": self.bootstrap,
+                    "permutations": self.permutations, "at_chance_5pct": self.at_chance()})
+        return row
+
+
+def roc_summary(
+    member_scores: np.ndarray,
+    nonmember_scores: np.ndarray,
+    *,
+    fprs: Sequence[float] = (0.01, 0.001),
+    bootstrap: int = 200,
+    permutations: int = 200,
+    rng: Any = None,
+) -> RocSummary:
+    """AUC and TPR at each FPR, with bootstrap and Clopper-Pearson intervals and permutation p-values.
+
+    Higher scores mean "more likely a member". ``rng``: a :class:`fedprivacy.dp.rng.RandomSource` for the
+    resampling (default: seeded 0, so figures repeat; this is statistics, not privacy noise).
+    """
+    from fedprivacy.attacks.audit import clopper_pearson_interval
+    from fedprivacy.dp.rng import RandomSource
+
+    if bootstrap < 0 or permutations < 0:
+        raise ValueError(f"bootstrap and permutations must be >= 0, got {bootstrap} and {permutations}")
+    targets = tuple(float(f) for f in fprs)
+    for f in targets:
+        if not 0.0 <= f <= 1.0:
+            raise ValueError(f"fprs must be in [0, 1], got {f}")
+    src = RandomSource.seeded(0) if rng is None else rng
+    s = _SortedScores(member_scores, nonmember_scores)
+    ones_p, ones_n = np.ones(s.n_pos), np.ones(s.n_neg)
+    auc0, tpr0 = s.figures(ones_p, ones_n, targets)
+    boot = np.empty((bootstrap, 1 + len(targets)))
+    bsrc = src.child("bootstrap")
+    for b in range(bootstrap):
+        wp = np.bincount(bsrc.integers(0, s.n_pos, size=s.n_pos), minlength=s.n_pos).astype(np.float64)
+        wn = np.bincount(bsrc.integers(0, s.n_neg, size=s.n_neg), minlength=s.n_neg).astype(np.float64)
+        a, t = s.figures(wp, wn, targets)
+        boot[b] = [a, *t]
+    perm = np.empty((permutations, 1 + len(targets)))
+    psrc = src.child("permutation")
+    for b in range(permutations):
+        a, t = s.permuted(psrc, targets)
+        perm[b] = [a, *t]
+    observed = np.array([auc0, *tpr0])
+
+    def interval(j: int) -> tuple[float, float]:
+        if bootstrap == 0:
+            return (float("nan"), float("nan"))
+        lo, hi = np.quantile(boot[:, j], [0.025, 0.975])
+        return (float(lo), float(hi))
+
+    def p_value(j: int) -> float:
+        return float((1 + np.sum(perm[:, j] >= observed[j] - 1e-12)) / (1 + permutations))
+
+    exact = tuple(clopper_pearson_interval(int(round(t * s.n_pos)), s.n_pos, alpha=0.05) for t in tpr0)
+    return RocSummary(
+        auc=auc0, auc_interval=interval(0), auc_p_value=p_value(0), fprs=targets, tpr=tuple(tpr0),
+        tpr_intervals=tuple(interval(1 + i) for i in range(len(targets))),
+        tpr_exact_intervals=exact, tpr_p_values=tuple(p_value(1 + i) for i in range(len(targets))),
+        false_positives_allowed=tuple(int(np.floor(f * s.n_neg + 1e-9)) for f in targets),
+        members=s.n_pos, nonmembers=s.n_neg, bootstrap=bootstrap, permutations=permutations)

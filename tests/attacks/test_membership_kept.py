@@ -1,0 +1,106 @@
+"""scripts/membership_inference.py --kept: the curve's saved models attacked end to end.
+
+A real kept model (fedprivacy_bench.kept_models.keep_model: the benchmark's own writer, a Fashion-MNIST
+spec with its real 3000-client partition, the weights of a small model trained here in seconds) is
+attacked by the script; its figures, cache and generated docs section are checked against a direct
+evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "membership_inference.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("membership_inference_kept", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def kept_dir(tmp_path_factory) -> Path:
+    import torch
+
+    from fedprivacy.ml.data import Split
+    from fedprivacy.ml.train import train_local
+    from fedprivacy_bench import task
+    from fedprivacy_bench.kept_models import keep_model
+    from fedprivacy_bench.spec import BenchSpec
+
+    torch.set_num_threads(1)
+    spec = BenchSpec(dataset="fashion-mnist", framework="fedprivacy", mode="none", engine="inprocess",
+                     num_clients=3000, clients_per_round=300, rounds=2, model="mlp", hidden=16, seed=0,
+                     label="kept for the attack test")
+    model = task.model_for(spec)
+    parts = task.client_split(spec, 0), task.client_split(spec, 1)
+    x = np.concatenate([p.x for p in parts])
+    y = np.concatenate([p.y for p in parts])
+    train_local(model, Split(x=x, y=y), epochs=30, lr=0.1, batch_size=8, seed=0)  # clients 0, 1 memorised
+    _, acc = task.evaluate(model, task.test_split(spec))
+    from fedprivacy.ml import get_weights
+
+    folder = tmp_path_factory.mktemp("kept")
+    record = {"mode": "none", "seed": 0, "rounds": 2, "target_epsilon": None, "epsilon": None,
+              "noise_multiplier": 0.0, "clip_norm": 0.0, "delta": 1e-5, "sample_rate": 0.1,
+              "num_clients": 3000, "clients_per_round": 300, "test_accuracy": acc}
+    keep_model(spec, get_weights(model), record, folder)
+    return folder
+
+
+def test_kept_models_are_attacked_cached_and_written_into_the_docs(kept_dir: Path, tmp_path: Path,
+                                                                   capsys) -> None:
+    mi = _script()
+    mi.REFERENCE_RECIPE = dict(count=1, train_size=500, epochs=1, learning_rate=0.1, batch_size=32, seed=0)
+    docs = tmp_path / "ATTACKS.md"
+    docs.write_text(f"# head\n\n{mi.DOCS_BEGIN}\nold\n{mi.DOCS_END}\n\ntail\n")
+    cache = tmp_path / "cache"
+    argv = ["--kept", str(kept_dir), "--cache", str(cache), "--member-clients", "40", "--bootstrap", "20",
+            "--permutations", "19", "--json", str(tmp_path / "mia.json"), "--png", str(tmp_path / "mia.png"),
+            "--docs", str(docs)]
+    assert mi.main(argv) == 0
+    out = json.loads((tmp_path / "mia.json").read_text())
+    (entry,) = out["models"]
+    assert entry["setting"] == "no DP" and entry["members"] == 40 * 20 and entry["nonmembers"] == 10_000
+    assert entry["member_clients"] == 40 and entry["nonmember_clients"] == 500
+    # the script's test accuracy is the row's own (the same final model, the same 10k test images)
+    assert entry["test_accuracy"] == pytest.approx(entry["row_test_accuracy"], abs=1e-9)
+    rows = {(r["attack"], r["level"]): r for r in entry["rows"]}
+    assert set(rows) == {(a, lv) for a in ("loss", "calibrated-loss", "calibrated-phi", "reference-only")
+                         for lv in ("example", "user")}
+    assert rows["loss", "user"]["fpr_resolution"] == pytest.approx(1 / 500)
+    assert not rows["loss", "user"]["tpr_at_fpr_0.001_resolved"]  # 0.1% of 500 pseudo-clients: none
+    assert rows["loss", "example"]["tpr_at_fpr_0.001_resolved"]  # 10 of 10,000 test images
+    assert entry["references"]["count_per_half"] == 1 and len(entry["references"]["test_accuracy"]) == 2
+    text = docs.read_text()
+    assert text.startswith("# head\n\n" + mi.DOCS_BEGIN) and text.endswith(mi.DOCS_END + "\n\ntail\n")
+    assert "old" not in text and "| no DP | 0 |" in text and "not resolved" in text
+    assert "python scripts/membership_inference.py --kept" in text
+    assert (tmp_path / "mia.png").stat().st_size > 10_000
+    # a rerun reads the references and the model's figures from the cache, and gives the same figures
+    capsys.readouterr()
+    assert mi.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "from " + str(cache / f"{entry['stem']}.mia.json") in err
+    again = json.loads((tmp_path / "mia.json").read_text())
+    assert again["models"][0]["rows"] == entry["rows"]
+
+
+def test_kept_refuses_an_empty_folder_and_a_docs_file_without_the_section(tmp_path: Path, kept_dir: Path,
+                                                                          capsys) -> None:
+    mi = _script()
+    assert mi.main(["--kept", str(tmp_path)]) == 2
+    assert "no fedprivacy-bench/model-v1 sidecar" in capsys.readouterr().err
+    docs = tmp_path / "plain.md"
+    docs.write_text("no section here\n")
+    assert mi.main(["--kept", str(kept_dir), "--no-references", "--docs", str(docs)]) == 2
+    assert "has no generated section" in capsys.readouterr().err
+    assert docs.read_text() == "no section here\n"
