@@ -30,7 +30,7 @@ def _config(items: tuple) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
 
 
-@functools.lru_cache(maxsize=4096)  # one entry per node: its node_config holds its partition id
+@functools.lru_cache(maxsize=64)
 def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
     policy = ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
     if math.isfinite(policy.max_rho_total) and not policy.budget_path:
@@ -43,7 +43,10 @@ def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
 
 
 def _policy(context: Context) -> ClientPolicy:
-    return _policy_of(tuple(sorted(context.node_config.items())), os.environ.get(ENV_VAR))
+    # keyed by the client-* keys only, the ones ClientPolicy.resolve reads: one entry per floor, not per
+    # node (a node's config also holds its partition id)
+    floor = ((k, v) for k, v in context.node_config.items() if str(k).startswith("client-"))
+    return _policy_of(tuple(sorted(floor)), os.environ.get(ENV_VAR))
 
 
 def _node(context: Context) -> tuple[RunConfig, int, int]:
