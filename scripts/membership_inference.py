@@ -118,7 +118,15 @@ def _references(train: Any, test: Any, kept: Any, cache: Path | None) -> Any:
 
 
 def _setting(meta: dict) -> str:
-    return "no DP" if meta.get("target_epsilon") is None else f"ε = {meta['target_epsilon']:g}"
+    if meta.get("target_epsilon") is None:
+        return "no DP"
+    mode = meta.get("mode") or "central"
+    return f"{'' if mode == 'central' else mode + ' '}ε = {meta['target_epsilon']:g}"
+
+
+def _on_curve(entry: dict) -> bool:
+    """The figure's curve: central DP and no DP (other modes are in the table only)."""
+    return entry.get("mode") in (None, "none", "central")
 
 
 def run_kept(args: argparse.Namespace) -> int:
@@ -221,7 +229,10 @@ def _x_of(entry: dict, no_dp_x: float) -> float:
 
 
 def _plot_kept(results: list[dict], path: Path) -> None:
+    """Accuracy, AUC and TPR at 1% / 0.1% FPR against ε: example level on top, user level below."""
     import matplotlib
+
+    results = [e for e in results if _on_curve(e)]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -230,48 +241,64 @@ def _plot_kept(results: list[dict], path: Path) -> None:
     no_dp_x = 2.0 * (max(eps) if eps else 8.0)
     ticks = [*eps, no_dp_x]
     labels = [f"{e:g}" for e in eps] + ["no DP"]
-    attacks = sorted({r["attack"] for e in results for r in e["rows"]},
-                     key=lambda a: ATTACK_ORDER.index(a))
+    attacks = sorted({r["attack"] for e in results for r in e["rows"]}, key=ATTACK_ORDER.index)
     colours = {"loss": "tab:blue", "calibrated-loss": "tab:orange", "calibrated-phi": "tab:green",
                "reference-only": "tab:gray"}
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4.0))
-    ax = axes[0]
-    xs = [_x_of(e, no_dp_x) for e in results]
-    ax.plot(xs, [e["test_accuracy"] for e in results], "ko")
-    means = {x: np.mean([e["test_accuracy"] for e in results if _x_of(e, no_dp_x) == x]) for x in sorted(set(xs))}
-    ax.plot(list(means), list(means.values()), "k-", linewidth=1)
-    ax.set_ylabel("test accuracy (10k test images)")
-    ax.set_title("utility: the curve's models", fontsize=9)
-    panels = [("auc", "AUC", axes[1]), ("tpr_at_fpr_0.01", "TPR at FPR 1%", axes[2]),
-              ("tpr_at_fpr_0.001", "TPR at FPR 0.1%", axes[3])]
-    for key, title, ax in panels:
-        for attack in attacks:
-            for level, style, shift in (("example", "o-", -0.04), ("user", "s--", 0.04)):
-                pts = sorted((_x_of(e, no_dp_x) * (1 + shift), _row(e, attack, level)) for e in results)
-                y = [r[key] for _, r in pts]
-                ci = np.array([r[f"{key}_ci95" if key == "auc" else f"{key}_ci95"] for _, r in pts]).T
-                ax.errorbar([x for x, _ in pts], y, yerr=[np.maximum(0, np.array(y) - ci[0]),
-                                                         np.maximum(0, ci[1] - np.array(y))],
-                            fmt=style[0], color=colours[attack], markersize=4, capsize=2, linewidth=0.8,
-                            markerfacecolor="none" if level == "user" else colours[attack],
-                            label=f"{attack} ({level})")
-        chance = 0.5 if key == "auc" else (0.01 if key.endswith("0.01") else 0.001)
-        ax.axhline(chance, color="k", linestyle=":", linewidth=0.8, label="chance")
-        ax.set_title(title + " (95% bootstrap CI; user level: 500 pseudo-clients)", fontsize=8)
-        if key != "auc":
-            ax.set_yscale("log")
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(labels)
-        ax.set_xlabel("central user-level ε (δ = 1e-5)")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=6, ncol=1)
-    fig.suptitle("Fashion-MNIST fedavgm-c300 (3000 clients × 20, T = 120): accuracy and membership inference "
-                 "against ε, same models", fontsize=10)
+    shift = {a: 1.0 + 0.05 * (i - (len(attacks) - 1) / 2) for i, a in enumerate(attacks)}
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.6))
+    for row, level in enumerate(("example", "user")):
+        ax = axes[row, 0]
+        xs = [_x_of(e, no_dp_x) for e in results]
+        ax.plot(xs, [e["test_accuracy"] for e in results], "ko", markersize=4)
+        means = {x: float(np.mean([e["test_accuracy"] for e in results if _x_of(e, no_dp_x) == x]))
+                 for x in sorted(set(xs))}
+        ax.plot(list(means), list(means.values()), "k-", linewidth=1)
+        ax.set_ylabel("test accuracy (10k test images)")
+        ax.set_title("utility of the attacked models (dots: seeds)", fontsize=9)
+        for col, (key, title, chance) in enumerate((("auc", "AUC", 0.5), ("tpr_at_fpr_0.01", "TPR at 1% FPR", 0.01),
+                                                    ("tpr_at_fpr_0.001", "TPR at 0.1% FPR", 0.001)), start=1):
+            ax = axes[row, col]
+            for attack in attacks:
+                pts = sorted(((_x_of(e, no_dp_x) * shift[attack], _row(e, attack, level)) for e in results),
+                             key=lambda t: t[0])
+                x = np.array([p for p, _ in pts])
+                y = np.array([r[key] for _, r in pts])
+                ci = np.array([r[f"{key}_ci95"] for _, r in pts]).T
+                resolved = np.array([key == "auc" or r[f"{key}_resolved"] for _, r in pts])
+                floor = 1e-4
+                yy = np.maximum(y, floor) if key != "auc" else y
+                err = [np.maximum(0, yy - np.maximum(ci[0], floor if key != "auc" else -1)),
+                       np.maximum(0, ci[1] - yy)]
+                ax.errorbar(x[resolved], yy[resolved], yerr=[err[0][resolved], err[1][resolved]], fmt="o",
+                            color=colours[attack], markersize=4, capsize=2, linewidth=0.8, label=attack,
+                            linestyle="none")
+                if (~resolved).any():
+                    ax.plot(x[~resolved], yy[~resolved], "x", color=colours[attack], markersize=5)
+            ax.axhline(chance, color="k", linestyle=":", linewidth=0.8, label="chance")
+            if key != "auc" and level == "user" and eps:
+                grid = np.array(eps)
+                fpr = 0.01 if key.endswith("0.01") else 0.001
+                ax.plot(grid, np.minimum(1.0, np.exp(grid) * fpr + 1e-5), "r--", linewidth=0.8,
+                        label="user-level DP ceiling e^ε·FPR + δ")
+            if key != "auc":
+                ax.set_yscale("log")
+                ax.set_ylim(5e-4 if key.endswith("0.001") else 2e-3, 1.0)
+            note = " (x: not resolved, 500 pseudo-clients)" if (level == "user" and key.endswith("0.001")) else ""
+            ax.set_title(f"{level} level: {title}, 95% bootstrap CI{note}", fontsize=8)
+        for ax in axes[row]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels(labels)
+            ax.minorticks_off()
+            ax.set_xlabel("central user-level ε (δ = 1e-5)")
+            ax.grid(alpha=0.3)
+    axes[0, 1].legend(fontsize=7)
+    axes[1, 2].legend(fontsize=7)
+    fig.suptitle("Fashion-MNIST fedavgm-c300 (3000 clients × 20 images, 300 per round, T = 120): accuracy and "
+                 "membership inference against ε, on the same models", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -284,8 +311,19 @@ def _fmt(r: dict, key: str) -> str:
     return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def _verdict(r: dict) -> str:
-    return "chance" if r["at_chance_5pct"] else "above chance"
+def _verdict(r: dict, floor: dict | None) -> str:
+    """'chance' (no permutation p-value < 0.05), else whether the attack beats the split floor: the
+    reference-only row (models that saw no candidate) of the same level, by its 95% upper bounds."""
+    if r["attack"] == "reference-only":
+        return "split floor" + (" (chance)" if r["at_chance_5pct"] else "")
+    if r["at_chance_5pct"]:
+        return "chance"
+    if floor is None:
+        return "above chance"
+    keys = ["auc", "tpr_at_fpr_0.01"] + (["tpr_at_fpr_0.001"] if r["tpr_at_fpr_0.001_resolved"] else [])
+    beats = [k for k in keys if r[k] > floor[f"{k}_ci95"][1]]
+    return ("above the floor (" + ", ".join(k.replace("tpr_at_fpr_", "TPR@") for k in beats) + ")") if beats \
+        else "above chance, within the floor"
 
 
 def kept_markdown(results: list[dict], command: str) -> str:
@@ -320,13 +358,14 @@ def kept_markdown(results: list[dict], command: str) -> str:
                   "TPR @ 0.1% FPR [95% CI] | verdict |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for e in results:
+            floor = next((x for x in e["rows"] if x["level"] == level and x["attack"] == "reference-only"), None)
             for r in (x for x in e["rows"] if x["level"] == level):
                 sigma = "–" if e["noise_multiplier"] in (None, 0.0) or e["target_epsilon"] is None \
                     else f"{e['noise_multiplier']:.4f}"
                 eps = "–" if e["epsilon"] is None else f"{e['epsilon']:.3f}"
                 lines.append(f"| {e['setting']} | {e['seed']} | {sigma} | {eps} | {e['test_accuracy']:.4f} | "
                              f"{r['attack']} | {_fmt(r, 'auc')} | {_fmt(r, 'tpr_at_fpr_0.01')} | "
-                             f"{_fmt(r, 'tpr_at_fpr_0.001')} | {_verdict(r)} |")
+                             f"{_fmt(r, 'tpr_at_fpr_0.001')} | {_verdict(r, floor)} |")
         lines.append("")
     lines.append(DOCS_END)
     return "\n".join(lines)
