@@ -207,8 +207,12 @@ class ClientPolicy:
     def for_simulation(cls, cfg: RunConfig, *, colluders: int = 0, schedule: str = "active") -> ClientPolicy:
         """What the user asked for, as the clients' floor of a local simulation (the user runs both
         sides): its privacy mode and noise multiplier, no cap on ρ beyond what that run spends, its
-        seed, and the metrics that mode discloses. Never use it for clients the user does not run."""
-        trusted = cfg.privacy in ("none", "central")
+        seed, and the metrics that mode discloses. Never use it for clients the user does not run.
+
+        With ``secagg = true`` nothing is disclosed beside the masked vector, whatever the mode: the
+        server is the adversary secure aggregation is run against, and a client's number of examples and
+        un-noised training loss (a membership signal) would reach it in the clear (review5 X3)."""
+        trusted = cfg.privacy in ("none", "central") and not cfg.secagg
         noisy = cfg.privacy in ("local", "distributed")
         return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
                    max_rho_per_round=math.inf, max_rho_total=math.inf, neighbouring=cfg.neighbouring,

@@ -131,6 +131,8 @@ def test_simulation_policy_is_what_the_user_asked_for() -> None:
     assert p.modes == ("distributed",) and p.min_noise_multiplier == 1.2 and p.allow_seeded
     assert p.disclose == () and p.max_rho_per_round == math.inf
     assert ClientPolicy.for_simulation(RunConfig(privacy="central")).disclose  # the server is trusted
+    # SecAgg is run against the server: nothing goes beside the masked vector, even without DP (review5 X3)
+    assert ClientPolicy.for_simulation(RunConfig(privacy="none", secagg=True)).disclose == ()
     # the round trip through the launcher's environment variable keeps it
     import json
 

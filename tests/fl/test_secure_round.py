@@ -322,6 +322,8 @@ def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unm
     row = secure["rounds"][0]
     assert row["clients_aggregated"] == plain["rounds"][0]["clients_aggregated"] == 5
     assert row["secagg_survivors"] == 5 and row["secagg_exchanges"] == 5  # active: + consistency
+    # the server learnt no client's loss or size beside the masked vectors (review5 X3): no train loss
+    assert row["train_loss"] is None and plain["rounds"][0]["train_loss"] is not None
     bound = row["secagg_max_abs_error"] / 6 + 1e-6  # n/s on the sum, /denominator; float32 weights
     for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
         assert np.max(np.abs(np.asarray(w_s, np.float64) - np.asarray(w_p, np.float64))) <= bound
