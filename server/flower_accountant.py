@@ -20,8 +20,19 @@ What Flower's strategies release, and what is accounted (read from flwr 1.42's s
   neither secret nor unpredictable (it can be seeded by any code in the process, and its state follows
   from its outputs). Amplification by sampling needs a uniform draw the adversary cannot predict, so
   no credit is given for Flower's draw: with Flower's own sampling the events are accounted without
-  amplification (``SamplingMethod.NO_AMPLIFICATION``, add-or-remove-one), which is also the only
-  accounting Flower's DP strategies accept.
+  amplification (``SamplingMethod.NO_AMPLIFICATION``), which is also the only accounting Flower's DP
+  strategies accept.
+* Adjacency of ``NO_AMPLIFICATION``. Flower's strategies release the mean of *exactly*
+  ``num_sampled_clients`` updates (they raise otherwise), so one client added or removed either leaves
+  the cohort size as it was (its slot goes to another client: the sum moves by up to ``2C``) or makes
+  the round fail on one of the two datasets only. With ``NeighboringRelation.ADD_OR_REMOVE`` the ledger
+  composes the Gaussian at sensitivity ``C``: that figure is valid under **zero-out** adjacency (one
+  client's update replaced by zero, the cohort size fixed; Kairouz et al. 2021, "Practical and private
+  (deep) learning without sampling or shuffling", Sec. 2), not under add/remove proper, where an exact
+  lower bound exceeds it once the cohort is a large share of the population (review5 X2: z = 1.041,
+  T = 15, m/N = 0.3 gives 26.1 against 22.1). For a claim under add/remove or replace-one, configure
+  ``NeighboringRelation.REPLACE_ONE``: the ledger then charges sensitivity ``2C`` (fedprivacy's own
+  fixed-size cohorts are refused with add/remove for the same reason).
 * Amplified accounting is given only for a cohort that fedprivacy drew itself:
   :class:`SecureCohortFedAvg` (a ``FedAvg`` with the same aggregation) draws exactly ``cohort_size``
   of a fixed set of exactly ``population_size`` nodes with the operating system's CSPRNG, and records
@@ -251,8 +262,10 @@ class FedprivacyAccountant:
     """fedprivacy's ledger (PLD by default) implementing ``flwr.serverapp.PrivacyAccountant``.
 
     Args:
-        config: Flower's ``PrivacyConfig``. ``NO_AMPLIFICATION`` (add-or-remove-one) accounts every
-            release without sampling credit and works with Flower's DP strategies as they are.
+        config: Flower's ``PrivacyConfig``. ``NO_AMPLIFICATION`` accounts every release without
+            sampling credit and works with Flower's DP strategies as they are; with
+            ``ADD_OR_REMOVE`` its figure (sensitivity ``C``) holds under zero-out adjacency only, with
+            ``REPLACE_ONE`` (sensitivity ``2C``) under add/remove and replace-one (module docstring).
             ``WITHOUT_REPLACEMENT`` (replace-one) needs ``sampler`` and accounts each release as a
             fixed-size cohort of ``sample_size`` out of ``population_size``, replace-one. ``POISSON``
             is refused (module docstring).
