@@ -155,6 +155,16 @@ def label_accuracy(true_labels: Sequence[int], guessed_labels: Sequence[int]) ->
     return hits / len(t)
 
 
+def _score_pair(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    pos = np.asarray(member_scores, dtype=np.float64).ravel()
+    neg = np.asarray(nonmember_scores, dtype=np.float64).ravel()
+    if pos.size == 0 or neg.size == 0:
+        raise ValueError("member_scores and nonmember_scores must both be non-empty")
+    if not (np.all(np.isfinite(pos)) and np.all(np.isfinite(neg))):
+        raise ValueError("scores must be finite")
+    return pos, neg
+
+
 def roc_curve(
     member_scores: np.ndarray, nonmember_scores: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -163,12 +173,7 @@ def roc_curve(
     Higher scores must mean "more likely a member". Returns ``(fpr, tpr)``, both starting at 0 and
     ending at 1, non-decreasing.
     """
-    pos = np.asarray(member_scores, dtype=np.float64).ravel()
-    neg = np.asarray(nonmember_scores, dtype=np.float64).ravel()
-    if pos.size == 0 or neg.size == 0:
-        raise ValueError("member_scores and nonmember_scores must both be non-empty")
-    if not (np.all(np.isfinite(pos)) and np.all(np.isfinite(neg))):
-        raise ValueError("scores must be finite")
+    pos, neg = _score_pair(member_scores, nonmember_scores)
     thresholds = np.unique(np.concatenate([pos, neg]))[::-1]
     pos_sorted = np.sort(pos)
     neg_sorted = np.sort(neg)
@@ -205,12 +210,7 @@ class _SortedScores:
     """
 
     def __init__(self, members: np.ndarray, nonmembers: np.ndarray) -> None:
-        pos = np.asarray(members, dtype=np.float64).ravel()
-        neg = np.asarray(nonmembers, dtype=np.float64).ravel()
-        if pos.size == 0 or neg.size == 0:
-            raise ValueError("member_scores and nonmember_scores must both be non-empty")
-        if not (np.all(np.isfinite(pos)) and np.all(np.isfinite(neg))):
-            raise ValueError("scores must be finite")
+        pos, neg = _score_pair(members, nonmembers)
         values = np.concatenate([pos, neg])
         uniq, inverse = np.unique(-values, return_inverse=True)  # ascending in -score = descending score
         self.groups = int(uniq.size)

@@ -56,6 +56,7 @@ def kept_dir(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_kept_models_are_attacked_cached_and_written_into_the_docs(kept_dir: Path, tmp_path: Path,
                                                                    capsys) -> None:
     mi = _script()
