@@ -973,17 +973,19 @@ class ClientSession:
         return owners, indices, shares
 
     # state
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, *, roster_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Every field as flat values (ints, bools, str, bytes and lists of them) for the node's state.
 
         It holds the round's secrets (private keys, self-mask seed, held shares): keep it on the client
         (Flower's ``context.state`` stays in the SuperNode and its ClientApp process), never in
         messages, metrics, logs or files.
+
+        ``roster_fields``: the :meth:`roster_state` fields in a form the caller already holds for this
+        very roster, key map and graph (an exporter's packed copy), used instead of building them.
         """
         from fedprivacy.secagg import wire
 
         _, setup = wire.encode(self.setup)
-        graph_nodes = sorted(self._graph)
         held = sorted(self._held_seed_shares)
         revealed = sorted(self._revealed)
         seal_peers = sorted(self._seal_keys)
@@ -994,11 +996,7 @@ class ClientSession:
             "enc.private": self._enc.private.reveal(), "enc.public": self._enc.public,
             "mask.private": self._mask.private.reveal(), "mask.public": self._mask.public,
             "sign": self._sign.reveal(), "sign_public": self._sign_public, "seed": self._seed.reveal(),
-            "world": self._world, "roster_ids": list(self._roster_ids),
-            "mask_publics": [self._mask_publics[i] for i in self._roster_ids],
-            "sign_publics": [self._sign_publics[i] for i in self._roster_ids],
-            "graph.nodes": graph_nodes, "graph.sizes": [len(self._graph[i]) for i in graph_nodes],
-            "graph.flat": [j for i in graph_nodes for j in self._graph[i]],
+            "world": self._world, **(self.roster_state() if roster_fields is None else roster_fields),
             "neighbours": list(self._neighbours),
             "seal_keys.peers": seal_peers, "seal_keys.keys": [self._seal_keys[j] for j in seal_peers],
             "own_seed_share": self._own_seed_share,
@@ -1014,6 +1012,22 @@ class ClientSession:
             "held_components.shares": [self._held_components[j] for j in sorted(self._held_components)],
             "own_component_share": self._own_component_share, "component_count": self._component_count,
         }
+
+    #: the :meth:`to_state` fields fixed by the roster, its key maps and the graph (set together in stage 2)
+    ROSTER_FIELDS = ("roster_ids", "mask_publics", "sign_publics", "graph.nodes", "graph.sizes", "graph.flat")
+
+    def roster_state(self) -> dict[str, Any]:
+        """The :data:`ROSTER_FIELDS` of :meth:`to_state`."""
+        graph_nodes = sorted(self._graph)
+        return {"roster_ids": list(self._roster_ids),
+                "mask_publics": [self._mask_publics[i] for i in self._roster_ids],
+                "sign_publics": [self._sign_publics[i] for i in self._roster_ids],
+                "graph.nodes": graph_nodes, "graph.sizes": [len(self._graph[i]) for i in graph_nodes],
+                "graph.flat": [j for i in graph_nodes for j in self._graph[i]]}
+
+    def roster_source(self) -> tuple[Any, ...]:
+        """What :meth:`roster_state` is computed from (compare two sessions' with ``==``)."""
+        return (self._roster_ids, self._mask_publics, self._sign_publics, self._graph)
 
     def _design_state(self) -> dict[str, Any]:
         d = self._design

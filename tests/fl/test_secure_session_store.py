@@ -157,3 +157,40 @@ def test_an_edited_record_is_parsed_and_validated_not_recalled() -> None:
     holder["secagg-session/2"] = edited
     with pytest.raises(TypeError, match="peers"):
         store.get((1, 3), round=2)
+
+
+def _export_without_cache(c: ClientSession) -> dict:
+    kept = dict(sess._ROSTERS)
+    sess._ROSTERS.clear()
+    try:
+        return sess.export_session(c)
+    finally:
+        sess._ROSTERS.clear()
+        sess._ROSTERS.update(kept)
+
+
+def test_the_packed_roster_cache_exports_what_an_export_without_it_does() -> None:
+    setup = SetupRequest(round=2, threshold=4, degree=6, dim=12, active=True)
+    server = ServerSession(setup)
+    clients = {i: ClientSession(node_id=i, setup=setup) for i in _IDS}
+    requests = server.receive_keys([c.advertise_keys() for c in clients.values()])
+    sess._ROSTERS.clear()
+    for c in clients.values():  # before stage 2: nothing cached
+        assert sess.export_session(c) == _export_without_cache(c)
+    assert not sess._ROSTERS
+    masked_requests = server.receive_shares([c.share_keys(requests) for c in clients.values()])
+    for c in clients.values():  # one world: packed once, every client's export equal to a fresh one
+        got = sess.export_session(c)
+        assert got == _export_without_cache(c) and list(got) == list(c.to_state())
+    assert len(sess._ROSTERS) == 1
+    for i, c in clients.items():
+        c.masked_input(masked_requests[i], np.ones(12, np.uint32))
+        assert sess.export_session(c) == _export_without_cache(c)
+    # a session of the same world whose graph differs (its own memory, edited) is packed from itself
+    odd = sess.copy_session(clients[3])
+    graph = dict(odd._graph)
+    graph[0] = graph[0][:-1]
+    object.__setattr__(odd, "_graph", graph)
+    assert sess.export_session(odd) == _export_without_cache(odd)
+    assert sess.export_session(odd)["graph.flat"] != sess.export_session(clients[3])["graph.flat"]
+    sess._ROSTERS.clear()
