@@ -151,7 +151,7 @@ def run_kept(args: argparse.Namespace) -> int:
     cache = args.cache
     for sidecar in sidecars:
         stat = sidecar.stat()
-        key = {"version": 2, "sidecar": sidecar.name, "size": stat.st_size, "mtime": stat.st_mtime_ns,
+        key = {"version": 3, "nonmembers": args.nonmembers, "sidecar": sidecar.name, "size": stat.st_size, "mtime": stat.st_mtime_ns,
                "member_clients": args.member_clients, "bootstrap": args.bootstrap,
                "permutations": args.permutations, "references": REFERENCE_RECIPE}
         cached = None if cache is None else cache / f"{sidecar.stem}.mia.json"
@@ -171,11 +171,17 @@ def run_kept(args: argparse.Namespace) -> int:
         train, test = data
         if refs is None and not args.no_references:
             refs = _references(train, test, kept, cache)
+        nonmembers = args.nonmembers
+        if nonmembers == "auto":  # a federation that left training clients out: take those, no split shift
+            nonmembers = "held-out" if sum(len(p) for p in kept.partitions) < len(train.y) else "test"
         cands = Candidates.from_partition(train.x, train.y, kept.partitions, test.x, test.y,
                                           per_client=int(np.median([len(p) for p in kept.partitions])),
-                                          seed=args.seed, member_clients=args.member_clients)
+                                          seed=args.seed, member_clients=args.member_clients,
+                                          nonmembers=nonmembers)
         res = evaluate_released_model(kept.model, cands, references=refs, fprs=FPRS, bootstrap=args.bootstrap,
                                       permutations=args.permutations, seed=args.seed)
+        if res["test_accuracy"] is None:  # non-members are training images: the row's own test accuracy
+            res["test_accuracy"] = float(kept.meta["test_accuracy"])
         meta = kept.meta
         entry = {"key": key, "stem": sidecar.stem, "setting": _setting(meta),
                  **{k: meta.get(k) for k in ("mode", "seed", "rounds", "target_epsilon", "epsilon", "noise_multiplier",
@@ -337,8 +343,10 @@ def kept_markdown(results: list[dict], command: str) -> str:
         f"Members: {e0['members']:,} training images of {e0['member_clients']:,} member clients drawn at random "
         f"(seeded) from the model's own partition of {e0['num_clients']:,} clients (every training image is a "
         f"member: P(a client is never sampled in T = {e0['rounds']} rounds at q = {e0['sample_rate']:g}) = "
-        f"{e0['p_client_never_sampled']:.1e}); non-members: the {e0['nonmembers']:,} official test images, in "
-        f"{e0['nonmember_clients']} pseudo-clients of 20 for the user level. FPR resolution: "
+        f"{e0['p_client_never_sampled']:.1e}); non-members: the {e0['nonmembers']:,} official test images (column "
+        "'non-members' = test), or, for a federation that left training clients out, those clients' training "
+        f"images (held-out), in pseudo-clients of 20 for the user level ({e0['nonmember_clients']} for the test "
+        "set). FPR resolution: "
         f"{1 / e0['nonmembers']:.0e} (example level), {1 / e0['nonmember_clients']:.0e} (user level: TPR at "
         "0.1% FPR is the TPR at FPR 0 there, marked *not resolved*). Intervals: 95% bootstrap percentile "
         f"({e0['rows'][0]['bootstrap']} stratified resamples); 'chance' = no figure's one-sided permutation "
@@ -354,17 +362,18 @@ def kept_markdown(results: list[dict], command: str) -> str:
                   "saw it.", ""]
     for level in ("example", "user"):
         lines += [f"**{level.capitalize()} level**", "",
-                  "| setting | seed | σ | ε (PLD) | test acc | attack | AUC [95% CI] | TPR @ 1% FPR [95% CI] | "
-                  "TPR @ 0.1% FPR [95% CI] | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| setting | seed | σ | ε (PLD) | test acc | non-members | attack | AUC [95% CI] | "
+                  "TPR @ 1% FPR [95% CI] | TPR @ 0.1% FPR [95% CI] | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in results:
             floor = next((x for x in e["rows"] if x["level"] == level and x["attack"] == "reference-only"), None)
             for r in (x for x in e["rows"] if x["level"] == level):
                 sigma = "–" if e["noise_multiplier"] in (None, 0.0) or e["target_epsilon"] is None \
                     else f"{e['noise_multiplier']:.4f}"
                 eps = "–" if e["epsilon"] is None else f"{e['epsilon']:.3f}"
+                source = "held-out" if e.get("nonmembers_from") == "train" else "test"
                 lines.append(f"| {e['setting']} | {e['seed']} | {sigma} | {eps} | {e['test_accuracy']:.4f} | "
-                             f"{r['attack']} | {_fmt(r, 'auc')} | {_fmt(r, 'tpr_at_fpr_0.01')} | "
+                             f"{source} {r['nonmembers']:,} | {r['attack']} | {_fmt(r, 'auc')} | {_fmt(r, 'tpr_at_fpr_0.01')} | "
                              f"{_fmt(r, 'tpr_at_fpr_0.001')} | {_verdict(r, floor)} |")
         lines.append("")
     lines.append(DOCS_END)
@@ -395,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--kept: member clients scored per model (whole clients, seeded)")
     parser.add_argument("--bootstrap", type=int, default=200, help="--kept: bootstrap resamples")
     parser.add_argument("--permutations", type=int, default=200, help="--kept: permutation relabellings")
+    parser.add_argument("--nonmembers", choices=("auto", "test", "held-out"), default="auto",
+                        help="--kept: non-members = the test set, or the training images the federation left out "
+                             "(auto: held-out when the model's partition does not cover the training split)")
     parser.add_argument("--no-references", action="store_true",
                         help="--kept: loss threshold only (no reference models)")
     args = parser.parse_args(argv)

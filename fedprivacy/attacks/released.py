@@ -74,8 +74,11 @@ class Candidates:
         x_nonmembers, y_nonmembers: held-out examples of the same distribution.
         nonmember_clients: ``(len(y_nonmembers),)`` int pseudo-client id, or -1 (used at example level
             only), see :func:`pseudo_clients`.
-        member_index, nonmember_index: where the members / non-members sit in the training / test split
-            (to look up :class:`ReferenceStatistics`); None when no references are used.
+        member_index, nonmember_index: where the members / non-members sit in the training split / in
+            the split ``nonmembers_from`` names (to look up :class:`ReferenceStatistics`); None when no
+            references are used.
+        nonmembers_from: ``"test"`` (the held-out test set) or ``"train"`` (training images the
+            federation left out: no split difference between members and non-members).
     """
 
     x_members: np.ndarray
@@ -86,6 +89,7 @@ class Candidates:
     nonmember_clients: np.ndarray
     member_index: np.ndarray | None = None
     nonmember_index: np.ndarray | None = None
+    nonmembers_from: str = "test"
 
     def __post_init__(self) -> None:
         for name, x, y, g in (("members", self.x_members, self.y_members, self.member_clients),
@@ -95,14 +99,18 @@ class Candidates:
             if len(x) != len(y) or np.shape(g) != (len(y),):
                 raise ValueError(f"{name}: x, y and clients must have one entry per example, got "
                                  f"{len(x)}, {len(y)}, {np.shape(g)}")
+        if self.nonmembers_from not in ("test", "train"):
+            raise ValueError(f"nonmembers_from must be 'test' or 'train', got {self.nonmembers_from!r}")
 
     @classmethod
     def from_partition(cls, x_train: np.ndarray, y_train: np.ndarray, partitions: Sequence[np.ndarray],
                        x_test: np.ndarray, y_test: np.ndarray, *, per_client: int, seed: int,
-                       member_clients: int | None = None) -> Candidates:
+                       member_clients: int | None = None, nonmembers: str = "test") -> Candidates:
         """Members = the examples of ``partitions`` (client k holds ``x_train[partitions[k]]``), or of
-        ``member_clients`` of them drawn at random (seeded; whole clients); non-members = the test set
-        in pseudo-clients of ``per_client`` (:func:`pseudo_clients`)."""
+        ``member_clients`` of them drawn at random (seeded; whole clients); non-members
+        (``nonmembers``) = the test set (``"test"``) or the training images in no partition
+        (``"held-out"``: a federation that left clients out), in pseudo-clients of ``per_client``
+        (:func:`pseudo_clients`)."""
         from fedprivacy.dp.rng import RandomSource
 
         flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in partitions])
@@ -116,10 +124,19 @@ class Candidates:
                              .permutation(len(partitions))[:member_clients])
         index = np.concatenate([np.asarray(partitions[int(k)], dtype=np.int64) for k in chosen])
         clients = np.repeat(chosen, [len(partitions[int(k)]) for k in chosen])
+        if nonmembers == "test":
+            xn, yn, ni, source = np.asarray(x_test), np.asarray(y_test), np.arange(len(y_test)), "test"
+        elif nonmembers == "held-out":
+            ni = np.setdiff1d(np.arange(len(y_train)), flat)
+            if ni.size == 0:
+                raise ValueError("nonmembers='held-out': the partitions use every training example")
+            xn, yn, source = np.asarray(x_train)[ni], np.asarray(y_train)[ni], "train"
+        else:
+            raise ValueError(f"nonmembers must be 'test' or 'held-out', got {nonmembers!r}")
         return cls(x_members=np.asarray(x_train)[index], y_members=np.asarray(y_train)[index],
-                   member_clients=clients, x_nonmembers=np.asarray(x_test), y_nonmembers=np.asarray(y_test),
-                   nonmember_clients=pseudo_clients(len(y_test), per_client=per_client, seed=seed),
-                   member_index=index, nonmember_index=np.arange(len(y_test)))
+                   member_clients=clients, x_nonmembers=xn, y_nonmembers=yn,
+                   nonmember_clients=pseudo_clients(len(yn), per_client=per_client, seed=seed),
+                   member_index=index, nonmember_index=ni, nonmembers_from=source)
 
 
 def pseudo_clients(n: int, *, per_client: int, seed: int) -> np.ndarray:
@@ -318,8 +335,11 @@ def evaluate_released_model(
         ref: dict[str, Any] = {"m": {}, "n": {}}
         if references is not None:
             mi, ni = candidates.member_index, candidates.nonmember_index
+            held_out = candidates.nonmembers_from == "train"
+            n_loss = references.train_loss if held_out else references.test_loss
+            n_phi = references.train_phi if held_out else references.test_phi
             ref = {"m": {"ref_loss": references.train_loss[mi], "ref_phi": references.train_phi[mi]},
-                   "n": {"ref_loss": references.test_loss[ni], "ref_phi": references.test_phi[ni]}}
+                   "n": {"ref_loss": n_loss[ni], "ref_phi": n_phi[ni]}}
         ms = attack_scores(attack, ml, mp, **ref["m"])
         ns = attack_scores(attack, nl, npp, **ref["n"])
         levels = (("example", ms, ns),
@@ -329,7 +349,9 @@ def evaluate_released_model(
             summary = roc_summary(pos, neg, fprs=fprs, bootstrap=bootstrap, permutations=permutations,
                                   rng=src.child(attack, level))
             rows.append({"attack": attack, "level": level, **summary.to_row()})
-    return {"rows": rows, "train_accuracy": float(np.mean(m_ok)), "test_accuracy": float(np.mean(n_ok)),
+    return {"rows": rows, "nonmembers_from": candidates.nonmembers_from, "train_accuracy": float(np.mean(m_ok)),
+            "nonmember_accuracy": float(np.mean(n_ok)),
+            "test_accuracy": float(np.mean(n_ok)) if candidates.nonmembers_from == "test" else None,
             "member_loss_mean": float(np.mean(ml)), "nonmember_loss_mean": float(np.mean(nl)),
             "members": int(len(ml)), "nonmembers": int(len(nl)),
             "member_clients": int(np.unique(candidates.member_clients).size),

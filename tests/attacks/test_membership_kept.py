@@ -83,7 +83,7 @@ def test_kept_models_are_attacked_cached_and_written_into_the_docs(kept_dir: Pat
     assert entry["references"]["count_per_half"] == 1 and len(entry["references"]["test_accuracy"]) == 2
     text = docs.read_text()
     assert text.startswith("# head\n\n" + mi.DOCS_BEGIN) and text.endswith(mi.DOCS_END + "\n\ntail\n")
-    assert "old" not in text and "| no DP | 0 |" in text and "not resolved" in text
+    assert "old" not in text and "| no DP | 0 |" in text and "not resolved" in text and "| test 10,000 |" in text
     assert "python scripts/membership_inference.py --kept" in text
     assert (tmp_path / "mia.png").stat().st_size > 10_000
     # a rerun reads the references and the model's figures from the cache, and gives the same figures

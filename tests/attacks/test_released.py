@@ -221,6 +221,30 @@ def test_a_model_trained_on_disjoint_data_is_at_chance_and_calibration_adds_no_s
     assert broken.auc > 0.55 and broken.tpr[0] > 0.03 and not broken.at_chance()  # measured 0.588, 0.065
 
 
+def test_held_out_training_clients_as_non_members_have_no_split_floor(fashion, references) -> None:
+    """A federation that left training clients out: its non-members come from the training split, so the
+    models that saw no candidate (reference-only) are at chance, while the overfit target is found out."""
+    xt, yt, _, _ = fashion
+    members = np.arange(200)
+    target = _trained(xt[members], yt[members], epochs=40, seed=1)
+    parts = [members[i::20] for i in range(20)]
+    cands = Candidates.from_partition(xt, yt, parts, xt[:0], yt[:0], per_client=10, seed=0, nonmembers="held-out")
+    assert cands.nonmembers_from == "train" and np.array_equal(cands.nonmember_index, np.arange(200, 800))
+    res = evaluate_released_model(target, cands, references=references, bootstrap=50, permutations=99)
+    assert res["test_accuracy"] is None and res["nonmember_accuracy"] < 0.85
+    rows = {(r["attack"], r["level"]): r for r in res["rows"]}
+    assert rows["loss", "example"]["nonmembers"] == 600 and rows["loss", "user"]["nonmembers"] == 60
+    assert rows["reference-only", "example"]["at_chance_5pct"]  # measured AUC 0.533, p 0.13 (200 vs 600)
+    assert rows["reference-only", "user"]["at_chance_5pct"]  # measured 0.578, p 0.12 (20 vs 60)
+    assert abs(rows["reference-only", "example"]["auc"] - 0.5) < 0.07
+    assert rows["loss", "example"]["auc"] > 0.65 and rows["loss", "user"]["auc"] > 0.85
+    with pytest.raises(ValueError, match="use every training example"):
+        Candidates.from_partition(xt[:200], yt[:200], parts, xt[:0], yt[:0], per_client=10, seed=0,
+                                  nonmembers="held-out")
+    with pytest.raises(ValueError, match="nonmembers must be"):
+        Candidates.from_partition(xt, yt, parts, xt, yt, per_client=10, seed=0, nonmembers="train")
+
+
 def test_references_are_out_for_every_example_they_score(fashion, references) -> None:
     """A reference fits what it trains on (median loss < 0.3x a test image's); every training example's
     reference loss is nevertheless like a test image's: each was scored only by references that never saw it."""
