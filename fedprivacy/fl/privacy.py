@@ -53,6 +53,9 @@ class PrivacyPlan:
     # amplification (distributed, privacy-audience=observers): charged for every completed round if an
     # abort the public's pair does not model voids that amplification (review3 V4b)
     unamplified_event: PrivacyEvent | None = None
+    # what a row's epsilon adds to the ledger's (evaluated at ``target_delta``) to be a valid bound: the
+    # distributed encoding's accounting slack 2H' of ``num-server-rounds`` worst-case rounds (review5 X4)
+    epsilon_slack: float = 0.0
 
     @property
     def adjacency_label(self) -> str:

@@ -160,6 +160,7 @@ class DistributedMode:
             event=worst.event(sampling),
             target_delta=cfg.target_delta * _tv_reserve(ddp, roster=roster) * math.exp(-slack),
             target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
+            epsilon_slack=2.0 * slack,
             mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
                        f"{how}; the server only sees the noised sum; accounted as its dominating "
                        f"Gaussian (fedprivacy.accounting.distributed)"
@@ -199,6 +200,8 @@ class DistributedMode:
                 # never below the ledger, whose charges are the events that ran (issue 11, review F3)
                 block["epsilon"] = max(audiences[cfg.privacy_audience]["epsilon"], block["epsilon"])
                 block["epsilon_audience"] = cfg.privacy_audience
+            if records and records[-1].epsilon is not None:  # never below a published row (review5 X4)
+                block["epsilon"] = max(block["epsilon"], float(records[-1].epsilon))
         return block
 
 
