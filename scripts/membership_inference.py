@@ -289,8 +289,8 @@ def _plot_kept(results: list[dict], path: Path) -> None:
             if key != "auc":
                 ax.set_yscale("log")
                 ax.set_ylim(5e-4 if key.endswith("0.001") else 2e-3, 1.0)
-            note = " (x: not resolved, 500 pseudo-clients)" if (level == "user" and key.endswith("0.001")) else ""
-            ax.set_title(f"{level} level: {title}, 95% bootstrap CI{note}", fontsize=8)
+            note = " (x: not resolved)" if (level == "user" and key.endswith("0.001")) else ""
+            ax.set_title(f"{level} level: {title}, 95% CI{note}", fontsize=8)
         for ax in axes[row]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks)

@@ -6,9 +6,12 @@
   sum.
 - :mod:`fedprivacy.attacks.membership`: loss-threshold and LiRA membership inference against the
   federated global model (with and without DP).
+- :mod:`fedprivacy.attacks.released`: membership inference against a released (saved) global model, at
+  example and user level, with reference-calibrated attacks and the split floor (the curve's own models).
 - :mod:`fedprivacy.attacks.audit`: epsilon lower bounds from attack success (Clopper-Pearson; one-run
   audit with canaries) for the Gaussian mechanism and the DP-FedAvg aggregation.
-- :mod:`fedprivacy.attacks.metrics`: PSNR, SSIM, MSE, label accuracy, ROC/AUC, TPR at low FPR.
+- :mod:`fedprivacy.attacks.metrics`: PSNR, SSIM, MSE, label accuracy, ROC/AUC, TPR at low FPR, with
+  bootstrap intervals and permutation p-values (``roc_summary``).
 
-Submodules are imported on demand (torch is loaded only by the first two).
+Submodules are imported on demand (torch is loaded only when a model is trained or evaluated).
 """
