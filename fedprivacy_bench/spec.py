@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedprivacy.config import default
+from fedprivacy_bench import heldout as _heldout  # noqa: F401  (registers "fashion-mnist-holdout")
 
 FRAMEWORKS = ("fedprivacy", "flower", "torch")
 # fedprivacy modes (DESIGN.md) plus "dpsgd" (sample-level DP-SGD on each client, no user-level noise)

@@ -19,6 +19,7 @@ Flower's simulation engine; a single-process torch loop doing the same local tra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -322,12 +323,26 @@ def _sigma(target_epsilon: float, sample_rate: float, rounds: int,
 
 def setup_sweep(name: str, *, rounds: int | None = None, seeds: Sequence[int] = (0,),
                 epsilons: Sequence[float] = (4.0,),
-                modes: Sequence[str] = ("none", "central")) -> list[BenchSpec]:
+                modes: Sequence[str] = ("none", "central"), holdout: bool = False) -> list[BenchSpec]:
     """The rows of ``--setup NAME``: per mode, every seed (and every ε for the private modes), the
-    first seed of each mode first (a stopped sweep keeps the pairs)."""
+    first seed of each mode first (a stopped sweep keeps the pairs).
+
+    ``holdout``: train on ``fashion-mnist-holdout`` (``fedprivacy_bench.heldout``: the official training
+    images 0..47,999; the rest are training-split non-members for the attacks) with as many examples per
+    client and the same q (so the same σ): 2400 clients, 240 per round for ``fedavgm-c300``."""
     if name not in FASHION_SETUPS_NAMED:
         raise ValueError(f"setup must be one of {sorted(FASHION_SETUPS_NAMED)}, got {name!r}")
     setup = FASHION_SETUPS_NAMED[name]
+    if holdout:
+        from fedprivacy_bench import heldout
+
+        n, m = setup.training["num_clients"], setup.training["clients_per_round"]
+        kept = heldout.TRAINED * n // 60_000
+        if setup.training["dataset"] != "fashion-mnist" or (kept * m) % n or heldout.TRAINED % kept:
+            raise ValueError(f"holdout needs a fashion-mnist setup whose cohort stays whole, got {name!r}")
+        setup = dataclasses.replace(setup, training=dict(
+            setup.training, dataset=heldout.NAME, num_clients=kept, clients_per_round=kept * m // n),
+            label=f"fashion iid {name} holdout")
     specs = []
     for seed in seeds:
         for mode in modes:
@@ -699,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
                              "repeat to merge runs of other settings")
     parser.add_argument("--no-docs", action="store_true",
                         help="write nothing but --json (no report, plots or results copy)")
+    parser.add_argument("--holdout", action="store_true",
+                        help="with --setup: train on fashion-mnist-holdout (official training images "
+                             "48,000.. held out as non-members for the attacks); same q and σ")
     parser.add_argument("--keep-models", type=Path, default=None, metavar="DIR",
                         help="keep each fedprivacy row's final global model in DIR for the attacks "
                              "(<key>.npz, <key>.partition.npz, <key>.json: fedprivacy_bench.kept_models)")
@@ -713,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_specs = None if args.setup is None else setup_sweep(
             args.setup, rounds=args.rounds, seeds=[int(x) for x in args.seeds.split(",") if x],
             epsilons=[float(x) for x in args.epsilons.split(",") if x],
-            modes=[m for m in args.modes.split(",") if m])
+            modes=[m for m in args.modes.split(",") if m], holdout=args.holdout)
     except ValueError as exc:
         print(f"error: --setup/--seeds/--epsilons/--modes: {exc}", file=sys.stderr)
         return 2

@@ -221,3 +221,29 @@ def test_keep_models_flag_reaches_the_sweep(monkeypatch, tmp_path: Path) -> None
     assert bench.main(["--setup", "fedavgm-c300", "--only", "no-such-row", "--no-docs",
                        "--keep-models", str(tmp_path)]) == 0
     assert seen["keep_dir"] == tmp_path
+
+
+
+def test_holdout_rows_train_on_48k_images_at_the_same_q_and_sigma_and_keep_the_rest_out(monkeypatch) -> None:
+    from fedprivacy.ml import load_partition
+    from fedprivacy.ml.data import load_dataset
+    from fedprivacy_bench import heldout, task
+
+    bench = _script()
+    _fake_calibration(monkeypatch, bench)
+    full = bench.setup_sweep("fedavgm-c300", epsilons=(4.0,), modes=("central",))[0]
+    held = bench.setup_sweep("fedavgm-c300", epsilons=(4.0,), modes=("central",), holdout=True)[0]
+    assert (held.dataset, held.num_clients, held.clients_per_round) == (heldout.NAME, 2400, 240)
+    assert held.sample_rate == full.sample_rate and held.noise_multiplier == full.noise_multiplier
+    assert held.key() == full.key().replace("fashion-mnist-", "fashion-mnist-holdout-", 1)  # other files
+    assert held.label == "fashion iid fedavgm-c300 holdout"
+    with pytest.raises(ValueError, match="holdout"):
+        bench.setup_sweep("digits-100k", holdout=True)
+    # the members are the official training images 0..47,999, 20 per client; the rest is held out
+    train, test = load_dataset(heldout.NAME, seed=0, test_fraction=0.2, num_clients=2400)
+    full_train, full_test = load_dataset("fashion-mnist", seed=0, test_fraction=0.2, num_clients=3000)
+    assert len(train) == heldout.TRAINED and np.array_equal(train.x, full_train.x[:heldout.TRAINED])
+    assert np.array_equal(test.y, full_test.y)
+    out = heldout.held_out_split()
+    assert len(out) == 12_000 and np.array_equal(out.x, full_train.x[heldout.TRAINED:])
+    assert len(load_partition(task.data_spec_for(held), 2399, 2400)) == 20
