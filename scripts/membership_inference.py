@@ -117,6 +117,18 @@ def _references(train: Any, test: Any, kept: Any, cache: Path | None) -> Any:
     return refs
 
 
+def _base_data(spec: Any) -> tuple[Any, Any]:
+    """The official Fashion-MNIST splits every kept model indexes into (``fashion-mnist-holdout`` trains on
+    the official training prefix, so its partition indexes the official training images too)."""
+    from fedprivacy.ml.data import load_dataset
+    from fedprivacy_bench import heldout, task
+
+    d = task.data_spec_for(spec)
+    name = "fashion-mnist" if d.dataset == heldout.NAME else d.dataset
+    return load_dataset(name, seed=d.seed, test_fraction=d.test_fraction, num_clients=spec.num_clients,
+                        options=d.options)
+
+
 def _setting(meta: dict) -> str:
     if meta.get("target_epsilon") is None:
         return "no DP"
@@ -125,15 +137,20 @@ def _setting(meta: dict) -> str:
 
 
 def _on_curve(entry: dict) -> bool:
-    """The figure's curve: central DP and no DP (other modes are in the table only)."""
-    return entry.get("mode") in (None, "none", "central")
+    """The figure's curve: central DP and no DP with test-set non-members (other modes are in the table
+    only; federations that held training clients out are drawn apart, as diamonds)."""
+    return entry.get("mode") in (None, "none", "central") and entry.get("nonmembers_from") != "train"
+
+
+def _held_out(entry: dict) -> bool:
+    return entry.get("mode") in (None, "none", "central") and entry.get("nonmembers_from") == "train"
 
 
 def run_kept(args: argparse.Namespace) -> int:
     """Attack every kept model of ``args.kept`` (scripts/benchmark.py --keep-models)."""
     from fedprivacy.attacks.released import Candidates, evaluate_released_model
     from fedprivacy.ml.data import load_dataset
-    from fedprivacy_bench import task
+    from fedprivacy_bench import heldout, task
     from fedprivacy_bench.kept_models import load_kept_model
 
     sidecars = _kept_sidecars(args.kept)
@@ -165,10 +182,16 @@ def run_kept(args: argparse.Namespace) -> int:
         kept = load_kept_model(sidecar)
         spec = kept.spec
         if data is None:
-            d = task.data_spec_for(spec)
-            data = load_dataset(d.dataset, seed=d.seed, test_fraction=d.test_fraction,
-                                num_clients=spec.num_clients, options=d.options)
+            data = _base_data(spec)
         train, test = data
+        if spec.dataset == heldout.NAME:  # its training split is the official prefix [0, TRAINED)
+            own, _ = load_dataset(spec.dataset, seed=spec.seed, test_fraction=task.TEST_FRACTION,
+                                  num_clients=spec.num_clients, options=task.data_spec_for(spec).options)
+            if not (np.array_equal(own.y, train.y[: heldout.TRAINED]) and np.array_equal(own.x[:: 997],
+                                                                                   train.x[: heldout.TRAINED:997])):
+                print(f"error: {sidecar.name}: {spec.dataset}'s training split is not the official prefix",
+                      file=sys.stderr)
+                return 2
         if refs is None and not args.no_references:
             refs = _references(train, test, kept, cache)
         nonmembers = args.nonmembers
@@ -178,6 +201,11 @@ def run_kept(args: argparse.Namespace) -> int:
                                           per_client=int(np.median([len(p) for p in kept.partitions])),
                                           seed=args.seed, member_clients=args.member_clients,
                                           nonmembers=nonmembers)
+        if spec.dataset == heldout.NAME and not np.array_equal(cands.nonmember_index,
+                                                                np.arange(heldout.TRAINED, len(train.y))):
+            print(f"error: {sidecar.name}: the non-members must be the held-out images {heldout.TRAINED}..",
+                  file=sys.stderr)
+            return 2
         res = evaluate_released_model(kept.model, cands, references=refs, fprs=FPRS, bootstrap=args.bootstrap,
                                       permutations=args.permutations, seed=args.seed)
         if res["test_accuracy"] is None:  # non-members are training images: the row's own test accuracy
@@ -238,6 +266,7 @@ def _plot_kept(results: list[dict], path: Path) -> None:
     """Accuracy, AUC and TPR at 1% / 0.1% FPR against ε: example level on top, user level below."""
     import matplotlib
 
+    extra = [e for e in results if _held_out(e)]
     results = [e for e in results if _on_curve(e)]
 
     matplotlib.use("Agg")
@@ -259,6 +288,10 @@ def _plot_kept(results: list[dict], path: Path) -> None:
         means = {x: float(np.mean([e["test_accuracy"] for e in results if _x_of(e, no_dp_x) == x]))
                  for x in sorted(set(xs))}
         ax.plot(list(means), list(means.values()), "k-", linewidth=1)
+        if extra:
+            ax.plot([_x_of(e, no_dp_x) * 1.12 for e in extra], [e["test_accuracy"] for e in extra], "D",
+                    color="w", markeredgecolor="k", markersize=5, label="◆ held-out federation (2400 clients)")
+            ax.legend(fontsize=7)
         ax.set_ylabel("test accuracy (10k test images)")
         ax.set_title("utility of the attacked models (dots: seeds)", fontsize=9)
         for col, (key, title, chance) in enumerate((("auc", "AUC", 0.5), ("tpr_at_fpr_0.01", "TPR at 1% FPR", 0.01),
@@ -280,6 +313,11 @@ def _plot_kept(results: list[dict], path: Path) -> None:
                             linestyle="none")
                 if (~resolved).any():
                     ax.plot(x[~resolved], yy[~resolved], "x", color=colours[attack], markersize=5)
+                for e in extra:
+                    r = _row(e, attack, level)
+                    if key == "auc" or r[f"{key}_resolved"]:
+                        ax.plot([_x_of(e, no_dp_x) * shift[attack] * 1.12], [max(r[key], 1e-4)], "D",
+                                color=colours[attack], markeredgecolor="k", markersize=5)
             ax.axhline(chance, color="k", linestyle=":", linewidth=0.8, label="chance")
             if key != "auc" and level == "user" and eps:
                 grid = np.array(eps)
@@ -301,7 +339,8 @@ def _plot_kept(results: list[dict], path: Path) -> None:
     axes[0, 1].legend(fontsize=7)
     axes[1, 2].legend(fontsize=7)
     fig.suptitle("Fashion-MNIST fedavgm-c300 (3000 clients × 20 images, 300 per round, T = 120): accuracy and "
-                 "membership inference against ε, on the same models", fontsize=10)
+                 "membership inference against ε, on the same models (◆: 2400 clients, 12k training images held out "
+                 "as non-members)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

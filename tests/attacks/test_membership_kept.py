@@ -26,10 +26,10 @@ def _script():
     return module
 
 
-@pytest.fixture(scope="module")
-def kept_dir(tmp_path_factory) -> Path:
+def _keep(folder: Path, dataset: str, clients: int) -> None:
     import torch
 
+    from fedprivacy.ml import get_weights
     from fedprivacy.ml.data import Split
     from fedprivacy.ml.train import train_local
     from fedprivacy_bench import task
@@ -37,8 +37,8 @@ def kept_dir(tmp_path_factory) -> Path:
     from fedprivacy_bench.spec import BenchSpec
 
     torch.set_num_threads(1)
-    spec = BenchSpec(dataset="fashion-mnist", framework="fedprivacy", mode="none", engine="inprocess",
-                     num_clients=3000, clients_per_round=300, rounds=2, model="mlp", hidden=16, seed=0,
+    spec = BenchSpec(dataset=dataset, framework="fedprivacy", mode="none", engine="inprocess",
+                     num_clients=clients, clients_per_round=clients // 10, rounds=2, model="mlp", hidden=16, seed=0,
                      label="kept for the attack test")
     model = task.model_for(spec)
     parts = task.client_split(spec, 0), task.client_split(spec, 1)
@@ -46,13 +46,16 @@ def kept_dir(tmp_path_factory) -> Path:
     y = np.concatenate([p.y for p in parts])
     train_local(model, Split(x=x, y=y), epochs=30, lr=0.1, batch_size=8, seed=0)  # clients 0, 1 memorised
     _, acc = task.evaluate(model, task.test_split(spec))
-    from fedprivacy.ml import get_weights
-
-    folder = tmp_path_factory.mktemp("kept")
     record = {"mode": "none", "seed": 0, "rounds": 2, "target_epsilon": None, "epsilon": None,
               "noise_multiplier": 0.0, "clip_norm": 0.0, "delta": 1e-5, "sample_rate": 0.1,
-              "num_clients": 3000, "clients_per_round": 300, "test_accuracy": acc}
+              "num_clients": clients, "clients_per_round": clients // 10, "test_accuracy": acc}
     keep_model(spec, get_weights(model), record, folder)
+
+
+@pytest.fixture(scope="module")
+def kept_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("kept")
+    _keep(folder, "fashion-mnist", 3000)
     return folder
 
 
@@ -105,3 +108,22 @@ def test_kept_refuses_an_empty_folder_and_a_docs_file_without_the_section(tmp_pa
     assert mi.main(["--kept", str(kept_dir), "--no-references", "--docs", str(docs)]) == 2
     assert "has no generated section" in capsys.readouterr().err
     assert docs.read_text() == "no section here\n"
+
+
+@pytest.mark.slow
+def test_a_federation_that_held_clients_out_is_attacked_with_those_images(tmp_path: Path) -> None:
+    """fashion-mnist-holdout (data3): 2400 clients on the official training images 0..47,999; the script
+    takes the held-out images 48,000..59,999 as non-members (no train/test split floor)."""
+    mi = _script()
+    folder = tmp_path / "kept"
+    _keep(folder, "fashion-mnist-holdout", 2400)
+    out = tmp_path / "mia.json"
+    assert mi.main(["--kept", str(folder), "--no-references", "--member-clients", "40", "--bootstrap", "10",
+                    "--permutations", "9", "--json", str(out), "--png", str(tmp_path / "mia.png")]) == 0
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["nonmembers_from"] == "train" and entry["nonmembers"] == 12_000
+    assert entry["nonmember_clients"] == 600 and entry["members"] == 800
+    assert entry["test_accuracy"] == pytest.approx(entry["row_test_accuracy"], abs=1e-12)
+    rows = {(r["attack"], r["level"]): r for r in entry["rows"]}
+    assert rows["loss", "user"]["fpr_resolution"] == pytest.approx(1 / 600)
+    assert "held-out" in mi.kept_markdown(json.loads(out.read_text())["models"], "cmd")
