@@ -458,7 +458,9 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "Each setting trains K federated models on random halves of the candidate clients "
                   "and attacks each with the others as shadows (pooled); user level = a client's "
                   "score is the mean of its examples'. `FPR resolution` is 1 / non-member pairs: a "
-                  "TPR at a lower FPR is the TPR at FPR 0."]
+                  "TPR at a lower FPR is the TPR at FPR 0.",
+                  "", "Membership inference against the curve's own models (example and user level, "
+                  "every ε): docs/ATTACKS.md, section *The accuracy-ε curve's own models*."]
         for experiment in membership_experiments(membership):
             lines += ["", f"**{experiment_title(experiment)}**", "", membership_markdown(experiment)]
     lines += ["", "## Results", "", markdown_table(rows), ""]

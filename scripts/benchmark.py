@@ -304,14 +304,25 @@ SETUP_SCOPE: list[str] = [
     "against observers in the issue-12 table; on the curve it sits at the observers' ε); "
     "`digits-100k` (the full sweep's main digits setup, T = 15): central and distributed at the σ of "
     "ε = 3, seeds 0–2, for issue 12's several-seed comparison.",
-    "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–20 minutes here "
-    "with one worker and the distributed one 46 minutes; the session had ~1h50 of a 2-core machine "
-    "shared with ~6 helpers): seeds 1 and 2 of ε ∈ {1, 8}, seed 2 of ε = 2, seeds 1 and 2 of "
-    "distributed (one run per point there: no spread), the Dirichlet(0.5) setup, Flower's DP strategies at the same σ, and local DP: "
-    "a local row at ε = 4 was started and stopped at round 60 because its σ (11.85) had been calibrated "
-    "under add/remove while fedprivacy accounts local DP under replace-one (it reported ε 5.99 by round "
-    "60; the benchmark now calibrates local rows under replace-one), and FedAvgM diverged on its noise "
-    "(test accuracy 0.07, loss ~3e7): not on this page.",
+    "**Ran** in session 5 (1 December 2026, 20:55–22:27 UTC, load average 5–9 from other work; same "
+    "way, each command at the top, every row with `--keep-models`: its final global model kept for the "
+    "attacks of docs/ATTACKS.md): `fedavgm-c300` at T = 120: central ε = 1 and 8 at seeds 1 and 2, ε = 2 "
+    "at seed 2 (every central point now has three seeds); non-DP and central ε = 4 at seed 0 again, to "
+    "keep their models (both reproduced session 3's rows exactly at every evaluated round: seeded runs "
+    "are deterministic, DP noise included; the page shows the reruns); local DP at ε = 4 (seed 0; σ = "
+    "23.70 calibrated under replace-one without amplification, as fedprivacy accounts it; ε 3.997): "
+    "test accuracy 0.063, below chance: FedAvgM (momentum 0.9) diverges on per-client noise of that "
+    "size. Also two `--holdout` rows for the attacks (`fashion-mnist-holdout`: the first 48,000 "
+    "official training images over 2400 clients, the other 12,000 held out as non-members from the "
+    "training split; same q and σ), not on this page's curves (another population).",
+    "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–19 minutes here "
+    "with one worker and the distributed one 46 minutes; each session had ~1h50 of a 2-core machine "
+    "shared with ~6 helpers): seeds 1 and 2 of distributed (one run per point there: no spread), local "
+    "DP at other ε or seeds, the Dirichlet(0.5) setup, and Flower's DP strategies at the same σ: the "
+    "Flower apps here run FedAvg on Ray (the recipe's FedAvgM server step is not wired into them, and "
+    "Flower's DP wrapper adds its noise after the wrapped strategy's step, so it would not be the same "
+    "algorithm), and a Ray run of this setup needs both cores for an estimated 20–40 minutes (Ray added "
+    "~3 s per round per 100 clients in the full sweep), which the session did not have.",
 ]
 
 
