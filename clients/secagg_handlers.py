@@ -17,6 +17,7 @@ logged, put in metrics or written to disk by fedprivacy (Flower keeps node state
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -97,9 +98,12 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     request = from_records(msg.content, stage="share", name="secagg" + suffix)
     encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding" + suffix, ConfigRecord)))
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
-    # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it
+    # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it; a seeded
+    # round's XNoise follows from the server's seed, so its sum carries no noise against the server (review6 Y3)
     rho = budget_log.secagg_rho(policy, encoding, _store(context).get(_key(context), round=request.round).setup,
                                 roster=len(request.node_ids))
+    if policy.seed(instr.seed) >= 0:
+        rho = math.inf
     budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy)
     out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
                        cfg=cfg, policy=policy)

@@ -148,6 +148,22 @@ class ClientBudget:
                 "(node config client-max-rho-total; the total and the rounds charged stay on the client; "
                 "zCDP composes additively, Bun & Steinke 2016 Lemma 2.3)")
 
+    def _repeat(self, charge: BudgetCharge) -> str | None:
+        """Why a second release of one round of one run is refused (review6 Y2), or None.
+
+        The node's round record (:mod:`clients.round_log`) and its secure-aggregation session live in
+        Flower's node state, which the SuperNode saves only after the reply has left, once, and drops
+        for an expired task: a lost save rolls them back, and a repeated masked request would then be
+        answered with the same masks and the same seeded XNoise, so the difference of the two replies is
+        this client's own update. The budget file is durable and written before the reply leaves, so it
+        refuses a round it has already charged for that run, whatever the node state says.
+        """
+        if not any(c.run == charge.run and c.round == charge.round for c in self._charges):
+            return None
+        return (f"round {charge.round} of this run was already released by this client (its charge is on "
+                "record): a second reply for the same round is refused (a secure round's masks and noise "
+                "are used once)")
+
     def check(self, rho: float, *, round: int, what: str = "") -> None:
         """Refuse (:class:`PolicyRefusal`) a round of cost ``rho`` that the total cannot pay.
 
@@ -169,14 +185,14 @@ class ClientBudget:
         """
         charge = BudgetCharge(run=str(run), round=round, mode=mode, rho=float(rho))
         if self.path is None:
-            reason = self._refusal(charge.rho, round=round, what=what)
+            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what)
             if reason is not None:
                 raise PolicyRefusal(reason)
             self._charges.append(charge)
             return charge
         with self._locked() as fh:
             self._charges = self._read(fh)
-            reason = self._refusal(charge.rho, round=round, what=what)
+            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what)
             if reason is not None:
                 raise PolicyRefusal(reason)
             fh.seek(0, os.SEEK_END)

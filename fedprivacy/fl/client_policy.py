@@ -329,9 +329,12 @@ class ClientPolicy:
 
         ``local``: its own noise ``z = local_noise_std / clip_norm`` on a clipped update (sensitivity
         ``2C``): ``ρ = 2/z²`` (Bun & Steinke 2016, Prop. 1.6), as the per-round cap computes it.
-        ``central``/``none``: the update leaves without the client's noise, ``ρ = ∞``.
+        ``central``/``none``: the update leaves without the client's noise, ``ρ = ∞``. A seeded round
+        (``seed >= 0``, only where ``client-allow-seeded``): the server that sent the seed can regenerate
+        the noise and subtract it, ``ρ = ∞`` too (review6 Y3: it recovered the clipped update to 1.2e-7
+        while the file recorded ρ = 2).
         """
-        if instructions.privacy != "local":
+        if instructions.privacy != "local" or instructions.seed >= 0:
             return math.inf
         if not (instructions.clip_norm > 0 and instructions.local_noise_std > 0):
             return math.inf

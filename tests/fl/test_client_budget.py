@@ -118,6 +118,37 @@ def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights,
     train(_message(weights, round=1), _context(run_id=4, **per_run))  # a new run starts at 0
 
 
+def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget_file(tmp_path: Path,
+                                                                                     weights) -> None:
+    # Arrange (review6 Y2): Flower saves node state after the reply has left, once; a lost save rolls the
+    # round record (and a secure round's session) back, so the same round could be answered again
+    path = tmp_path / "budget.jsonl"
+    keys = {"client-max-rho-total": 10.0, "client-budget-path": str(path)}
+    train(_message(weights, round=1), _context(run_id=5, **keys))
+    # Act / Assert: the same run and round from a node whose state was lost (a fresh Context) is refused
+    with pytest.raises(PolicyRefusal, match=r"round 1 of this run was already released by this client"):
+        train(_message(weights, round=1), _context(run_id=5, **keys))
+    assert [(c["run"], c["round"]) for c in _file_charges(path)] == [("5", 1)]
+    # another round of the run, or round 1 of another run, is a new release
+    train(_message(weights, round=2), _context(run_id=5, **keys))
+    train(_message(weights, round=1), _context(run_id=6, **keys))
+    assert [(c["run"], c["round"]) for c in _file_charges(path)] == [("5", 1), ("5", 2), ("6", 1)]
+
+
+def test_a_seeded_round_costs_an_unbounded_rho(tmp_path: Path, weights) -> None:
+    # review6 Y3: the server that sent the seed regenerates the client's noise and subtracts it
+    policy = ClientPolicy(allow_seeded=True)
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+                              local_epochs=1, batch_size=32, num_classes=10, seed=-1)
+    assert policy.round_rho(instr) == pytest.approx(2.0)
+    assert policy.round_rho(dataclasses.replace(instr, seed=3)) == math.inf
+    keys = {"client-max-rho-total": 10.0, "client-budget-path": str(tmp_path / "b.jsonl"),
+            "client-allow-seeded": True}
+    with pytest.raises(PolicyRefusal, match="unbounded rho"):
+        train(_message(weights, round=1, seed=3), _context(**keys))
+    train(_message(weights, round=1), _context(**keys))  # its own secure source: rho = 2
+
+
 def test_the_default_floor_has_a_finite_total(weights) -> None:
     # no client-* keys: rho 2 per local round, total 20 -> the 11th round is refused
     ctx = _context()
