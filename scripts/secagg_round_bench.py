@@ -75,10 +75,18 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
         "exchange_seconds": exch[-8:], "dim": dim,
         "client_cpu_seconds": res.stats.client_cpu_seconds,
         "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(cpu[1:] or cpu) if cpu else None,
-        # clients in a round (sampling may take fewer than the population): the per-client divisor;
-        # None where the run keeps its counts private (central mode by default)
-        "participants": _median_count(saved["rounds"]),
+        # clients in a round (sampling may take fewer than the population): the per-client divisor; where
+        # the run keeps its counts private, from its private participation log (the operator's copy)
+        "participants": _median_count(saved["rounds"]) or _median_count(_private_counts(out / mode)),
     }
+
+
+def _private_counts(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        from fedprivacy.fl.run import read_participation
+    except ImportError:  # a baseline tree from before the private log
+        return []
+    return read_participation(run_dir)
 
 
 def _median_count(rounds: list[dict[str, Any]]) -> float | None:
