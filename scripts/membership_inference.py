@@ -411,7 +411,8 @@ def kept_markdown(results: list[dict], command: str) -> str:
                     else f"{e['noise_multiplier']:.4f}"
                 eps = "–" if e["epsilon"] is None else f"{e['epsilon']:.3f}"
                 source = "held-out" if e.get("nonmembers_from") == "train" else "test"
-                lines.append(f"| {e['setting']} | {e['seed']} | {sigma} | {eps} | {e['test_accuracy']:.4f} | "
+                setting = e["setting"] + (f" ({e['num_clients']} clients)" if source == "held-out" else "")
+                lines.append(f"| {setting} | {e['seed']} | {sigma} | {eps} | {e['test_accuracy']:.4f} | "
                              f"{source} {r['nonmembers']:,} | {r['attack']} | {_fmt(r, 'auc')} | {_fmt(r, 'tpr_at_fpr_0.01')} | "
                              f"{_fmt(r, 'tpr_at_fpr_0.001')} | {_verdict(r, floor)} |")
         lines.append("")
