@@ -1,0 +1,95 @@
+"""The client's budget on the secure path against a deviating server (review6 Y2, Y3), with the real
+ClientApp handlers on the in-process engine: node state rolled back after a masked reply, and seeded rounds."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients import client_app as real
+from fedprivacy.fl.client_policy import PolicyRefusal
+from fedprivacy_flwr import codec
+from server.engine import run_inprocess
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = {"num-server-rounds": 1, "accountant": "rdp", "client-timeout": 120.0, "local-epochs": 1,
+        "privacy": "distributed", "secagg": True, "noise-multiplier": 1.0, "clip-norm": 1.0,
+        "target-delta": 1e-3, "max-failed-fraction": 1.0}
+
+
+def _app(floor: dict[str, Any], masked=None, *, budget: Path) -> ClientApp:
+    """The real handlers, each node with ``floor`` in its node config (the operator's, not the server's);
+    node 0 keeps its budget file at ``budget`` (a node's file is its own)."""
+    def with_floor(handler):
+        def run(msg, context):
+            own = {"client-budget-path": str(budget)} if context.node_config["partition-id"] == 0 else {}
+            context.node_config = {**context.node_config, **floor, **own}
+            return handler(msg, context)
+        return run
+
+    app = ClientApp()
+    app.query()(with_floor(real.query))
+    app.query("secagg_advertise")(with_floor(real.secagg_advertise))
+    app.query("secagg_share")(with_floor(real.secagg_share))
+    app.train("secagg_masked")(with_floor(masked or real.secagg_masked))
+    app.query("secagg_consistency")(with_floor(real.secagg_consistency))
+    app.query("secagg_unmask")(with_floor(real.secagg_unmask))
+    return app
+
+
+def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_path: Path) -> None:
+    # Arrange (review6 Y2): the reply leaves, then Flower's node-state save is lost (the state goes back to
+    # what it was before the masked stage) and the server sends the same round's masked request again: the
+    # same masks and XNoise would answer it, and the difference of the two replies is the client's update
+    budget = tmp_path / "budget.jsonl"
+    seen: dict[str, Any] = {}
+
+    def masked_twice(msg: Message, context):
+        if context.node_config["partition-id"] != 0:
+            return real.secagg_masked(msg, context)
+        before = copy.deepcopy(context.state)
+        reply = real.secagg_masked(msg, context)
+        for k in list(context.state.keys()):
+            del context.state[k]
+        for k, v in before.items():
+            context.state[k] = v
+        instr, _ = codec.decode_train(msg)
+        again = Message(RecordDict({**{k: v for k, v in msg.content.items() if k != "config"},
+                                    "config": codec.instructions_record(dataclasses.replace(instr, learning_rate=1e-30))}),
+                        dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
+                        group_id=msg.metadata.group_id)
+        try:
+            real.secagg_masked(again, context)
+            seen["replayed"] = True
+        except PolicyRefusal as exc:
+            seen["refused"] = str(exc)
+        return reply
+
+    floor = {"client-max-rho-total": 20.0}
+    # Act
+    run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "y2"},
+                  num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=_app(floor, masked_twice, budget=budget))
+    # Assert: the replay is refused by the durable record, which holds the one charge of round 1
+    assert "replayed" not in seen and "already released by this client" in seen["refused"]
+    charges = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [(c["round"], c["mode"]) for c in charges] == [(1, "distributed")]
+
+
+def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> None:
+    # Arrange (review6 Y3): the operator allows the seeded research mode; the server's seed fixes the XNoise,
+    # so the server can subtract it: the round costs an unbounded rho, which a finite total cannot pay
+    budget = tmp_path / "budget.jsonl"
+    floor = {"client-max-rho-total": 20.0, "client-allow-seeded": True}
+    # Act
+    run_inprocess(run_config={**BASE, "seed": 11, "output-dir": str(tmp_path), "run-name": "y3"},
+                  num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=_app(floor, budget=budget))
+    # Assert: every client refused at its share stage (before any secret left it): nothing released or charged
+    res = json.loads((tmp_path / "y3" / "results.json").read_text())
+    assert res["status"] == "clients-failed" and all(r.get("aborted") for r in res["rounds"])
+    assert not budget.exists() or len(budget.read_text().splitlines()) <= 1
