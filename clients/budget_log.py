@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fedprivacy.fl.secure import EncodingSpec
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["charge", "charge_held", "check", "hold", "secagg_rho"]
+__all__ = ["charge", "charge_held", "check", "hold", "record_stage", "secagg_rho"]
 
 _STATE = "client-budget"
 _PENDING = "client-budget-pending"
@@ -51,6 +51,13 @@ def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mo
     budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode)
     if budget.path is None:
         context.state[_STATE] = ConfigRecord(budget.to_state())
+
+
+def record_stage(context: Context, policy: ClientPolicy, *, round: int, stage: str) -> None:
+    """Record durably (with a budget file) that this node answered round ``round``'s ``stage``; refuse a
+    second answer (:meth:`fedprivacy.fl.client_budget.ClientBudget.record_stage`, review6 Y2)."""
+    if policy.budget_path:
+        policy.budget().record_stage(run=str(context.run_id), round=round, stage=stage)
 
 
 def secagg_rho(policy: ClientPolicy, encoding: EncodingSpec, setup: SetupRequest, *, roster: int) -> float:

@@ -142,15 +142,19 @@ def consistency(msg: Message, context: Context, *, cfg: RunConfig, partition_id:
                 policy: ClientPolicy) -> Message:
     """Stage 4 (+ round r+1's advertise on the active schedule)."""
     request = from_records(msg.content, stage="consistency")
-    return _reply(msg, "consistency", client_consistency(_store(context), _key(context), request), context,
-                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    reply = _reply(msg, "consistency", client_consistency(_store(context), _key(context), request), context,
+                   next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    budget_log.record_stage(context, policy, round=request.round, stage="consistency")  # before it leaves
+    return reply
 
 
 def unmask(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int, policy: ClientPolicy) -> Message:
     """Stage 5 (+ round r+1's share stage)."""
     request = from_records(msg.content, stage="unmask")
-    return _reply(msg, "unmask", client_unmask(_store(context), _key(context), request), context,
-                  next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    reply = _reply(msg, "unmask", client_unmask(_store(context), _key(context), request), context,
+                   next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
+    budget_log.record_stage(context, policy, round=request.round, stage="unmask")  # before it leaves
+    return reply
 
 
 __all__ = ["advertise", "consistency", "masked", "share", "unmask"]

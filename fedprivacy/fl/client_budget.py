@@ -32,7 +32,8 @@ returned (so nothing was released on it) and is dropped. Without a path the char
 
 File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring), then one
 ``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
-``"inf"``), ``at`` (UTC time).
+``"inf"``), ``at`` (UTC time); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
+consistency and unmask answer (:meth:`ClientBudget.record_stage`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class ClientBudget:
         if self.path is not None and charges:
             raise ValueError("give either a budget file (path) or the node state's charges, not both")
         self._charges: list[BudgetCharge] = list(charges)
+        self._stages: set[tuple[str, int, str]] = set()  # (run, round, stage) answered (the file's record)
         if self.path is not None:
             with self._locked() as fh:
                 self._charges = self._read(fh)
@@ -203,6 +205,30 @@ class ClientBudget:
         self._charges.append(charge)
         return charge
 
+    def record_stage(self, *, run: str, round: int, stage: str) -> None:
+        """Record durably (file only) that this node answered ``stage`` of round ``round`` of ``run``;
+        refuse (:class:`PolicyRefusal`, nothing written) a second answer. Call before the reply leaves.
+
+        A secure round's consistency stage (the signed view) and unmask stage (which of each peer's two
+        shares it reveals) must each be answered once: revealing a survivor's self-mask share and, after a
+        second request, its pairwise-key share would let the server unmask that peer's own vector. The
+        session that enforces it lives in Flower's node state, which a lost save rolls back (review6 Y2);
+        the budget file, written before the reply leaves, does not roll back.
+        """
+        if self.path is None:
+            return
+        with self._locked() as fh:
+            self._charges = self._read(fh)
+            if (str(run), int(round), stage) in self._stages:
+                raise PolicyRefusal(f"round {round}'s {stage} stage of this run was already answered by this "
+                                    "client (on record): a second answer is refused")
+            fh.seek(0, os.SEEK_END)
+            line = {"kind": "stage", "run": str(run), "round": int(round), "stage": stage}
+            fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._stages.add((str(run), int(round), stage))
+
     # ------------------------------------------------------------------ node state (no file)
     def to_state(self) -> dict[str, Any]:
         """The node-state record of the charges (only without a file)."""
@@ -251,6 +277,7 @@ class ClientBudget:
             os.fsync(fh.fileno())
         lines = complete.decode("utf-8").split("\n") if complete else []
         charges: list[BudgetCharge] = []
+        self._stages = set()
         for i, line in enumerate(lines):
             try:
                 rec = json.loads(line)
@@ -265,6 +292,9 @@ class ClientBudget:
                         f"client budget file {self.path} sums rho under {rec.get('neighbouring')!r}, this "
                         f"client computes it under {self.neighbouring!r} (node config client-neighbouring); "
                         "use another client-budget-path or the file's relation")
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "stage":
+                self._stages.add((str(rec["run"]), int(rec["round"]), str(rec["stage"])))
                 continue
             if not isinstance(rec, dict) or rec.get("kind") != "charge":
                 raise ValueError(f"client budget file {self.path} line {i + 1} is not a charge: {rec!r}")

@@ -60,7 +60,7 @@ def _message(weights: list[np.ndarray], **changes: object):
 def _file_charges(path: Path) -> list[dict]:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0] == {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": "add-remove"}
-    return lines[1:]
+    return [ln for ln in lines[1:] if ln["kind"] == "charge"]  # secure rounds' stage lines aside
 
 
 # ------------------------------------------------------------------ the adversary, local mode

@@ -23,7 +23,7 @@ BASE = {"num-server-rounds": 1, "accountant": "rdp", "client-timeout": 120.0, "l
         "target-delta": 1e-3, "max-failed-fraction": 1.0}
 
 
-def _app(floor: dict[str, Any], masked=None, *, budget: Path) -> ClientApp:
+def _app(floor: dict[str, Any], masked=None, *, budget: Path, consistency=None, unmask=None) -> ClientApp:
     """The real handlers, each node with ``floor`` in its node config (the operator's, not the server's);
     node 0 keeps its budget file at ``budget`` (a node's file is its own)."""
     def with_floor(handler):
@@ -38,8 +38,8 @@ def _app(floor: dict[str, Any], masked=None, *, budget: Path) -> ClientApp:
     app.query("secagg_advertise")(with_floor(real.secagg_advertise))
     app.query("secagg_share")(with_floor(real.secagg_share))
     app.train("secagg_masked")(with_floor(masked or real.secagg_masked))
-    app.query("secagg_consistency")(with_floor(real.secagg_consistency))
-    app.query("secagg_unmask")(with_floor(real.secagg_unmask))
+    app.query("secagg_consistency")(with_floor(consistency or real.secagg_consistency))
+    app.query("secagg_unmask")(with_floor(unmask or real.secagg_unmask))
     return app
 
 
@@ -77,8 +77,8 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
                   num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=_app(floor, masked_twice, budget=budget))
     # Assert: the replay is refused by the durable record, which holds the one charge of round 1
     assert "replayed" not in seen and "already released by this client" in seen["refused"]
-    charges = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
-    assert [(c["round"], c["mode"]) for c in charges] == [(1, "distributed")]
+    lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
 
 
 def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> None:
@@ -93,3 +93,42 @@ def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> N
     res = json.loads((tmp_path / "y3" / "results.json").read_text())
     assert res["status"] == "clients-failed" and all(r.get("aborted") for r in res["rounds"])
     assert not budget.exists() or len(budget.read_text().splitlines()) <= 1
+
+
+def _answered_twice(handler, seen: dict[str, Any], name: str):
+    """Node 0 answers, its node-state save is lost, and the server sends the same request again."""
+    def run(msg: Message, context):
+        if context.node_config["partition-id"] != 0:
+            return handler(msg, context)
+        before = copy.deepcopy(context.state)
+        reply = handler(msg, context)
+        for k in list(context.state.keys()):
+            del context.state[k]
+        for k, v in before.items():
+            context.state[k] = v
+        try:
+            handler(msg, context)
+            seen[name] = "answered again"
+        except PolicyRefusal as exc:
+            seen[name] = str(exc)
+        return reply
+    return run
+
+
+def test_the_consistency_and_unmask_stages_are_answered_once_despite_a_lost_node_state(tmp_path: Path) -> None:
+    # Arrange (review6 Y2's residue): after a rollback the session no longer knows it signed a view or
+    # revealed shares; a second unmask request with another dropped set would reveal a survivor's other share
+    budget = tmp_path / "budget.jsonl"
+    seen: dict[str, Any] = {}
+    app = _app({"client-max-rho-total": 20.0}, budget=budget,
+               consistency=_answered_twice(real.secagg_consistency, seen, "consistency"),
+               unmask=_answered_twice(real.secagg_unmask, seen, "unmask"))
+    # Act
+    run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "y2b"},
+                  num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=app)
+    # Assert: both second answers refused from the file's record, which holds one line per stage
+    assert "consistency stage of this run was already answered" in seen["consistency"]
+    assert "unmask stage of this run was already answered" in seen["unmask"]
+    lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("charge", None), ("stage", "consistency"),
+                                                              ("stage", "unmask")]
