@@ -55,7 +55,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="SuperNodes actually started (default N; fewer leaves partitions unanswered)")
     p.add_argument("--run-config", default="", help='overrides, e.g. "num-server-rounds=2 local-epochs=1"')
     p.add_argument("--node-config", default="", help="extra node config for every SuperNode, e.g. "
-                   "'client-allow-seeded=true' (the client's own privacy floor)")
+                   "\"client-allow-seeded=true client-max-rho-total='inf'\" (the client's own privacy floor; a seeded "
+                   "round costs an unbounded rho)")
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one; Flower's is 8000)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before giving up on flwr run")
     p.add_argument("--logs", type=Path, default=None, help="keep the SuperLink/SuperNode logs in this folder")

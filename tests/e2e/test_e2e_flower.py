@@ -81,8 +81,10 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
     # Arrange: one SuperLink and three SuperNodes, each on its own port, insecure, loopback only
     out = tmp_path / "runs"
     run_config = f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 accountant='rdp'"
-    # Act (the operator's own floor: this seeded research run needs its consent)
-    proc, left = _run_deployment("--supernodes", "3", "--node-config", "client-allow-seeded=true",
+    # Act (the operator's own floor: this seeded research run needs its consent, and an unbounded total, since
+    # a seeded round's noise is the server's to regenerate: it costs rho = inf, review6 Y3)
+    proc, left = _run_deployment("--supernodes", "3", "--node-config",
+                                 "client-allow-seeded=true client-max-rho-total='inf'",
                                  "--run-config", run_config, "--timeout", "1200")
     # Assert
     log = proc.stdout + proc.stderr
