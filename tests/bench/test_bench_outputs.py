@@ -154,6 +154,32 @@ def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_t
     assert "bundled digits" in bench.setup_notes("digits-100k", digits)[0]
 
 
+def test_dirichlet_setup_gives_600_clients_at_least_20_skewed_examples_each_at_100_per_round(monkeypatch) -> None:
+    from fedprivacy.ml import load_partition
+    from fedprivacy.ml.partition import partition_sizes
+    from fedprivacy_bench import task
+
+    bench = _script()
+    asked = _fake_calibration(monkeypatch, bench)
+    specs = bench.setup_sweep("fedavgm-dir600", epsilons=(4.0,), modes=("none", "central"))
+    assert {(s.partitioner, s.dirichlet_alpha, s.min_partition_size, s.num_clients, s.clients_per_round,
+             s.rounds, s.server_optimizer, s.label) for s in specs} == {
+        ("dirichlet", 0.5, 20, 600, 100, 120, "fedavgm", "fashion dirichlet0.5 fedavgm-dir600")}
+    assert asked == [(4.0, 100 / 600, 120)]  # central's σ for the setup's own q and T
+    iid = bench.setup_sweep("fedavgm-c300", rounds=120, epsilons=(4.0,), modes=("none", "central"))
+    assert {s.key() for s in specs}.isdisjoint(s.key() for s in iid)  # kept models never overwrite
+    assert "dirichlet0.5-n600" in specs[0].key() and "iid" not in specs[0].label  # not an IID goal row
+    with pytest.raises(ValueError, match="holdout"):
+        bench.setup_sweep("fedavgm-dir600", holdout=True)
+    # the real partition (flwr-datasets' DirichletPartitioner through fedprivacy): every client >= 20,
+    # and label-skewed (the largest class holds ~37% of a client's images; IID 100 per client: ~15%)
+    data = task.data_spec_for(specs[0])
+    sizes = np.asarray(partition_sizes(data, 600))
+    assert sizes.sum() == 60_000 and sizes.min() >= 20
+    share = [np.bincount(load_partition(data, i, 600).y, minlength=10).max() / n for i, n in enumerate(sizes)]
+    assert np.mean(share) > 0.3
+
+
 def test_local_rows_are_calibrated_under_replace_one_as_fedprivacy_accounts_them() -> None:
     from fedprivacy.accounting.accountant import epsilon_for
 
