@@ -435,8 +435,17 @@ def _rel(a: float | None, b: float | None) -> str:
     return "–" if a is None or not b else f"{100 * (a / b - 1):+.1f}%"
 
 
+def _per_seed(acc: Sequence[float]) -> str:
+    """Accuracy per seed, then (several seeds) their mean and min–max: ``a / b / c → m (lo–hi)``."""
+    cell = " / ".join(f"{a:.3f}" for a in acc)
+    if len(acc) > 1:
+        cell += f" → {sum(acc) / len(acc):.4f} ({min(acc):.3f}–{max(acc):.3f})"
+    return cell
+
+
 def distributed_markdown(pairs: Sequence[Mapping[str, Any]]) -> str:
-    """One line per (setup, σ): accuracy per seed, the difference, and both audiences' ε beside central's."""
+    """One line per (setup, σ): accuracy per seed (with several seeds their mean and min–max), the
+    difference, and both audiences' ε beside central's."""
     if not pairs:
         return ""
     lines = ["| setup | σ | q | T | seeds | central acc | distributed acc | Δ points (mean; per seed) | "
@@ -454,8 +463,7 @@ def distributed_markdown(pairs: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {p['label']} | {p['noise_multiplier']:.4f} | {_f(p['sample_rate'], 3)} | {p['rounds']} | "
             f"{','.join(map(str, p['seeds']))} | "
-            f"{' / '.join(f'{a:.3f}' for a in p['central_accuracy'])} | "
-            f"{' / '.join(f'{a:.3f}' for a in p['distributed_accuracy'])} | "
+            f"{_per_seed(p['central_accuracy'])} | {_per_seed(p['distributed_accuracy'])} | "
             f"{p['mean_points']:+.2f}; {' / '.join(f'{x:+.1f}' for x in p['points'])} | "
             f"{_f(p['central_epsilon'], 4)} | {eps} | {_f(p['delta'])} |")
     return "\n".join(lines)

@@ -163,7 +163,8 @@ def test_distributed_rows_pair_with_central_of_the_same_run_and_state_both_audie
     assert abs(p["mean_points"] - (-0.5 + 1.0 - 1.0) / 3) < 1e-9
     assert (p["epsilon_server"], p["epsilon_observers"], p["central_epsilon"]) == (10.35, 3.004, 3.0)
     table = distributed_markdown(pairs)
-    assert "| digits 100k setup | 1.0400 | 0.1 | 15 | 0,1,2 | 0.770 / 0.780 / 0.760 |" in table
+    assert "| digits 100k setup | 1.0400 | 0.1 | 15 | 0,1,2 | 0.770 / 0.780 / 0.760 → 0.7700 (0.760–0.780) | " \
+        "0.765 / 0.790 / 0.750 → 0.7683 (0.750–0.790) |" in table  # per seed, mean, min–max
     assert "3.004 (+0.1%)" in table and "10.35 (+0.1% vs 10.34)" in table
     goal = distributed_goal(pairs)
     assert goal["verdict"] == "met" and "-0.17 points over seeds 0,1,2" in goal["figures"]
