@@ -96,8 +96,10 @@ class TabulatedDiscreteGaussian:
         bits = _guide_bits(2 * k + 1)
         self._shift = np.uint64(64 - bits)
         starts = np.arange(1 << bits, dtype=np.uint64) << self._shift
-        self._guide = (np.searchsorted(self._top, starts, side="right") - 1).astype(np.int32)
+        guide = np.searchsorted(self._top, starts, side="right") - 1
         self._next = np.append(self._top[1:], np.uint64(2**64 - 1))  # C_top[i+1] (last: +inf)
+        self._guide = _flag_mixed(guide, starts, top=self._top, nxt=self._next, shift=int(self._shift),
+                                  total_top=self._total >> (s - 64))
         self.ratio_bound, self.tail_mass = law_bounds(v)
 
     def __repr__(self) -> str:
@@ -135,26 +137,39 @@ class TabulatedDiscreteGaussian:
 
     def _locate(self, top: np.ndarray) -> np.ndarray:
         """Largest ``i`` with ``C_top[i] <= top``: guide table, one step, bisection for the rest."""
-        idx = self._guide[top >> self._shift]
-        nxt = self._next[idx]
-        more = np.flatnonzero(nxt <= top)  # the bucket holds more than one entry boundary (rare)
+        g = self._guide[top >> self._shift]
+        return self._settle(np.where(g < 0, ~g, g), top).astype(np.int64)
+
+    def _settle(self, idx: np.ndarray, top: np.ndarray) -> np.ndarray:
+        """``idx`` (the entry holding each word's bucket start) moved to the largest ``i`` with
+        ``C_top[i] <= top``: one step, bisection for a bucket holding more than one boundary."""
+        more = np.flatnonzero(self._next[idx] <= top)  # rare
         if more.size:
             idx[more] = np.searchsorted(self._top, top[more], side="right") - 1
-        return idx.astype(np.int64)
+        return idx
 
     def sample(self, size: int, *, rng: RandomSource) -> np.ndarray:
-        """``size`` draws (int64) from ``q``: one 64-bit word per draw, more for rare ties/rejections."""
+        """``size`` draws (int64) from ``q``: one 64-bit word per draw, more for rare ties/rejections.
+
+        A draw in a clean bucket (no table word in it, below the rejection point: ~98% of them, see
+        :func:`_flag_mixed`) is its bucket's entry, read off the guide alone; the others are located
+        and checked for ties and rejection as a whole-table search would (same index, tested).
+        """
         n = int(size)
         if n < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         total_top = np.uint64(self._total >> (PRECISION_BITS - 64))
         top = np.asarray(rng.random_bits(bits=64, size=n), dtype=np.uint64).reshape(-1)
-        idx = self._locate(top)
-        odd = np.flatnonzero((self._top[idx] == top) | (top >= total_top))
-        out = idx
-        out -= self.k
-        for j in odd.tolist():  # ties with a table word (probability < (2k+2) 2^-64) or U >= total
-            out[j] = self._draw_slow(int(top[j]), rng)
+        g = self._guide[top >> self._shift]
+        out = np.subtract(g, self.k, dtype=np.int64)
+        mixed = np.flatnonzero(g < 0)
+        if mixed.size:
+            words = top[mixed]
+            idx = self._settle(~g[mixed], words)
+            out[mixed] = idx - self.k
+            odd = mixed[np.flatnonzero((self._top[idx] == words) | (words >= total_top))]
+            for j in odd.tolist():  # ties with a table word (probability < (2k+2) 2^-64) or U >= total
+                out[j] = self._draw_slow(int(top[j]), rng)
         return out
 
     def _draw_slow(self, u_top: int, rng: RandomSource) -> int:
@@ -209,6 +224,23 @@ def _spot_check(arg: np.ndarray, w: np.ndarray, *, points: int = 64) -> None:
     if not worst <= EXP_ERROR:
         raise ArithmeticError(f"numpy exp has relative error {worst:.3g} > {EXP_ERROR:.3g} on this "
                               "table's weights; refusing to sample")
+
+
+def _flag_mixed(guide: np.ndarray, starts: np.ndarray, *, top: np.ndarray, nxt: np.ndarray, shift: int,
+                total_top: int) -> np.ndarray:
+    """The guide as int32, with ``~entry`` (negative) for a *mixed* bucket.
+
+    A bucket ``[start, end]`` is clean when no table word lies in it (``C_top[g] < start`` and
+    ``C_top[g+1] > end`` for its entry ``g``) and ``end < total_top``: every word in it then locates
+    to ``g``, ties with no table word and is not rejected, so a draw there is ``g`` with no further
+    check. Every other bucket is mixed and takes the full search. Only a speed-up (the located
+    index, the tie and rejection tests are those of the whole-table search for every word).
+    """
+    ends = starts | np.uint64((1 << shift) - 1)
+    clean = (top[guide] < starts) & (nxt[guide] > ends) & (ends < np.uint64(total_top))
+    out = guide.astype(np.int32)
+    np.invert(out, out=out, where=~clean)
+    return out
 
 
 def _support(v: float) -> int:

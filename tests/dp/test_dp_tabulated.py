@@ -162,6 +162,30 @@ def test_guide_table_of_any_size_locates_what_a_plain_bisection_locates(variance
         assert np.array_equal(idx, want), bits
 
 
+@pytest.mark.parametrize("variance", [0.3, 2.0, 100.0, 2500.0, 40000.0, 4e6])
+def test_a_draw_in_a_clean_bucket_is_what_the_whole_table_search_gives(variance: float) -> None:
+    """The guide's clean buckets (issue 16: their draws skip the search and the tie/rejection checks):
+    for every bucket's first and last word, every table word and its neighbours and random words, a
+    word in a clean bucket locates to the bucket's entry, ties with no table word and is not
+    rejected; most random words are clean."""
+    t = TabulatedDiscreteGaussian(variance)
+    shift = np.uint64(t._shift)
+    starts = np.arange(t._guide.size, dtype=np.uint64) << shift
+    ends = starts | np.uint64((1 << int(shift)) - 1)
+    rnd = np.random.default_rng(4).integers(0, 2**64, size=50000, dtype=np.uint64, endpoint=False)
+    edges = t._top[t._top > 0]
+    words = np.concatenate([starts, ends, rnd, t._top, edges - np.uint64(1), t._top + np.uint64(1)])
+    g = t._guide[words >> shift]
+    clean = g >= 0
+    want = np.searchsorted(t._top, words, side="right") - 1
+    assert np.array_equal(g[clean], want[clean])
+    total_top = np.uint64(t._total >> (PRECISION_BITS - 64))
+    assert not ((t._top[want] == words) | (words >= total_top))[clean].any()
+    entry = np.searchsorted(t._top, starts, side="right") - 1  # clean or mixed, the bucket's entry
+    assert np.array_equal(np.where(t._guide < 0, ~t._guide, t._guide), entry)
+    assert (t._guide[rnd >> shift] >= 0).mean() > 0.95
+
+
 def test_seeded_stream_known_answer() -> None:
     """SHA-256 of seeded draws, recorded before the guide-table change (the XNoise KAT covers one
     variance; these cover the sizes of guide from 2^14 to 2^20 buckets)."""
