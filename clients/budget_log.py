@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fedprivacy.fl.secure import EncodingSpec
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["charge", "charge_held", "check", "hold", "record_stage", "secagg_rho"]
+__all__ = ["charge", "charge_held", "check", "hold", "record_stage", "secagg_cost"]
 
 _STATE = "client-budget"
 _PENDING = "client-budget-pending"
@@ -43,12 +43,15 @@ def check(context: Context, policy: ClientPolicy, rho: float, *, round: int, mod
         _load(context, policy).check(rho, round=round, what=mode)
 
 
-def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str) -> None:
-    """Charge the round (durably with a budget file); call right before its reply leaves the client."""
+def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
+           slack: tuple[float, float] = (0.0, 0.0)) -> None:
+    """Charge the round (durably with a budget file); call right before its reply leaves the client.
+    ``slack``: a distributed round's ``(eta + A, G)`` (:func:`secagg_cost`)."""
     if not _enforced(policy):
         return
     budget = _load(context, policy)
-    budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode)
+    budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode, slack=slack[0],
+                  tv=slack[1])
     if budget.path is None:
         context.state[_STATE] = ConfigRecord(budget.to_state())
 
@@ -60,35 +63,45 @@ def record_stage(context: Context, policy: ClientPolicy, *, round: int, stage: s
         policy.budget().record_stage(run=str(context.run_id), round=round, stage=stage)
 
 
-def secagg_rho(policy: ClientPolicy, encoding: EncodingSpec, setup: SetupRequest, *, roster: int) -> float:
-    """The ρ of a secure round's release: the worst released sum of the encoding the server sent
-    (:meth:`ClientPolicy.check_distributed`, which also refuses an encoding outside the floor); a
-    sum without noise (``privacy = none`` under secure aggregation) costs ``ρ = ∞``."""
+def secagg_cost(policy: ClientPolicy, encoding: EncodingSpec, setup: SetupRequest, *,
+                roster: int) -> tuple[float, tuple[float, float]]:
+    """``(ρ, (slack, tv))`` of a secure round's release: the worst released sum of the encoding the
+    server sent (:meth:`ClientPolicy.check_distributed`, which also refuses an encoding outside the
+    floor) and that release's discrete slack (:meth:`ClientPolicy.distributed_release`, review6 Y1);
+    a sum without noise (``privacy = none`` under secure aggregation) costs ``ρ = ∞``."""
     if encoding.kind != "ddgauss":
-        return math.inf
-    return policy.check_distributed(encoding.ddp(), setup=setup, roster=roster)
+        return math.inf, (0.0, 0.0)
+    ddp = encoding.ddp()
+    rho = policy.check_distributed(ddp, setup=setup, roster=roster)
+    release = policy.distributed_release(ddp, roster=roster)
+    return rho, (release.eta + release.sampler_ratio, release.sampler_tv)
 
 
-def hold(context: Context, policy: ClientPolicy, rho: float, *, round: int) -> None:
-    """Remember the ρ the client accepted at round ``round``'s share stage until its masked stage
-    (a client may hold two live rounds: round r+1's share stage rides on round r's unmask)."""
+def hold(context: Context, policy: ClientPolicy, rho: float, *, round: int,
+         slack: tuple[float, float] = (0.0, 0.0)) -> None:
+    """Remember the ρ (and slack) the client accepted at round ``round``'s share stage until its masked
+    stage (a client may hold two live rounds: round r+1's share stage rides on round r's unmask)."""
     if not _enforced(policy):
         return
     record = context.state.config_records.get(_PENDING)
     pending = {k: v for k, v in (record or {}).items() if int(k) >= round - 1}
-    pending[str(int(round))] = "inf" if math.isinf(rho) else float(rho)
+    pending[str(int(round))] = "inf" if math.isinf(rho) else [float(rho), float(slack[0]), float(slack[1])]
     context.state[_PENDING] = ConfigRecord(pending)  # type: ignore[arg-type]
 
 
 def charge_held(context: Context, policy: ClientPolicy, *, round: int, mode: str) -> None:
-    """Charge the ρ accepted at round ``round``'s share stage (before the masked vector leaves);
-    refused when that stage did not run on this node."""
+    """Charge the ρ and slack accepted at round ``round``'s share stage (before the masked vector
+    leaves); refused when that stage did not run on this node."""
     if not _enforced(policy):
         return
     record = context.state.config_records.get(_PENDING)
     if record is None or str(round) not in record:
         raise PolicyRefusal(f"masked stage of round {round} without this client's share stage of that round")
-    rho = record[str(round)]
-    charge(context, policy, math.inf if rho == "inf" else float(rho), round=round, mode=mode)  # type: ignore[arg-type]
+    held = record[str(round)]
+    if held == "inf":
+        charge(context, policy, math.inf, round=round, mode=mode)
+    else:
+        rho, slack, tv = (float(v) for v in held)  # type: ignore[union-attr]
+        charge(context, policy, rho, round=round, mode=mode, slack=(slack, tv))
     pending = {k: v for k, v in record.items() if k != str(round)}
     context.state[_PENDING] = ConfigRecord(pending)  # type: ignore[arg-type]

@@ -100,14 +100,15 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
     # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it; a seeded
     # round's XNoise follows from the server's seed, so its sum carries no noise against the server (review6 Y3)
-    rho = budget_log.secagg_rho(policy, encoding, _store(context).get(_key(context), round=request.round).setup,
-                                roster=len(request.node_ids))
+    rho, slack = budget_log.secagg_cost(policy, encoding,
+                                        _store(context).get(_key(context), round=request.round).setup,
+                                        roster=len(request.node_ids))
     if policy.seed(instr.seed) >= 0:
         rho = math.inf
     budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy)
     out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
                        cfg=cfg, policy=policy)
-    budget_log.hold(context, policy, rho, round=request.round)
+    budget_log.hold(context, policy, rho, round=request.round, slack=slack)
     return out
 
 

@@ -177,6 +177,7 @@ __all__ = [
     "rounded_l1_norm_bound",
     "rounded_l2_norm_bound",
     "round_event",
+    "slack_epsilon",
     "sum_divergence_tau",
     "zcdp_epsilon",
 ]
@@ -841,13 +842,13 @@ class _Composed:
         return h
 
     def pld(self, sampling: Sampling | CohortRuleSampling) -> float:
-        slack, tv = self.slack, self.tv
-        d_eff = self.delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
-        eps = _gaussian_epsilon(self.releases, sampling, delta=d_eff, neighbouring=self.neighbouring,
-                                backend=self.backend) + 2.0 * slack
-        if tv and eps > math.log(_TV_SHARE * self.delta / tv):  # e^eps * TV must stay <= share * delta
-            return math.inf  # not certified this way (epsilon > ~150)
-        return eps
+        self.slack  # noqa: B018 -- refuses a slack too large before any composition
+        rs = self.releases
+        return slack_epsilon(
+            lambda d: _gaussian_epsilon(rs, sampling, delta=d, neighbouring=self.neighbouring,
+                                        backend=self.backend),
+            delta=self.delta, ratio=math.fsum(r.eta for r in rs) + math.fsum(r.sampler_ratio for r in rs),
+            tv=self.tv)
 
     def rdp(self) -> float:
         orders = list(RDP_ORDERS)
@@ -902,6 +903,31 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
 
 #: Share of delta reserved for the tabulated sampler's truncation (``e^eps TV <= share delta``).
 _TV_SHARE = 1e-6
+
+
+def slack_epsilon(gaussian_epsilon: Callable[[float], float], *, delta: float, ratio: float,
+                  tv: float) -> float:
+    """The module's chain ("Sampler") for any composed dominating Gaussian:
+    ``eps_G(delta (1 - 1e-6) e^-H') + 2H'`` with ``H' = ratio - log(1 - tv)``.
+
+    Over an adaptive composition of rounds each within ``e^(+-(eta + A))`` (pointwise, both datasets)
+    of a truncated-exact release that is ``G``-close in total variation to a post-processed Gaussian
+    mechanism, ``delta(eps) <= e^H' delta_G(eps - 2H') + e^eps sum G``: ``ratio = sum (eta + A)`` and
+    ``tv = sum G`` over the rounds. ``gaussian_epsilon(d)`` is the epsilon at delta ``d`` of the composed
+    dominating Gaussians (a PLD accountant's, or ρ-zCDP's conversion for the client's own total).
+    ``1e-6 delta`` is reserved for the TV term; returns ``inf`` when ``e^eps tv`` would exceed it (not
+    certified this way, epsilon above ~150).
+    """
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if not (ratio >= 0 and 0 <= tv < 1):
+        raise ValueError(f"slack must have ratio >= 0 and tv in [0, 1), got ratio={ratio}, tv={tv}")
+    slack = ratio - math.log1p(-tv)
+    d_eff = delta * (1.0 - _TV_SHARE if tv else 1.0) * math.exp(-slack)
+    eps = gaussian_epsilon(d_eff) + 2.0 * slack
+    if tv and eps > math.log(_TV_SHARE * delta / tv):  # e^eps * TV must stay <= share * delta
+        return math.inf
+    return eps
 
 
 # ============================================================================ calibration

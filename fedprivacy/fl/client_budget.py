@@ -9,7 +9,8 @@ that would take the sum above its own ``client-max-rho-total``.
 
 The sum. Every round's release is charged at the ρ the client itself computed from what it really
 sends (:meth:`ClientPolicy.round_rho`: ``local`` ``2/z²`` of its own noise; ``distributed`` the
-dominating Gaussian of the worst released sum it accepted at its share stage). zCDP composes
+dominating Gaussian of the worst released sum it accepted at its share stage, with that release's
+small discrete slack recorded beside it and added by :func:`total_epsilon`). zCDP composes
 additively under adaptive composition: ρ₁-zCDP then ρ₂-zCDP (the second chosen after seeing the
 first's output) is (ρ₁+ρ₂)-zCDP (Bun & Steinke 2016, "Concentrated Differential Privacy:
 Simplifications, Extensions, and Lower Bounds", Lemma 2.3 / Prop. 1.9), so the total bounds the
@@ -32,7 +33,8 @@ returned (so nothing was released on it) and is dropped. Without a path the char
 
 File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring), then one
 ``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
-``"inf"``), ``at`` (UTC time); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
+``"inf"``), ``at`` (UTC time), and for a ``distributed`` round its discrete slack ``slack`` and ``tv``
+(:class:`BudgetCharge`; absent means 0); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
 consistency and unmask answer (:meth:`ClientBudget.record_stage`).
 """
 
@@ -52,7 +54,7 @@ from typing import Any
 from fedprivacy.accounting.accountant import _fsync_dir
 from fedprivacy.fl.client_policy import PolicyRefusal
 
-__all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget"]
+__all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget", "total_epsilon"]
 
 BUDGET_FORMAT = "fedprivacy.client-budget/v1"
 
@@ -66,32 +68,62 @@ class BudgetCharge:
         round: the round number.
         mode: the privacy mode of the round.
         rho: its zCDP ρ (``math.inf``: released without the client's noise).
+        slack: a ``distributed`` round's density-ratio slack ``eta + A`` (an additive epsilon of the
+            discrete release over its dominating Gaussian, :mod:`fedprivacy.accounting.distributed`).
+        tv: that round's sampler-truncation term ``G`` (total variation, an additive delta).
     """
 
     run: str
     round: int
     mode: str
     rho: float
+    slack: float = 0.0
+    tv: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.round, bool) or not isinstance(self.round, int):
             raise TypeError(f"round must be an int, got {type(self.round).__name__}")
         if not (self.rho >= 0):  # NaN fails too
             raise ValueError(f"rho must be >= 0 (or inf), got {self.rho}")
+        if not (0 <= self.slack < math.inf and 0 <= self.tv < 1):
+            raise ValueError(f"slack must be finite and >= 0 and tv in [0, 1), got slack={self.slack}, "
+                             f"tv={self.tv}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "charge", "run": self.run, "round": self.round, "mode": self.mode,
-                "rho": "inf" if math.isinf(self.rho) else self.rho}
+        out: dict[str, Any] = {"kind": "charge", "run": self.run, "round": self.round, "mode": self.mode,
+                               "rho": "inf" if math.isinf(self.rho) else self.rho}
+        if self.slack or self.tv:
+            out.update(slack=self.slack, tv=self.tv)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BudgetCharge:
         rho = data["rho"]
         return cls(run=str(data["run"]), round=int(data["round"]), mode=str(data["mode"]),
-                   rho=math.inf if rho == "inf" else float(rho))
+                   rho=math.inf if rho == "inf" else float(rho), slack=float(data.get("slack", 0.0)),
+                   tv=float(data.get("tv", 0.0)))
 
 
 def _total(charges: Sequence[BudgetCharge]) -> float:
     return math.fsum(c.rho for c in charges) if all(math.isfinite(c.rho) for c in charges) else math.inf
+
+
+def total_epsilon(charges: Sequence[BudgetCharge], *, delta: float) -> float:
+    """The (ε, δ)-DP these releases compose to, against the server, at ``delta`` (inf if one is unbounded).
+
+    ρ-zCDP composes additively (Bun & Steinke 2016, Lemma 2.3) and converts at ``δ'`` by
+    :func:`fedprivacy.accounting.distributed.zcdp_epsilon` (Canonne, Kamath & Steinke 2020, Cor. 13);
+    the ``distributed`` rounds' discrete slack is added by the same chain as the server's figure
+    (:func:`fedprivacy.accounting.distributed.slack_epsilon`: ``+2H'`` with ``H' = sum slack - log(1 -
+    sum tv)``, at ``δ' = δ (1 - 1e-6) e^-H'``), so the total bounds the real discrete release (review6 Y1).
+    """
+    from fedprivacy.accounting.distributed import slack_epsilon, zcdp_epsilon
+
+    rho = _total(charges)
+    if math.isinf(rho):
+        return math.inf
+    return slack_epsilon(lambda d: zcdp_epsilon(rho=rho, delta=d), delta=delta,
+                         ratio=math.fsum(c.slack for c in charges), tv=math.fsum(c.tv for c in charges))
 
 
 class ClientBudget:
@@ -132,6 +164,11 @@ class ClientBudget:
     def spent(self) -> float:
         """The total ρ released so far (inf after a round without the client's noise)."""
         return _total(self._charges)
+
+    def epsilon(self, *, delta: float) -> float:
+        """The (ε, δ) of everything charged so far, slack of the discrete releases included
+        (:func:`total_epsilon`)."""
+        return total_epsilon(self._charges, delta=delta)
 
     def _refusal(self, rho: float, *, round: int, what: str) -> str | None:
         total = _total([*self._charges, BudgetCharge(run="", round=round, mode="", rho=rho)])
@@ -178,14 +215,16 @@ class ClientBudget:
         if reason is not None:
             raise PolicyRefusal(reason)
 
-    def charge(self, rho: float, *, run: str, round: int, mode: str, what: str = "") -> BudgetCharge:
+    def charge(self, rho: float, *, run: str, round: int, mode: str, what: str = "", slack: float = 0.0,
+               tv: float = 0.0) -> BudgetCharge:
         """Charge one round's release, durably (fsync) when there is a file; call before the reply leaves.
 
         Check first, change state last: under the file's lock the file is re-read, the total checked
         and only then the line appended and fsync'd. Raises :class:`PolicyRefusal` (nothing written)
         when the total cannot pay: the reply must then not be sent.
         """
-        charge = BudgetCharge(run=str(run), round=round, mode=mode, rho=float(rho))
+        charge = BudgetCharge(run=str(run), round=round, mode=mode, rho=float(rho), slack=float(slack),
+                              tv=float(tv))
         if self.path is None:
             reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what)
             if reason is not None:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.distributed import DistributedRelease
     from fedprivacy.config import RunConfig
     from fedprivacy.fl.client_budget import BudgetCharge, ClientBudget
     from fedprivacy.fl.types import ClientUpdate, RoundInstructions
@@ -314,14 +315,24 @@ class ClientPolicy:
                 raise PolicyRefusal(f"server asks for a clipped-count coordinate of noise multiplier "
                                     f"{count_z:g} < {self.min_noise_multiplier:g} (node config "
                                     "client-min-noise-multiplier; the count is 2 sigma_b)")
-        try:  # what the round really costs: the dominating Gaussian of the worst released sum
-            z = config.release(roster=roster, survivors=config.min_survivors).noise_multiplier
-        except ValueError as exc:  # e.g. a scale too small to analyse: no bound, no participation
-            raise PolicyRefusal(f"distributed encoding cannot be accounted: {exc}") from None
+        z = self.distributed_release(config, roster=roster).noise_multiplier
         rho = self._rho(z)
         self._check_rho(rho, f"distributed encoding (worst sum: {config.min_survivors} survivors, "
                              f"{config.colluders} colluders)")
         return rho
+
+    @staticmethod
+    def distributed_release(config: DistributedDPConfig, *, roster: int) -> DistributedRelease:
+        """What a distributed round really costs this client: the release that dominates every sum
+        the server could finish the round with (any survivor count, any roster up to ``roster``;
+        :meth:`fedprivacy.secagg.ddp.DistributedDPConfig.worst_release`, the same one the server's
+        ledger charges). Its dominating Gaussian gives the round's ρ and its ``eta + sampler_ratio``
+        and ``sampler_tv`` the discrete slack the client's total adds (review6 Y1). Raises
+        :class:`PolicyRefusal` when the encoding cannot be accounted (e.g. a scale too small)."""
+        try:
+            return config.worst_release(max_roster=roster)
+        except ValueError as exc:  # no bound, no participation
+            raise PolicyRefusal(f"distributed encoding cannot be accounted: {exc}") from None
 
     def round_rho(self, instructions: RoundInstructions) -> float:
         """The zCDP ρ of a plain-path round's reply under :meth:`apply`'s instructions, for the

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from clients.client_app import train
 from fedprivacy.config import RunConfig
-from fedprivacy.fl.client_budget import BUDGET_FORMAT, BudgetCharge, ClientBudget
+from fedprivacy.fl.client_budget import BUDGET_FORMAT, BudgetCharge, ClientBudget, total_epsilon
 from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
 from fedprivacy.fl.types import RoundInstructions
 from fedprivacy_flwr import codec
@@ -272,6 +272,52 @@ def test_a_crash_at_any_byte_keeps_every_charge_whose_line_was_complete(tmp_path
     recovered = ClientBudget(max_rho_total=100.0, neighbouring="add-remove", path=path)
     assert [c.round for c in recovered.charges] == list(range(1, complete + 1))
     assert path.read_bytes() == raw[: raw[:keep].rfind(b"\n") + 1]  # the torn line is cut off
+
+
+def test_the_total_epsilon_adds_the_discrete_slack_by_the_servers_chain() -> None:
+    # Reference (review6 Y1): rho-zCDP composed, converted at delta' = delta (1 - 1e-6) e^-H', plus 2H', with
+    # H' = sum slack - log(1 - sum tv) (fedprivacy.accounting.distributed, "Sampler"), computed by hand here
+    from fedprivacy.accounting.distributed import zcdp_epsilon
+
+    charges = [BudgetCharge(run="1", round=r, mode="distributed", rho=0.5, slack=4e-7, tv=3e-70) for r in (1, 2, 3)]
+    charges.append(BudgetCharge(run="2", round=1, mode="local", rho=2.0))
+    h = 3 * 4e-7 - math.log1p(-9e-70)
+    expected = zcdp_epsilon(rho=3.5, delta=1e-5 * (1 - 1e-6) * math.exp(-h)) + 2 * h
+    assert math.isclose(total_epsilon(charges, delta=1e-5), expected, rel_tol=1e-12)
+    assert total_epsilon(charges, delta=1e-5) > zcdp_epsilon(rho=3.5, delta=1e-5) + 2.4e-6  # the slack counts
+    # without slack the total is rho-zCDP's own conversion; a round without the client's noise makes it unbounded
+    assert total_epsilon(charges[3:], delta=1e-5) == zcdp_epsilon(rho=2.0, delta=1e-5)
+    assert total_epsilon([*charges, BudgetCharge(run="3", round=1, mode="central", rho=math.inf)],
+                         delta=1e-5) == math.inf
+
+
+@settings(max_examples=60, deadline=None)
+@given(rhos=st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=1, max_size=6),
+       slacks=st.lists(st.floats(min_value=0.0, max_value=1e-4), min_size=6, max_size=6),
+       tvs=st.lists(st.floats(min_value=0.0, max_value=1e-20), min_size=6, max_size=6))
+def test_the_total_epsilon_grows_with_every_charge_and_its_slack(rhos, slacks, tvs) -> None:
+    charges = [BudgetCharge(run="1", round=i, mode="distributed", rho=r, slack=slacks[i], tv=tvs[i])
+               for i, r in enumerate(rhos)]
+    bare = [dataclasses.replace(c, slack=0.0, tv=0.0) for c in charges]
+    eps = [total_epsilon(charges[:k], delta=1e-6) for k in range(len(charges) + 1)]
+    assert all(a <= b for a, b in zip(eps, eps[1:], strict=False))  # composition never lowers the total
+    assert total_epsilon(charges, delta=1e-6) >= total_epsilon(bare, delta=1e-6)
+    assert total_epsilon(charges, delta=1e-6) >= 2 * math.fsum(slacks[: len(charges)])
+
+
+def test_a_charges_slack_survives_the_file_and_the_node_state(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    budget = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
+    budget.charge(0.5, run="1", round=1, mode="distributed", slack=4.27e-7, tv=1.7e-70)
+    budget.charge(1.0, run="1", round=2, mode="local")
+    lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert (lines[0]["slack"], lines[0]["tv"]) == (4.27e-7, 1.7e-70) and "slack" not in lines[1]
+    again = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
+    assert again.charges == budget.charges and again.epsilon(delta=1e-5) == budget.epsilon(delta=1e-5)
+    state = ClientBudget.charges_from_state(budget.to_state())
+    assert state == list(budget.charges)
+    with pytest.raises(ValueError, match="slack must be finite"):
+        BudgetCharge(run="1", round=3, mode="distributed", rho=0.5, slack=-1e-9)
 
 
 def test_a_damaged_line_before_the_end_is_an_error(tmp_path: Path) -> None:

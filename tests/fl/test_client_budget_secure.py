@@ -13,6 +13,8 @@ from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import client_app as real
+from fedprivacy.accounting.distributed import zcdp_epsilon
+from fedprivacy.fl.client_budget import ClientBudget
 from fedprivacy.fl.client_policy import PolicyRefusal
 from fedprivacy_flwr import codec
 from server.engine import run_inprocess
@@ -79,6 +81,11 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
     assert "replayed" not in seen and "already released by this client" in seen["refused"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
     assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
+    # and the charge carries its release's discrete slack, which the client's total adds (review6 Y1)
+    (charge,) = [c for c in lines if c["kind"] == "charge"]
+    assert charge["slack"] > 0 and charge["tv"] > 0
+    total = ClientBudget(max_rho_total=20.0, neighbouring="add-remove", path=budget)
+    assert total.epsilon(delta=1e-5) >= zcdp_epsilon(rho=charge["rho"], delta=1e-5) + 2 * charge["slack"]
 
 
 def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_distributed_rho_is_computed_from_the_complete_encoding() -> None:
     policy = ClientPolicy()
     cfg = _encoding()
     rho = policy.check_distributed(cfg, setup=_setup(cfg), roster=10)
-    z = cfg.release(roster=10, survivors=6).noise_multiplier
+    z = cfg.worst_release(max_roster=10).noise_multiplier  # the server's ledger charges the same release
     assert math.isclose(rho, 1 / (2 * z * z), rel_tol=1e-12)
     assert math.isclose(ClientPolicy(neighbouring="replace-one", max_rho_per_round=10).check_distributed(
         cfg, setup=_setup(cfg), roster=10), 4 * rho, rel_tol=1e-12)
@@ -157,3 +157,40 @@ def test_a_client_whose_exp_is_off_refuses_before_sharing(monkeypatch: pytest.Mo
         monkeypatch.undo()
         tabulated.check_exp_accuracy.cache_clear()
     ClientPolicy().check_distributed(cfg, setup=_setup(cfg), roster=10)
+
+
+@pytest.mark.parametrize("dim, roster, survivors, scale", [(1000, 10, 6, 2.0**10), (100_000, 15, 8, 2.0**8),
+                                                           (28_938, 60, 40, 2.0**6)])
+def test_the_charged_release_dominates_every_sum_the_server_can_finish_the_round_with(
+        dim: int, roster: int, survivors: int, scale: float) -> None:
+    # Arrange (review6 Y1): the server picks the survivor set after the client has charged the round, so the
+    # client's rho and its discrete slack must bound the release for every survivor count it may choose
+    cfg = _encoding(dim=dim, min_survivors=survivors, scale=scale, max_clients=max(40, roster))
+    # Act
+    charged = ClientPolicy.distributed_release(cfg, roster=roster)
+    # Assert: no less noise and no smaller slack than any completed round of this roster (or a smaller one)
+    for r in range(survivors, roster + 1):
+        for s in range(survivors, r + 1):
+            real = cfg.release(roster=r, survivors=s)
+            assert charged.noise_multiplier <= real.noise_multiplier
+            assert charged.eta + charged.sampler_ratio >= real.eta + real.sampler_ratio
+            assert charged.sampler_tv >= real.sampler_tv
+    assert charged.eta + charged.sampler_ratio > 0 and charged.sampler_tv > 0  # there is a slack to charge
+
+
+def test_the_secure_round_cost_carries_the_slack_of_the_release_it_charges() -> None:
+    # Arrange: the encoding a server sends for a distributed round (the real one of a 10-client run)
+    from clients.budget_log import secagg_cost
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl.secure.params import make_encoding
+
+    cfg = RunConfig(privacy="distributed", secagg=True, noise_multiplier=1.0, target_delta=1e-4)
+    spec = make_encoding(cfg, population=10, dim=2410, threshold=6)
+    ddp = spec.ddp()
+    # Act
+    setup = _setup(ddp, modulus_bits=ddp.modulus_bits)
+    rho, (slack, tv) = secagg_cost(ClientPolicy(), spec, setup, roster=10)
+    # Assert: the rho the floor checks, and the slack of the same (worst) release, both nonzero
+    rel = ddp.worst_release(max_roster=10)
+    assert rho == ClientPolicy().check_distributed(ddp, setup=setup, roster=10) == 1 / (2 * rel.noise_multiplier**2)
+    assert (slack, tv) == (rel.eta + rel.sampler_ratio, rel.sampler_tv) and slack > 0 and tv > 0
