@@ -1468,6 +1468,42 @@ class ServerSession:
             result[o] = rec.secret
         return result
 
+    def _unmask_points(self, m: UnmaskResponse, node: int, holds: set[int], *, surv: set[int], dropped: set[int],
+                       seed_pts: dict[int, Any], key_pts: dict[int, Any], comp_pts: dict[tuple[int, int], Any]
+                       ) -> tuple[list[tuple[dict[int, Any], int, np.ndarray]], list[tuple[tuple[int, int], np.ndarray]]]:
+        """One unmask reply's shares, checked in order and decoded in one pass (shamir.decode_many).
+
+        Raises the error the item-by-item check-then-decode would raise first: a check that fails
+        first decodes the shares before it (a malformed one among them raises its own error)."""
+        revealing = (holds & surv) | {node}
+        pending: list[bytes] = []
+        places: list[tuple[dict[int, Any], int]] = []
+        comp_keys: list[tuple[int, int]] = []
+        try:
+            for owners, shares, table, allowed in ((m.seed_owners, m.seed_shares, seed_pts, revealing),
+                                                   (m.key_owners, m.key_shares, key_pts, holds & dropped)):
+                if len(set(owners)) != len(owners) or len(owners) != len(shares):
+                    raise ValueError("owners and shares do not match one-to-one")
+                for o, sh in zip(owners, shares, strict=True):
+                    if o not in allowed:
+                        raise ValueError(f"a share for {o} it should not hold or reveal")
+                    places.append((table, o))
+                    pending.append(sh)
+            trip = (m.component_owners, m.component_indices, m.component_shares)
+            if len({len(v) for v in trip}) != 1:
+                raise ValueError("component owners, indices and shares differ in length")
+            for o, j, sh in zip(*trip, strict=True):
+                if (o, j) not in comp_pts or o not in revealing:
+                    raise ValueError(f"a share of component {j} of {o} it should not reveal")
+                comp_keys.append((o, j))
+                pending.append(sh)
+        except (TypeError, ValueError):
+            shamir.decode_many(pending, num_secrets=1, secret_bytes=_SECRET_BYTES)  # an earlier bad share first
+            raise
+        rows = shamir.decode_many(pending, num_secrets=1, secret_bytes=_SECRET_BYTES)[:, 0]
+        got = [(table, o, rows[i]) for i, (table, o) in enumerate(places)]
+        return got, [(key_, rows[len(places) + i]) for i, key_ in enumerate(comp_keys)]
+
     # stage 5 -> sum
     def receive_unmask(self, messages: Sequence[UnmaskResponse]) -> np.ndarray:
         """The exact sum of the survivors' inputs mod 2^b (uint32), or :class:`RoundAborted`."""
@@ -1488,26 +1524,8 @@ class ServerSession:
         for node, m in self._accept(messages, UnmaskResponse, answering, "unmask").items():
             holds = set(self._peers[node])
             try:
-                got: list[tuple[dict[int, list[tuple[int, np.ndarray]]], int, np.ndarray]] = []
-                for owners, shares, table, allowed in (
-                        (m.seed_owners, m.seed_shares, seed_pts, (holds & surv) | {node}),
-                        (m.key_owners, m.key_shares, key_pts, holds & dropped)):
-                    if len(set(owners)) != len(owners) or len(owners) != len(shares):
-                        raise ValueError("owners and shares do not match one-to-one")
-                    for o, sh in zip(owners, shares, strict=True):
-                        if o not in allowed:
-                            raise ValueError(f"a share for {o} it should not hold or reveal")
-                        got.append((table, o, shamir.decode_shares(
-                            sh, num_secrets=1, secret_bytes=_SECRET_BYTES)[0]))
-                trip = (m.component_owners, m.component_indices, m.component_shares)
-                if len({len(v) for v in trip}) != 1:
-                    raise ValueError("component owners, indices and shares differ in length")
-                comp_got = []
-                for o, j, sh in zip(*trip, strict=True):
-                    if (o, j) not in comp_pts or o not in (holds & surv) | {node}:
-                        raise ValueError(f"a share of component {j} of {o} it should not reveal")
-                    comp_got.append(((o, j), shamir.decode_shares(sh, num_secrets=1,
-                                                                  secret_bytes=_SECRET_BYTES)[0]))
+                got, comp_got = self._unmask_points(m, node, holds, surv=surv, dropped=dropped,
+                                                    seed_pts=seed_pts, key_pts=key_pts, comp_pts=comp_pts)
             except (TypeError, ValueError) as exc:
                 self._fail(node, f"unmask: malformed reply ({exc})")
                 continue

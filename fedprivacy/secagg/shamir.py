@@ -56,6 +56,7 @@ __all__ = [
     "SHARE_BYTES",
     "ShareError",
     "decode_share",
+    "decode_many",
     "decode_shares",
     "encode_share",
     "encode_shares",
@@ -312,6 +313,21 @@ def decode_shares(data: bytes, *, num_secrets: int, secret_bytes: int) -> np.nda
     if want and max(words) >= LIMB_PRIME:
         raise ValueError("share value is not an element of GF(2^31 - 1)")
     return np.frombuffer(data, dtype=_LE_U32).reshape(num_secrets, limbs).astype(np.uint32)
+
+
+def decode_many(datas: Sequence[bytes], *, num_secrets: int, secret_bytes: int) -> np.ndarray:
+    """:func:`decode_shares` of every item, stacked ``(N, S, L)``: one pass over their joined bytes
+    (a server decodes ~100 shares a reply). Refuses what :func:`decode_shares` refuses, with the
+    error it raises for the first item it refuses."""
+    limbs = _limbs_of(secret_bytes)
+    want = 4 * num_secrets * limbs
+    if all(isinstance(d, bytes | bytearray) and len(d) == want for d in datas):
+        words = np.frombuffer(b"".join(datas), dtype=_LE_U32)
+        if not words.size or int(words.max()) < LIMB_PRIME:
+            return words.reshape(len(datas), num_secrets, limbs).astype(np.uint32)
+    for d in datas:  # the first item the one-pass checks refuse raises decode_shares' own error
+        decode_shares(d, num_secrets=num_secrets, secret_bytes=secret_bytes)
+    raise AssertionError("unreachable: decode_shares refuses an item the checks above refused")  # pragma: no cover
 
 
 def _pow_mod(base: np.ndarray, exponent: int) -> np.ndarray:

@@ -171,6 +171,29 @@ def test_encoding_round_trips_and_refuses_non_field_values() -> None:
         shamir.decode_shares(data[:-1], num_secrets=2, secret_bytes=32)
 
 
+@settings(max_examples=60, deadline=None)
+@given(num=st.integers(0, 3), nbytes=st.sampled_from([1, 16, 32]), data=st.data())
+def test_decode_many_is_decode_shares_of_each_item(num: int, nbytes: int, data: st.DataObject) -> None:
+    """Issue 16's one-pass decode: the stacked decodings, or the error decode_shares raises for the
+    first item it refuses (wrong length, out of the field, not bytes)."""
+    limbs = shamir.limbs_per_secret(nbytes)
+    good = st.lists(st.integers(0, shamir.LIMB_PRIME - 1), min_size=num * limbs, max_size=num * limbs).map(
+        lambda v: np.asarray(v, dtype="<u4").tobytes())
+    bad = st.sampled_from([b"\x01", b"\xff" * (4 * num * limbs), "text", None, memoryview(bytes(4 * num * limbs))])
+    items = data.draw(st.lists(st.one_of(good, good.map(bytearray), bad), max_size=6))
+    try:
+        want = [shamir.decode_shares(d, num_secrets=num, secret_bytes=nbytes) for d in items]  # type: ignore[arg-type]
+    except ValueError as exc:
+        with pytest.raises(ValueError) as got:
+            shamir.decode_many(items, num_secrets=num, secret_bytes=nbytes)  # type: ignore[arg-type]
+        assert str(got.value) == str(exc)
+        return
+    out = shamir.decode_many(items, num_secrets=num, secret_bytes=nbytes)  # type: ignore[arg-type]
+    assert out.dtype == np.uint32 and out.shape == (len(items), num, limbs)
+    for row, w in zip(out, want, strict=True):
+        assert np.array_equal(row, w)
+
+
 @pytest.mark.parametrize(("xs", "error"), [([0, 1], ValueError), ([1, Q], ValueError),
                                            ([2, 2], ValueError), ([True, 2], TypeError)])
 def test_abscissae_are_checked_and_the_error_names_them(xs: list[int], error: type) -> None:

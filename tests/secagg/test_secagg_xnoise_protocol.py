@@ -181,3 +181,96 @@ def test_a_corrupt_component_share_is_corrected_or_detected() -> None:
     total, expect, server, _, _ = _round(9, 5, 8, {}, tamper=corrupt)
     assert np.array_equal(total, expect)
     assert any("noise component" in reason for reason in server.failures.values())
+
+
+def _unmask_points_plain(server, m, node, holds, *, surv, dropped, seed_pts, key_pts, comp_pts):
+    """The server's reading of one unmask reply before issue 16's one-pass decode: check and decode
+    share by share."""
+    from fedprivacy.secagg import shamir
+
+    got = []
+    for owners, shares, table, allowed in ((m.seed_owners, m.seed_shares, seed_pts, (holds & surv) | {node}),
+                                           (m.key_owners, m.key_shares, key_pts, holds & dropped)):
+        if len(set(owners)) != len(owners) or len(owners) != len(shares):
+            raise ValueError("owners and shares do not match one-to-one")
+        for o, sh in zip(owners, shares, strict=True):
+            if o not in allowed:
+                raise ValueError(f"a share for {o} it should not hold or reveal")
+            got.append((table, o, shamir.decode_shares(sh, num_secrets=1, secret_bytes=32)[0]))
+    trip = (m.component_owners, m.component_indices, m.component_shares)
+    if len({len(v) for v in trip}) != 1:
+        raise ValueError("component owners, indices and shares differ in length")
+    comp_got = []
+    for o, j, sh in zip(*trip, strict=True):
+        if (o, j) not in comp_pts or o not in (holds & surv) | {node}:
+            raise ValueError(f"a share of component {j} of {o} it should not reveal")
+        comp_got.append(((o, j), shamir.decode_shares(sh, num_secrets=1, secret_bytes=32)[0]))
+    return got, comp_got
+
+
+_BAD_SHARES = [b"\x01" * 35, b"\xff" * 36, "not bytes", None, bytearray(36), memoryview(bytes(36)), b""]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_pass_unmask_decoding_reads_and_refuses_replies_as_share_by_share_decoding(data) -> None:
+    """Issue 16: the server decodes an unmask reply's shares in one pass (shamir.decode_many); for
+    honest replies and for replies with up to three faults (malformed, out-of-field, non-bytes or
+    bytearray shares, owners it may not reveal, duplicate owners, a missing component index) at any
+    positions, the decoded points or the error (type and text: the first fault in the order of the
+    share-by-share reading) are the old reading's, so the failures and the sum cannot change."""
+    from fedprivacy.secagg.xnoise import removable_components
+
+    checked = []
+
+    def compare(replies):
+        server = holder[0]
+        surv, dropped = set(server.u3), set(server.dropped)
+        seed_pts = {i: [] for i in server.u3}
+        key_pts = {i: [] for i in server.dropped}
+        comp_pts = {(i, j): [] for i, idx in removable_components(server.design, server.u3).items() for j in idx}
+        for r in replies:
+            m = r
+            for _ in range(data.draw(st.integers(0, 3))):
+                field = data.draw(st.sampled_from(["seed_shares", "key_shares", "component_shares", "seed_owners",
+                                                   "component_owners", "component_indices"]))
+                vals = list(getattr(m, field))
+                if not vals:
+                    continue
+                p = data.draw(st.integers(0, len(vals) - 1))
+                if field.endswith("shares"):
+                    vals[p] = data.draw(st.sampled_from(_BAD_SHARES))
+                elif field == "component_indices":
+                    vals.pop(p)
+                else:
+                    vals[p] = data.draw(st.sampled_from([10**6, vals[0], -1]))
+                m = dataclasses.replace(m, **{field: vals})
+            out = []
+            for fn in (lambda *a, **k: server._unmask_points(*a, **k),
+                       lambda *a, **k: _unmask_points_plain(server, *a, **k)):
+                try:
+                    got, comp = fn(m, m.node_id, set(server._peers[m.node_id]), surv=surv, dropped=dropped,
+                                   seed_pts=seed_pts, key_pts=key_pts, comp_pts=comp_pts)
+                    out.append(("ok", [(id(t), o, v.dtype, v.tolist()) for t, o, v in got],
+                                [(k, v.dtype, v.tolist()) for k, v in comp]))
+                except (TypeError, ValueError) as exc:
+                    out.append(("refused", type(exc), str(exc)))
+            assert out[0] == out[1]
+            checked.append(out[0][0])
+        return replies
+
+    holder = []
+    orig = ServerSession.receive_unmask
+
+    def spy(self, messages):
+        holder.append(self)
+        return orig(self, compare(messages))
+
+    ServerSession.receive_unmask = spy  # type: ignore[method-assign]
+    try:
+        _round(7, 4, 6, {5: "unmask", 6: "masked"})
+    except RoundAborted:
+        pass
+    finally:
+        ServerSession.receive_unmask = orig  # type: ignore[method-assign]
+    assert checked
