@@ -109,6 +109,10 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
                        cfg=cfg, policy=policy)
     budget_log.hold(context, policy, rho, round=request.round, slack=slack)
+    # answered once per run and round, on record before it leaves (a rollback of the node state would let a
+    # second share request with another roster split the same keys again: one roster's survivors revealing
+    # the self-mask seed and the other's the key would unmask this client's vector)
+    budget_log.record_stage(context, policy, round=request.round, stage="share")
     return out
 
 

@@ -35,7 +35,7 @@ File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighb
 ``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
 ``"inf"``), ``at`` (UTC time), and for a ``distributed`` round its discrete slack ``slack`` and ``tv``
 (:class:`BudgetCharge`; absent means 0); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
-consistency and unmask answer (:meth:`ClientBudget.record_stage`).
+share, consistency and unmask answer (:meth:`ClientBudget.record_stage`).
 """
 
 from __future__ import annotations
@@ -248,9 +248,10 @@ class ClientBudget:
         """Record durably (file only) that this node answered ``stage`` of round ``round`` of ``run``;
         refuse (:class:`PolicyRefusal`, nothing written) a second answer. Call before the reply leaves.
 
-        A secure round's consistency stage (the signed view) and unmask stage (which of each peer's two
-        shares it reveals) must each be answered once: revealing a survivor's self-mask share and, after a
-        second request, its pairwise-key share would let the server unmask that peer's own vector. The
+        A secure round's share stage (its keys split for one roster), consistency stage (the signed view)
+        and unmask stage (which of each peer's two shares it reveals) must each be answered once: a second
+        split for another roster, or revealing a survivor's self-mask share and, after a second request,
+        its pairwise-key share, would let the server unmask that client's own vector. The
         session that enforces it lives in Flower's node state, which a lost save rolls back (review6 Y2);
         the budget file, written before the reply leaves, does not roll back.
         """

@@ -25,7 +25,8 @@ BASE = {"num-server-rounds": 1, "accountant": "rdp", "client-timeout": 120.0, "l
         "target-delta": 1e-3, "max-failed-fraction": 1.0}
 
 
-def _app(floor: dict[str, Any], masked=None, *, budget: Path, consistency=None, unmask=None) -> ClientApp:
+def _app(floor: dict[str, Any], masked=None, *, budget: Path, consistency=None, unmask=None,
+         share=None) -> ClientApp:
     """The real handlers, each node with ``floor`` in its node config (the operator's, not the server's);
     node 0 keeps its budget file at ``budget`` (a node's file is its own)."""
     def with_floor(handler):
@@ -38,7 +39,7 @@ def _app(floor: dict[str, Any], masked=None, *, budget: Path, consistency=None, 
     app = ClientApp()
     app.query()(with_floor(real.query))
     app.query("secagg_advertise")(with_floor(real.secagg_advertise))
-    app.query("secagg_share")(with_floor(real.secagg_share))
+    app.query("secagg_share")(with_floor(share or real.secagg_share))
     app.train("secagg_masked")(with_floor(masked or real.secagg_masked))
     app.query("secagg_consistency")(with_floor(consistency or real.secagg_consistency))
     app.query("secagg_unmask")(with_floor(unmask or real.secagg_unmask))
@@ -122,20 +123,24 @@ def _answered_twice(handler, seen: dict[str, Any], name: str):
     return run
 
 
-def test_the_consistency_and_unmask_stages_are_answered_once_despite_a_lost_node_state(tmp_path: Path) -> None:
-    # Arrange (review6 Y2's residue): after a rollback the session no longer knows it signed a view or
-    # revealed shares; a second unmask request with another dropped set would reveal a survivor's other share
+def test_the_share_consistency_and_unmask_stages_are_answered_once_despite_a_lost_node_state(
+        tmp_path: Path) -> None:
+    # Arrange (review6 Y2's residue): after a rollback the session no longer knows it split its keys, signed a
+    # view or revealed shares; a second share request (another roster) would split the same keys again, and a
+    # second unmask request with another dropped set would reveal a survivor's other share
     budget = tmp_path / "budget.jsonl"
     seen: dict[str, Any] = {}
     app = _app({"client-max-rho-total": 20.0}, budget=budget,
+               share=_answered_twice(real.secagg_share, seen, "share"),
                consistency=_answered_twice(real.secagg_consistency, seen, "consistency"),
                unmask=_answered_twice(real.secagg_unmask, seen, "unmask"))
     # Act
     run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "y2b"},
                   num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=app)
     # Assert: both second answers refused from the file's record, which holds one line per stage
+    assert "share stage of this run was already answered" in seen["share"]
     assert "consistency stage of this run was already answered" in seen["consistency"]
     assert "unmask stage of this run was already answered" in seen["unmask"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
-    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("charge", None), ("stage", "consistency"),
-                                                              ("stage", "unmask")]
+    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("stage", "share"), ("charge", None),
+                                                              ("stage", "consistency"), ("stage", "unmask")]
