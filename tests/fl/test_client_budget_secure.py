@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import client_app as real
@@ -87,6 +87,37 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
     assert charge["slack"] > 0 and charge["tv"] > 0
     total = ClientBudget(max_rho_total=20.0, neighbouring="add-remove", path=budget)
     assert total.epsilon(delta=1e-5) >= zcdp_epsilon(rho=charge["rho"], delta=1e-5) + 2 * charge["slack"]
+
+
+def test_a_masked_request_replayed_under_another_run_of_the_series_is_refused(tmp_path: Path) -> None:
+    # Arrange (review7 Z1): as above, node 0's node-state save is lost after its masked reply; the server then
+    # opens another run of the same run series (Flower 1.42's SuperNode hands it the series' node state, and the
+    # submitter picks the series), so the budget file's (run, round) records would not see a repeat
+    budget = tmp_path / "budget.jsonl"
+    seen: dict[str, Any] = {}
+
+    def masked_in_another_run(msg: Message, context):
+        if context.node_config["partition-id"] != 0:
+            return real.secagg_masked(msg, context)
+        before = copy.deepcopy(context.state)
+        reply = real.secagg_masked(msg, context)
+        other = Context(run_id=int(context.run_id) + 1, node_id=context.node_id,
+                        node_config=dict(context.node_config), state=before, run_config=dict(context.run_config))
+        try:
+            real.secagg_masked(msg, other)
+            seen["replayed"] = True
+        except PolicyRefusal as exc:
+            seen["refused"] = str(exc)
+        return reply
+
+    # Act
+    run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "z1"},
+                  num_supernodes=5, app_dir=REPO, node_id_seed=1,
+                  client_app=_app({"client-max-rho-total": 20.0}, masked_in_another_run, budget=budget))
+    # Assert: the old run's session, masks and noise are not used by the new run; one charge on record
+    assert "replayed" not in seen and "was not made in this run" in seen["refused"]
+    lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
 
 
 def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> None:

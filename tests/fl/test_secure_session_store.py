@@ -194,3 +194,27 @@ def test_the_packed_roster_cache_exports_what_an_export_without_it_does() -> Non
     assert sess.export_session(odd) == _export_without_cache(odd)
     assert sess.export_session(odd)["graph.flat"] != sess.export_session(clients[3])["graph.flat"]
     sess._ROSTERS.clear()
+
+
+@pytest.mark.parametrize("reload", ["memo", "parse"])
+def test_a_record_made_under_another_run_or_node_is_refused_not_used(reload: str) -> None:
+    # Arrange (review7 Z1): Flower hands a new run of the same series the old run's node state
+    from fedprivacy.fl.client_policy import PolicyRefusal
+    from fedprivacy.secagg.encoding import EncodingSpec
+
+    setup = SetupRequest(round=2, threshold=4, degree=6, dim=12, active=True)
+    state = RecordDict()
+    store = ExportedSessionStore(state, wrap=ConfigRecord)
+    store.put((1, 3), ClientSession(node_id=3, setup=setup))
+    store.put_encoding((1, 3), 2, EncodingSpec(kind="fixed-point", dim=12, clip_norm=1.0, scale=2.0**8, max_clients=7,
+                                               modulus_bits=32))
+    if reload == "parse":
+        state = pickle.loads(pickle.dumps(state))
+    again = ExportedSessionStore(state, wrap=ConfigRecord)
+    # Act / Assert: the same run and node get it back; another run id (or node) is refused, for both records
+    assert again.get((1, 3), round=2).node_id == 3 and again.encoding((1, 3), round=2).kind == "fixed-point"
+    for other in [(2, 3), (1, 4), (2**64 - 1, 3)]:
+        with pytest.raises(PolicyRefusal, match="was not made in this run"):
+            again.get(other, round=2)
+        with pytest.raises(PolicyRefusal, match="was not made in this run"):
+            again.encoding(other, round=2)

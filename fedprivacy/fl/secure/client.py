@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedprivacy.fl.client import client_rng, train_client
-from fedprivacy.fl.client_policy import ClientPolicy
+from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
 from fedprivacy.fl.secure.params import encoding_kind
 from fedprivacy.fl.secure.session import export_session, import_session, recall, remember
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
@@ -51,6 +51,14 @@ __all__ = [
     "client_share",
     "client_unmask",
 ]
+
+
+#: the field of an exported record that names the ``(run_id, node_id)`` it was stored under
+_OWNER = "store-owner"
+
+
+def _owner(key: tuple[int, int]) -> str:
+    return f"{int(key[0])}:{int(key[1])}"  # text: Flower's run ids are unsigned 64-bit
 
 
 class SessionStore:
@@ -111,7 +119,15 @@ class SessionStore:
 
 class ExportedSessionStore(SessionStore):
     """Sessions as :func:`export_session` fields in ``holder[f"{field_name}/{round}"]`` (e.g. a node's
-    state) and the accepted encoding in ``holder[f"{field_name}-encoding/{round}"]``."""
+    state) and the accepted encoding in ``holder[f"{field_name}-encoding/{round}"]``.
+
+    Each record carries the ``(run_id, node_id)`` key it was stored under, and a record of another key
+    is refused (:class:`PolicyRefusal`), never used: Flower 1.42's SuperNode hands a new run the node
+    state of its run *series*, and the submitter (or a deviating SuperLink) picks the series, so without
+    the check a replayed masked request under a new run id would be answered from the old run's session
+    with the same masks and XNoise, and the budget file's once-per-run records would not see it as a
+    repeat (review7 Z1). A run never inherits another run's secure session.
+    """
 
     def __init__(self, holder: Any, *, field_name: str = "secagg-session",
                  wrap: Callable[[dict[str, Any]], Any] = dict) -> None:
@@ -124,32 +140,43 @@ class ExportedSessionStore(SessionStore):
     # What a record holds is parsed once per process and record object (fl/secure/session.py: remember /
     # recall; a copy of the session, never the object a caller goes on changing).
     def put(self, key: tuple[int, int], session: ClientSession) -> None:
-        record = self.wrap(export_session(session))
+        record = self.wrap({**export_session(session), _OWNER: _owner(key)})
         self.holder[self._name(session.setup.round)] = record
         remember(record, session)
 
     def put_encoding(self, key: tuple[int, int], round: int, encoding: EncodingSpec) -> None:
-        record = self.wrap(encoding.to_record())
+        record = self.wrap({**encoding.to_record(), _OWNER: _owner(key)})
         self.holder[self._name(round, "-encoding")] = record
         remember(record, encoding)
 
+    def _record(self, key: tuple[int, int], round: int, what: str = "") -> dict[str, Any] | None:
+        """The record's fields without the owner, or None; refuses a record stored under another key."""
+        record = self.holder.get(self._name(round, what))
+        if record is None:
+            return None
+        if record.get(_OWNER) != _owner(key):
+            raise PolicyRefusal(f"the secure-aggregation state of round {round} in this node's state was not "
+                                "made in this run (Flower hands a new run its series' node state): a run "
+                                "never uses another run's session, masks or noise")
+        return record
+
     def _load(self, key: tuple[int, int], round: int) -> ClientSession | None:
-        record = self.holder.get(self._name(round))
+        record = self._record(key, round)
         if record is None:
             return None
         session = recall(record)
         if not isinstance(session, ClientSession):
-            session = import_session(dict(record))
+            session = import_session({k: v for k, v in dict(record).items() if k != _OWNER})
             remember(record, session)
         return session
 
     def _load_encoding(self, key: tuple[int, int], round: int) -> EncodingSpec | None:
-        record = self.holder.get(self._name(round, "-encoding"))
+        record = self._record(key, round, "-encoding")
         if record is None:
             return None
         encoding = recall(record)
         if not isinstance(encoding, EncodingSpec):
-            encoding = EncodingSpec.from_record(dict(record))
+            encoding = EncodingSpec.from_record({k: v for k, v in dict(record).items() if k != _OWNER})
             remember(record, encoding)
         return encoding
 
