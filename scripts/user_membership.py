@@ -2,13 +2,18 @@
 
 Usage: python scripts/user_membership.py [--json PATH] [--png PATH] [--epsilons none,64,16,8]
                                          [--models K] [--rounds T] [--clients U] [--per-client n]
+                                         [--server-optimizer fedavgm] [--statistics]
 
 Each setting trains K federated models (fedprivacy's run loop and client pipeline), each on a random
 half of U candidate clients of n Fashion-MNIST training images, and attacks every model with the others
 as shadows (loss threshold, LiRA online/offline; fedprivacy.attacks.user_membership). Prints AUC and TPR
 at 1% / 0.1% FPR at user and example level with each setting's test accuracy (official 10k test set);
 ``--json`` is rewritten after every setting (a stopped run keeps what finished); ``--png`` draws attack
-AUC / TPR and test accuracy against ε (fedprivacy_bench.curves.plot_membership).
+AUC / TPR and test accuracy against ε (fedprivacy_bench.curves.plot_membership). ``--statistics`` adds
+to every row 95% intervals (a bootstrap of whole candidate clients) and permutation p-values that
+relabel within each model (the experiment's own randomization: each model's members are a random half),
+so "at chance" is a test (``at_chance_5pct``), not a reading. ``--server-optimizer fedavgm`` applies
+server momentum to the released mean update (post-processing: σ and ε are unchanged).
 """
 
 from __future__ import annotations
@@ -38,6 +43,17 @@ def _settings(text: str) -> list[float | None]:
     return out
 
 
+def _tested(row: dict[str, Any]) -> str:
+    """The row's intervals and p-values (``--statistics``), or nothing."""
+    if "auc_p_value" not in row:
+        return ""
+    lo, hi = row["auc_ci95"]
+    tlo, thi = row["tpr_at_fpr_0.01_ci95"]
+    return (f"\n          AUC 95% [{lo:.3f}, {hi:.3f}] p {row['auc_p_value']:.3f}; TPR@1% 95% [{tlo:.3f}, "
+            f"{thi:.3f}] p {row['tpr_at_fpr_0.01_p_value']:.3f} ({row['tpr_at_fpr_0.01_false_positives_allowed']}"
+            f" FPs allowed); at chance (5%): {row['at_chance_5pct']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None)
@@ -52,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clip-norm", type=float, default=1.0)
     parser.add_argument("--model", default="convnet")
     parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--server-optimizer", choices=("fedavg", "fedavgm"), default="fedavg")
+    parser.add_argument("--server-learning-rate", type=float, default=1.0)
+    parser.add_argument("--server-momentum", type=float, default=0.9)
+    parser.add_argument("--statistics", action="store_true",
+                        help="95%% cluster-bootstrap intervals and within-model permutation p-values per row")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
@@ -76,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             config = FederatedTargetConfig(
                 clients=args.clients // 2, rounds=args.rounds, local_epochs=args.local_epochs,
                 learning_rate=0.1, batch_size=10, model=args.model, hidden_units=args.hidden,
-                clip_norm=args.clip_norm, target_epsilon=eps, sample_rate=args.sample_rate)
+                clip_norm=args.clip_norm, target_epsilon=eps, sample_rate=args.sample_rate,
+                server_optimizer=args.server_optimizer, server_learning_rate=args.server_learning_rate,
+                server_momentum=args.server_momentum)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         t0 = time.perf_counter()
         res = user_membership_experiment(train.x, train.y, test.x, test.y, config=config,
                                          clients=args.clients, per_client=args.per_client,
-                                         models=args.models, seed=args.seed, progress=print)
+                                         models=args.models, seed=args.seed, progress=print,
+                                         statistics=args.statistics)
         res["summary"]["seconds"] = time.perf_counter() - t0
         out["settings"].append(res)
         s = res["summary"]
@@ -92,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in res["rows"]:
             print(f"  {row['level']:<7} {row['attack']:<13} AUC {row['auc']:.3f}  TPR@1% "
                   f"{row['tpr_at_fpr_1pct']:.3f}  TPR@0.1% {row['tpr_at_fpr_01pct']:.3f}  "
-                  f"(FPR resolution {row['fpr_resolution']:.2g})")
+                  f"(FPR resolution {row['fpr_resolution']:.2g})" + _tested(row))
         out["seconds"] = time.perf_counter() - t_all
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,8 @@ QUICK: dict[str, list[str]] = {
                       "fedavg", "fedadam"],
     "secagg_round_bench": ["--clients", "4", "--rounds", "1"],
     "user_membership": ["--epsilons", "none,8", "--models", "3", "--rounds", "1", "--clients", "8",
-                        "--per-client", "10", "--local-epochs", "1", "--model", "mlp"],
+                        "--per-client", "10", "--local-epochs", "1", "--model", "mlp", "--statistics",
+                        "--server-optimizer", "fedavgm"],
     "xnoise_bench": ["--dims", "10", "--rosters", "10:6", "--repeats", "1"],
 }
 

@@ -33,7 +33,7 @@ from fedprivacy.attacks.membership import (
     loss_threshold_scores,
 )
 
-__all__ = ["ATTACKS", "leave_one_out_scores", "user_level", "pooled", "membership_table"]
+__all__ = ["ATTACKS", "leave_one_out_scores", "user_level", "pooled", "pooled_ids", "membership_table"]
 
 ATTACKS = ("loss", "lira-online", "lira-offline")
 
@@ -128,6 +128,21 @@ def pooled(scores: np.ndarray, member: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return sc[ok & m], sc[ok & ~m]
 
 
+def pooled_ids(scores: np.ndarray, member: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                 tuple[np.ndarray, np.ndarray]]:
+    """The (candidate, target model) ids of :func:`pooled`'s member and non-member scores, in its order.
+
+    Returns ``((member_candidates, nonmember_candidates), (member_models, nonmember_models))``: the
+    clusters and strata of :func:`fedprivacy.attacks.metrics.roc_summary`.
+    """
+    sc = np.asarray(scores, dtype=np.float64)
+    m = np.asarray(member, dtype=bool)
+    ok = np.isfinite(sc)
+    model = np.broadcast_to(np.arange(sc.shape[0])[:, None], sc.shape)
+    cand = np.broadcast_to(np.arange(sc.shape[1])[None, :], sc.shape)
+    return (cand[ok & m], cand[ok & ~m]), (model[ok & m], model[ok & ~m])
+
+
 def membership_table(
     *,
     phi: np.ndarray,
@@ -137,12 +152,18 @@ def membership_table(
     model: str,
     epsilon: float | None,
     attacks: Sequence[str] = ATTACKS,
+    statistics: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows (AUC, TPR at 1% and 0.1% FPR, pair counts) per attack, at example and (if ``groups``) user level.
 
     Every row also states ``fpr_resolution`` = 1 / non-member pairs: a TPR at an FPR below it is not
-    measured by the data (it is the TPR at FPR 0).
+    measured by the data (it is the TPR at FPR 0). ``statistics``: also the
+    :func:`~fedprivacy.attacks.metrics.roc_summary` figures of every row (95% intervals by a bootstrap of
+    whole candidate clients, permutation p-values relabelling within each target model, ``at_chance_5pct``),
+    under its keys (``tpr_at_fpr_0.01_ci95``, ``auc_p_value``, ...).
     """
+    from fedprivacy.attacks.metrics import roc_summary
+
     rows: list[dict[str, Any]] = []
     for attack in attacks:
         stat = loss if attack == "loss" else phi
@@ -158,5 +179,12 @@ def membership_table(
             )
             row["level"] = level
             row["fpr_resolution"] = 1.0 / neg.size
+            if statistics:
+                (cp, cn), (mp, mn) = pooled_ids(s, m)
+                if level == "example" and groups is not None:  # a client's examples share its data
+                    cp, cn = np.asarray(groups)[cp], np.asarray(groups)[cn]
+                summary = roc_summary(pos, neg, member_clusters=cp, nonmember_clusters=cn,
+                                      member_strata=mp, nonmember_strata=mn)
+                row.update(summary.to_row())
             rows.append(row)
     return rows

@@ -195,8 +195,13 @@ class FederatedTargetConfig:
     target_epsilon: float | None = None
     target_delta: float = default("target_delta")
     sample_rate: float = default("sample_rate")
+    server_optimizer: str = "fedavg"
+    server_learning_rate: float = 1.0
+    server_momentum: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.server_optimizer not in ("fedavg", "fedavgm"):
+            raise ValueError(f"server_optimizer must be 'fedavg' or 'fedavgm', got {self.server_optimizer!r}")
         if self.clients < 1 or self.rounds < 1 or self.local_epochs < 1:
             raise ValueError(
                 f"clients, rounds and local_epochs must be >= 1, got {self.clients}, {self.rounds}, "
@@ -288,6 +293,10 @@ def _target_run_config(config: FederatedTargetConfig, *, seed: int, noise_multip
         "seed": seed, "output-dir": str(output_dir or "runs"), "run-name": f"mia-{seed}",
         # the attack needs the final model only; the hooks evaluate on the whole candidate pool
         "eval-every": config.rounds,
+        # FedAvgM (Hsu et al. 2019) acts on the released (noised) mean: post-processing, no privacy cost
+        "server-optimizer": config.server_optimizer,
+        **({"server-learning-rate": config.server_learning_rate, "server-momentum": config.server_momentum}
+           if config.server_optimizer == "fedavgm" else {}),
     })
 
 

@@ -223,14 +223,43 @@ class _SortedScores:
         n = np.bincount(self.group_of[self.n_pos :], weights=w_neg, minlength=self.groups)
         return _weighted_figures(p, n, fprs)
 
-    def permuted(self, rng: Any, fprs: Sequence[float]) -> tuple[float, list[float]]:
-        """The figures when the member labels are given to a random subset of the same size."""
-        order = rng.permutation(self.n_pos + self.n_neg)
+    def permuted(self, rng: Any, fprs: Sequence[float],
+                 strata: np.ndarray | None = None) -> tuple[float, list[float]]:
+        """The figures when the member labels are given to a random subset of the same size.
+
+        ``strata`` (one id per score, members first): relabel within each stratum only, keeping its
+        member count (the design's own randomization when each stratum is one model's random half).
+        """
         is_pos = np.zeros(self.n_pos + self.n_neg, dtype=bool)
-        is_pos[order[: self.n_pos]] = True
+        if strata is None:
+            is_pos[rng.permutation(self.n_pos + self.n_neg)[: self.n_pos]] = True
+        else:
+            for idx, k in zip(*_strata_members(strata, self.n_pos), strict=True):
+                is_pos[idx[rng.permutation(idx.size)[:k]]] = True
         p = np.bincount(self.group_of[is_pos], minlength=self.groups).astype(np.float64)
         n = np.bincount(self.group_of[~is_pos], minlength=self.groups).astype(np.float64)
         return _weighted_figures(p, n, fprs)
+
+
+def _strata_members(strata: np.ndarray, n_pos: int) -> tuple[list[np.ndarray], list[int]]:
+    """Each stratum's score positions and its member count (members are the first ``n_pos`` scores)."""
+    ids = np.unique(strata)
+    members = [np.flatnonzero(strata == i) for i in ids]
+    return members, [int(np.sum(idx < n_pos)) for idx in members]
+
+
+def _labels(name: str, n_pos: int, n_neg: int, given: tuple[np.ndarray | None, np.ndarray | None]) -> np.ndarray | None:
+    """Concatenate the members' and non-members' ids (``given``), both or neither, checked."""
+    pos, neg = given
+    if pos is None and neg is None:
+        return None
+    if pos is None or neg is None:
+        raise ValueError(f"member_{name} and nonmember_{name} must be given together")
+    a, b = np.asarray(pos).ravel(), np.asarray(neg).ravel()
+    if a.size != n_pos or b.size != n_neg:
+        raise ValueError(f"member_{name} / nonmember_{name} must have one id per score: got {a.size} / "
+                         f"{b.size} for {n_pos} / {n_neg} scores")
+    return np.concatenate([a, b])
 
 
 def _weighted_figures(p: np.ndarray, n: np.ndarray, fprs: Sequence[float]) -> tuple[float, list[float]]:
@@ -313,11 +342,26 @@ def roc_summary(
     bootstrap: int = 200,
     permutations: int = 200,
     rng: Any = None,
+    member_clusters: np.ndarray | None = None,
+    nonmember_clusters: np.ndarray | None = None,
+    member_strata: np.ndarray | None = None,
+    nonmember_strata: np.ndarray | None = None,
 ) -> RocSummary:
     """AUC and TPR at each FPR, with bootstrap and Clopper-Pearson intervals and permutation p-values.
 
     Higher scores mean "more likely a member". ``rng``: a :class:`fedprivacy.dp.rng.RandomSource` for the
     resampling (default: seeded 0, so figures repeat; this is statistics, not privacy noise).
+
+    Pooled (target model, candidate) pairs are not independent: one candidate is scored by every model
+    (member of some, non-member of others), so its difficulty is shared. ``*_clusters`` (one id per
+    score, e.g. the candidate; the same id may be a member and a non-member) make the bootstrap resample
+    whole clusters (the cluster bootstrap, Davison & Hinkley 1997, Sec. 3.8: every pair of a drawn
+    cluster enters with the cluster's multiplicity), so the intervals carry that dependence.
+    ``*_strata`` (one id per score, e.g. the target model) make the permutation test relabel within each
+    stratum, keeping its member count: when each model's members are a uniformly random half of the
+    candidates, that is the experiment's own randomization, so the p-value is exact under "the model
+    says nothing about membership" (a randomization test, Fisher 1935; Good 2005, Ch. 3) whatever the
+    dependence between pairs. Clopper-Pearson intervals still treat the members' pairs as independent.
     """
     from fedprivacy.attacks.audit import clopper_pearson_interval
     from fedprivacy.dp.rng import RandomSource
@@ -330,19 +374,31 @@ def roc_summary(
             raise ValueError(f"fprs must be in [0, 1], got {f}")
     src = RandomSource.seeded(0) if rng is None else rng
     s = _SortedScores(member_scores, nonmember_scores)
+    clusters = _labels("clusters", s.n_pos, s.n_neg, (member_clusters, nonmember_clusters))
+    strata = _labels("strata", s.n_pos, s.n_neg, (member_strata, nonmember_strata))
     ones_p, ones_n = np.ones(s.n_pos), np.ones(s.n_neg)
     auc0, tpr0 = s.figures(ones_p, ones_n, targets)
     boot = np.empty((bootstrap, 1 + len(targets)))
     bsrc = src.child("bootstrap")
+    if clusters is not None:
+        cluster_ids, cluster_of = np.unique(clusters, return_inverse=True)
     for b in range(bootstrap):
-        wp = np.bincount(bsrc.integers(0, s.n_pos, size=s.n_pos), minlength=s.n_pos).astype(np.float64)
-        wn = np.bincount(bsrc.integers(0, s.n_neg, size=s.n_neg), minlength=s.n_neg).astype(np.float64)
+        if clusters is None:
+            wp = np.bincount(bsrc.integers(0, s.n_pos, size=s.n_pos), minlength=s.n_pos).astype(np.float64)
+            wn = np.bincount(bsrc.integers(0, s.n_neg, size=s.n_neg), minlength=s.n_neg).astype(np.float64)
+        else:
+            wp = wn = ones_p[:0]
+            while wp.sum() == 0 or wn.sum() == 0:  # redraw a resample with no member / non-member pair
+                draws = np.bincount(bsrc.integers(0, cluster_ids.size, size=cluster_ids.size),
+                                    minlength=cluster_ids.size).astype(np.float64)
+                w = draws[cluster_of]
+                wp, wn = w[: s.n_pos], w[s.n_pos :]
         a, t = s.figures(wp, wn, targets)
         boot[b] = [a, *t]
     perm = np.empty((permutations, 1 + len(targets)))
     psrc = src.child("permutation")
     for b in range(permutations):
-        a, t = s.permuted(psrc, targets)
+        a, t = s.permuted(psrc, targets, strata)
         perm[b] = [a, *t]
     observed = np.array([auc0, *tpr0])
 

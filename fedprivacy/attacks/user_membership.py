@@ -68,6 +68,7 @@ def user_membership_experiment(
     models: int,
     seed: int,
     progress: Callable[[str], None] | None = None,
+    statistics: bool = False,
 ) -> dict[str, Any]:
     """Train ``models`` federated models on random halves of ``clients`` candidate clients and attack them.
 
@@ -80,6 +81,8 @@ def user_membership_experiment(
         clients, per_client: the candidate pool (U clients of n examples).
         models: K >= 3 (a target, and IN and OUT shadows among the others).
         seed: seeds the pool, the halves and every model's run (seeded research mode).
+        statistics: add intervals and permutation p-values to every row
+            (:func:`fedprivacy.attacks.lira_eval.membership_table`'s ``statistics``).
 
     Returns:
         ``{"rows": membership_table rows (loss, LiRA online/offline; example and user level),
@@ -116,7 +119,7 @@ def user_membership_experiment(
     eps_values = [s["epsilon"] for s in stats if s["epsilon"] is not None]
     epsilon = float(np.mean(eps_values)) if eps_values else None
     rows = membership_table(phi=np.stack(phis), loss=np.stack(losses), member=user_member[:, groups],
-                            groups=groups, model=config.label, epsilon=epsilon)
+                            groups=groups, model=config.label, epsilon=epsilon, statistics=statistics)
     test = [s["test_accuracy"] for s in stats]
     summary = {
         "label": config.label, "target_epsilon": config.target_epsilon, "epsilon": epsilon,
@@ -124,6 +127,7 @@ def user_membership_experiment(
         "noise_multiplier": float(stats[0]["noise_multiplier"]), "sample_rate": config.sample_rate,
         "rounds": config.rounds, "clip_norm": config.clip_norm if config.target_epsilon is not None else None,
         "accountant": "pld, Poisson" if config.target_epsilon is not None else "no privacy",
+        "server_optimizer": config.server_optimizer,
         "test_accuracy": float(np.mean(test)), "test_accuracy_min": min(test),
         "test_accuracy_max": max(test),
         "train_accuracy": float(np.mean([s["train_accuracy"] for s in stats])),

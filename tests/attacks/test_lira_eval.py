@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedprivacy.attacks.lira_eval import leave_one_out_scores, membership_table, pooled, user_level
-from fedprivacy.attacks.metrics import auc, tpr_at_fpr
+from fedprivacy.attacks.lira_eval import (
+    leave_one_out_scores,
+    membership_table,
+    pooled,
+    pooled_ids,
+    user_level,
+)
+from fedprivacy.attacks.metrics import auc, roc_summary, tpr_at_fpr
 
 
 def _world(*, k: int, n: int, d: float, per_user: int = 1, seed: int = 0):
@@ -93,3 +99,32 @@ def test_bad_inputs_are_refused() -> None:
         leave_one_out_scores(np.zeros((2, 2)), np.zeros((2, 2), bool), attack="shadow")
     with pytest.raises(ValueError, match="share the client's membership"):
         user_level(np.zeros((1, 2)), np.array([[True, False]]), np.array([0, 0]))
+
+
+def test_pooled_ids_name_each_pooled_score_and_the_table_tests_within_models() -> None:
+    phi, member, groups = _world(k=6, n=1200, d=0.4, per_user=10, seed=4)
+    scores = leave_one_out_scores(phi, member, attack="lira-offline")
+    (cp, cn), (mp, mn) = pooled_ids(scores, member)
+    pos, neg = pooled(scores, member)
+    np.testing.assert_array_equal(scores[mp, cp], pos)
+    np.testing.assert_array_equal(scores[mn, cn], neg)
+    assert member[mp, cp].all() and not member[mn, cn].any()
+
+    rows = membership_table(phi=phi, loss=-phi, member=member, groups=groups, model="toy", epsilon=None,
+                            attacks=("lira-offline",), statistics=True)
+    user = next(r for r in rows if r["level"] == "user")
+    us, um = user_level(scores, member, groups)
+    (ucp, ucn), (ump, umn) = pooled_ids(us, um)
+    expect = roc_summary(*pooled(us, um), member_clusters=ucp, nonmember_clusters=ucn, member_strata=ump,
+                         nonmember_strata=umn)
+    assert user["auc"] == pytest.approx(expect.auc) and user["auc_p_value"] == expect.auc_p_value
+    assert user["tpr_at_fpr_0.01_ci95"] == list(expect.tpr_intervals[0])
+    assert user["at_chance_5pct"] is False and user["tpr_at_fpr_0.01_resolved"] is True
+    example = next(r for r in rows if r["level"] == "example")
+    assert example["at_chance_5pct"] is False  # d = 0.4 per example, 6 x 600 non-member pairs
+
+    null_phi, null_member, null_groups = _world(k=6, n=1200, d=0.0, per_user=10, seed=4)
+    (null_user,) = [r for r in membership_table(phi=null_phi, loss=-null_phi, member=null_member,
+                                                groups=null_groups, model="toy", epsilon=None,
+                                                attacks=("loss",), statistics=True) if r["level"] == "user"]
+    assert null_user["auc_ci95"][0] < 0.5 < null_user["auc_ci95"][1]

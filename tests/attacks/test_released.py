@@ -262,3 +262,54 @@ def test_references_are_out_for_every_example_they_score(fashion, references) ->
     with pytest.raises(ValueError, match="count must be >= 1"):
         reference_statistics(xt, yt, xs, ys, _mlp, count=0, train_size=10, epochs=1, learning_rate=0.1,
                              batch_size=16, seed=0)
+
+
+def test_stratified_permutation_keeps_a_model_effect_from_faking_a_signal() -> None:
+    # Two target models ("strata") with no membership signal inside either, but model 0 has most of the
+    # members and scores everything higher: pooled relabelling reads the model effect as membership.
+    def world(rng: np.random.Generator, d: float) -> tuple[np.ndarray, ...]:
+        pos = np.concatenate([rng.normal(1 + d, 1, 270), rng.normal(d, 1, 30)])
+        neg = np.concatenate([rng.normal(1, 1, 30), rng.normal(0, 1, 270)])
+        sp = np.repeat([0, 1], [270, 30])
+        sn = np.repeat([0, 1], [30, 270])
+        return pos, neg, sp, sn
+
+    rng = np.random.default_rng(11)
+    plain, strat = [], []
+    for _ in range(40):
+        pos, neg, sp, sn = world(rng, 0.0)
+        plain.append(roc_summary(pos, neg, bootstrap=0, permutations=49).auc_p_value)
+        strat.append(roc_summary(pos, neg, bootstrap=0, permutations=49, member_strata=sp,
+                                 nonmember_strata=sn).auc_p_value)
+    assert max(plain) == pytest.approx(1 / 50)  # every null experiment "significant" without strata
+    assert sum(p < 0.05 for p in strat) <= 7  # ~5% of 40 under the stratified (exact) test
+    assert np.mean(strat) > 0.3
+    pos, neg, sp, sn = world(rng, 0.5)  # a real signal inside each model is still found
+    s = roc_summary(pos, neg, bootstrap=0, permutations=99, member_strata=sp, nonmember_strata=sn)
+    assert s.auc_p_value == pytest.approx(1 / 100) and not s.at_chance()
+
+
+def test_cluster_bootstrap_carries_a_candidate_scored_by_many_models() -> None:
+    # 200 members and 200 non-members, each scored identically by 10 "models": 4000 pairs that carry the
+    # information of 400. The pair bootstrap's interval shrinks ~sqrt(10); the cluster bootstrap's does not.
+    rng = np.random.default_rng(5)
+    pos, neg = rng.normal(0.5, 1, 200), rng.normal(0, 1, 200)
+    one = roc_summary(pos, neg, bootstrap=300, permutations=0)
+    pos10, neg10 = np.repeat(pos, 10), np.repeat(neg, 10)
+    pairs = roc_summary(pos10, neg10, bootstrap=300, permutations=0)
+    clustered = roc_summary(pos10, neg10, bootstrap=300, permutations=0,
+                            member_clusters=np.repeat(np.arange(200), 10),
+                            nonmember_clusters=np.repeat(np.arange(200, 400), 10))
+    width = lambda s: s.auc_interval[1] - s.auc_interval[0]  # noqa: E731
+    assert clustered.auc == pytest.approx(one.auc) and pairs.auc == pytest.approx(one.auc)
+    assert width(pairs) < 0.5 * width(one)
+    assert 0.7 < width(clustered) / width(one) < 1.4
+    lo, hi = clustered.tpr_intervals[0]
+    assert lo <= clustered.tpr[0] <= hi
+
+
+def test_clusters_and_strata_are_checked() -> None:
+    with pytest.raises(ValueError, match="member_clusters and nonmember_clusters must be given together"):
+        roc_summary([1.0, 2.0], [0.0], member_clusters=[0, 1])
+    with pytest.raises(ValueError, match="one id per score"):
+        roc_summary([1.0, 2.0], [0.0], member_strata=[0], nonmember_strata=[0])

@@ -61,3 +61,27 @@ def test_overfit_target_leaks_membership_and_strong_noise_hides_it() -> None:
 def test_too_few_models_are_refused() -> None:
     with pytest.raises(ValueError, match="models must be >= 3"):
         _run(None, models=2)
+
+
+def test_server_momentum_is_post_processing_of_the_same_release() -> None:
+    from fedprivacy.attacks.membership import calibrated_noise_multiplier, train_on_clients
+
+    x, y = _digits()
+    parts = [np.arange(c * 20, (c + 1) * 20) for c in range(6)]
+
+    def train(opt: str, rounds: int, eps: float | None = None):
+        cfg = FederatedTargetConfig(rounds=rounds, local_epochs=2, model="mlp", hidden_units=8,
+                                    target_epsilon=eps, sample_rate=1.0, target_delta=1e-3,
+                                    server_optimizer=opt, server_momentum=0.9)
+        return train_on_clients(x, y, parts, config=cfg, seed=4, noise_multiplier=calibrated_noise_multiplier(cfg))
+
+    # FedAvgM's first step is FedAvg's (v = g, x - 1.0 v); from the second round on the momentum moves it
+    for a, b in zip(train("fedavg", 1)[0], train("fedavgm", 1)[0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    two_avg, two_m = train("fedavg", 2)[0], train("fedavgm", 2)[0]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(two_avg, two_m, strict=True)) > 1e-3
+    # under DP the server optimizer acts on the released noised mean: same σ, same ε
+    (_, eps_avg, sigma_avg), (_, eps_m, sigma_m) = train("fedavg", 2, 2.0), train("fedavgm", 2, 2.0)
+    assert sigma_avg == sigma_m and eps_avg == pytest.approx(eps_m) and eps_m == pytest.approx(2.0, rel=0.01)
+    with pytest.raises(ValueError, match="server_optimizer must be 'fedavg' or 'fedavgm'"):
+        FederatedTargetConfig(server_optimizer="fedadam")
