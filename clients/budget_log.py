@@ -89,16 +89,17 @@ def hold(context: Context, policy: ClientPolicy, rho: float, *, round: int,
     context.state[_PENDING] = ConfigRecord(pending)  # type: ignore[arg-type]
 
 
-def charge_held(context: Context, policy: ClientPolicy, *, round: int, mode: str) -> None:
+def charge_held(context: Context, policy: ClientPolicy, *, round: int, mode: str, unbounded: bool = False) -> None:
     """Charge the ρ and slack accepted at round ``round``'s share stage (before the masked vector
-    leaves); refused when that stage did not run on this node."""
+    leaves); refused when that stage did not run on this node. ``unbounded``: the masked stage itself
+    costs ``ρ = ∞`` whatever the share stage held (it draws from a server-sent seed, review7 Z2)."""
     if not _enforced(policy):
         return
     record = context.state.config_records.get(_PENDING)
     if record is None or str(round) not in record:
         raise PolicyRefusal(f"masked stage of round {round} without this client's share stage of that round")
     held = record[str(round)]
-    if held == "inf":
+    if held == "inf" or unbounded:
         charge(context, policy, math.inf, round=round, mode=mode)
     else:
         rho, slack, tv = (float(v) for v in held)  # type: ignore[union-attr]

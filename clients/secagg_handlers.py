@@ -139,7 +139,10 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
                                     num_partitions=num_partitions, policy=policy)
     reply = _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
                    next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
-    budget_log.charge_held(context, policy, round=request.round, mode=instr.privacy)  # before it leaves
+    # before it leaves; a seed in the masked request (whatever the share stage's said) seeds the rounding and
+    # the XNoise base component, which the server can then regenerate: an unbounded rho (review7 Z2)
+    budget_log.charge_held(context, policy, round=request.round, mode=instr.privacy,
+                           unbounded=policy.seed(instr.seed) >= 0)
     return reply
 
 

@@ -134,6 +134,31 @@ def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> N
     assert not budget.exists() or len(budget.read_text().splitlines()) <= 1
 
 
+def test_a_seed_sent_only_with_the_masked_request_costs_an_unbounded_rho(tmp_path: Path) -> None:
+    # Arrange (review7 Z2): the share stage is unseeded (its finite rho is held), then the server puts a seed in
+    # the masked request only: the client's rounding and XNoise base component would follow from it, which the
+    # server can regenerate (with every client surviving, the base is the whole released noise)
+    budget = tmp_path / "budget.jsonl"
+    floor = {"client-max-rho-total": 20.0, "client-allow-seeded": True}
+
+    def seeded_masked(msg: Message, context):
+        instr, _ = codec.decode_train(msg)
+        forged = Message(RecordDict({**{k: v for k, v in msg.content.items() if k != "config"},
+                                     "config": codec.instructions_record(dataclasses.replace(instr, seed=777))}),
+                         dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
+                         group_id=msg.metadata.group_id)
+        return Message(real.secagg_masked(forged, context).content, reply_to=msg)
+
+    # Act
+    run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "z2"},
+                  num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=_app(floor, seeded_masked, budget=budget))
+    # Assert: every masked vector was withheld (an unbounded rho a finite total cannot pay); nothing charged
+    res = json.loads((tmp_path / "z2" / "results.json").read_text())
+    assert res["status"] == "clients-failed" and all(r.get("aborted") for r in res["rounds"])
+    lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [ln for ln in lines if ln["kind"] == "charge"] == []
+
+
 def _answered_twice(handler, seen: dict[str, Any], name: str):
     """Node 0 answers, its node-state save is lost, and the server sends the same request again."""
     def run(msg: Message, context):
