@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         s = res["summary"]
         print(f"{s['label']}: σ {s['noise_multiplier']:.3f}  test acc {s['test_accuracy']:.3f}  "
               f"train acc {s['train_accuracy']:.3f}  ({s['seconds']:.0f} s)")
+        if s.get("dp_ceiling"):
+            c = s["dp_ceiling"]
+            print(f"  DP ceiling (any test, this σ, q, T): TPR@1% <= {c['tpr_at_fpr'][0.01]:.4f}, "
+                  f"TPR@0.1% <= {c['tpr_at_fpr'][0.001]:.4f}, AUC <= {c['auc']:.3f}")
         for row in res["rows"]:
             print(f"  {row['level']:<7} {row['attack']:<13} AUC {row['auc']:.3f}  TPR@1% "
                   f"{row['tpr_at_fpr_1pct']:.3f}  TPR@0.1% {row['tpr_at_fpr_01pct']:.3f}  "

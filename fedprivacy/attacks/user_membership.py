@@ -19,7 +19,7 @@ shadows the same way), and sees only the final global model (a black-box loss / 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from fedprivacy.attacks.membership import (
     train_on_clients,
 )
 
-__all__ = ["user_membership_experiment", "user_pool"]
+__all__ = ["dp_roc_ceiling", "user_membership_experiment", "user_pool"]
 
 
 def user_pool(num_examples: int, *, clients: int, per_client: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,6 +54,43 @@ def user_pool(num_examples: int, *, clients: int, per_client: int, seed: int) ->
             f"{clients} * {per_client}")
     index = RandomSource.seeded(seed).child("user-pool").permutation(num_examples)[: clients * per_client]
     return np.asarray(index), np.repeat(np.arange(clients), per_client)
+
+
+def dp_roc_ceiling(*, noise_multiplier: float, sample_rate: float, rounds: int,
+                   fprs: Sequence[float] = (0.01, 0.001), grid: int = 2001) -> dict[str, Any]:
+    """The most any test can achieve against one client under the run's mechanism: TPR at each FPR, and AUC.
+
+    The mechanism is the run's (Poisson-subsampled Gaussian of multiplier ``noise_multiplier`` at rate
+    ``sample_rate``, composed ``rounds`` times, add/remove of one client), through its privacy loss
+    distribution (dp-accounting's PLD, the accountant's own): every (ε, δ(ε)) it satisfies bounds the
+    trade-off, TPR <= min(e^ε FPR + δ(ε), 1 - e^-ε (1 - δ(ε) - FPR)) (Kairouz, Oh & Viswanath 2015,
+    Thm. 2.1; Dong, Roth & Su 2022, Prop. 2.12: the minimum over the whole privacy profile). For one
+    un-subsampled round this is Gaussian DP's Φ(Φ⁻¹(FPR) + 1/σ) (Dong et al. 2022, Sec. 2.3). Pooled
+    (model, client) pairs of a random-halves experiment with one threshold are an average of such
+    tests, so the bound is concave in FPR and holds for the pooled rates as well (Jensen).
+
+    Returns ``{"tpr_at_fpr": {fpr: bound}, "auc": bound}`` (AUC = the area under the bound's curve).
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if not noise_multiplier > 0 or not 0 < sample_rate <= 1 or rounds < 1:
+        raise ValueError(f"noise_multiplier must be > 0, sample_rate in (0, 1] and rounds >= 1, got "
+                         f"{noise_multiplier}, {sample_rate}, {rounds}")
+    loss = pld.from_gaussian_mechanism(standard_deviation=noise_multiplier, sampling_prob=sample_rate,
+                                       value_discretization_interval=1e-3)
+    if rounds > 1:
+        loss = loss.self_compose(rounds)
+    eps = np.linspace(0.0, 30.0, 6001)
+    delta = np.asarray(loss.get_delta_for_epsilon(eps), dtype=np.float64)
+
+    def ceiling(f: np.ndarray) -> np.ndarray:
+        a = np.exp(eps)[None, :] * f[:, None] + delta[None, :]
+        b = 1.0 - np.exp(-eps)[None, :] * (1.0 - delta[None, :] - f[:, None])
+        return np.clip(np.minimum(a, b).min(axis=1), f, 1.0)
+
+    x = np.linspace(0.0, 1.0, grid)
+    return {"tpr_at_fpr": {float(f): float(ceiling(np.array([float(f)]))[0]) for f in fprs},
+            "auc": float(np.trapezoid(ceiling(x), x))}
 
 
 def user_membership_experiment(
@@ -132,6 +169,8 @@ def user_membership_experiment(
         "test_accuracy_max": max(test),
         "train_accuracy": float(np.mean([s["train_accuracy"] for s in stats])),
         "models": models, "clients": clients, "per_client": per_client,
+        "dp_ceiling": None if sigma_dp is None else dp_roc_ceiling(
+            noise_multiplier=sigma_dp, sample_rate=config.sample_rate, rounds=config.rounds),
         "config": dataclasses.asdict(config),
     }
     return {"rows": rows, "summary": summary}

@@ -85,3 +85,22 @@ def test_server_momentum_is_post_processing_of_the_same_release() -> None:
     assert sigma_avg == sigma_m and eps_avg == pytest.approx(eps_m) and eps_m == pytest.approx(2.0, rel=0.01)
     with pytest.raises(ValueError, match="server_optimizer must be 'fedavg' or 'fedavgm'"):
         FederatedTargetConfig(server_optimizer="fedadam")
+
+
+def test_dp_ceiling_is_gaussian_dp_for_one_round_and_tightens_with_noise() -> None:
+    from scipy import stats
+
+    from fedprivacy.attacks.user_membership import dp_roc_ceiling
+
+    for sigma in (0.8, 2.0):  # one full-batch round: the trade-off is Φ(Φ⁻¹(FPR) + 1/σ), AUC Φ(1/(σ√2))
+        c = dp_roc_ceiling(noise_multiplier=sigma, sample_rate=1.0, rounds=1)
+        for f in (0.01, 0.001):
+            assert c["tpr_at_fpr"][f] == pytest.approx(stats.norm.cdf(stats.norm.ppf(f) + 1 / sigma), rel=1e-3)
+        assert c["auc"] == pytest.approx(stats.norm.cdf(1 / (sigma * np.sqrt(2))), abs=1e-4)
+    # the pools' ε = 2 and ε = 4 (q = 0.4, T = 30, δ = 1e-5): below e^ε·FPR + δ, above chance
+    two = dp_roc_ceiling(noise_multiplier=4.586517892165504, sample_rate=0.4, rounds=30)
+    four = dp_roc_ceiling(noise_multiplier=2.594006525108257, sample_rate=0.4, rounds=30)
+    assert 0.01 < two["tpr_at_fpr"][0.01] < four["tpr_at_fpr"][0.01] < np.exp(4) * 0.01
+    assert two["tpr_at_fpr"][0.01] == pytest.approx(0.0332, abs=5e-4) and 0.5 < two["auc"] < four["auc"] < 0.75
+    with pytest.raises(ValueError, match="noise_multiplier must be > 0"):
+        dp_roc_ceiling(noise_multiplier=0.0, sample_rate=0.4, rounds=3)
