@@ -56,6 +56,9 @@ class PrivacyPlan:
     # what a row's epsilon adds to the ledger's (evaluated at ``target_delta``) to be a valid bound: the
     # distributed encoding's accounting slack 2H' of ``num-server-rounds`` worst-case rounds (review5 X4)
     epsilon_slack: float = 0.0
+    # one worst-case round's slack ``(eta + A, G)``, for a ledger holding more releases than
+    # ``num-server-rounds`` (a round re-charged after a crash, review7 Z3)
+    slack_per_round: tuple[float, float] = (0.0, 0.0)
 
     @property
     def adjacency_label(self) -> str:

@@ -1019,13 +1019,15 @@ class FederatedRun:
 
     def _row_epsilon(self, acc: Accountant) -> float:
         """A round's published ε: the ledger's at ``target-delta``; for a distributed run the ledger's at
-        the plan's reduced δ plus the plan's slack ``2H'`` of ``num-server-rounds`` rounds (the headline's
-        formula with the run's worst case, which bounds ``H'`` of the rounds so far; review5 X4: the
-        ledger alone was up to ~1e-7 per round below the valid figure)."""
+        the plan's reduced δ plus the slack ``2H'`` of the run's worst case for ``num-server-rounds`` rounds,
+        or for every release the ledger holds when a re-charge made them more (the headline's formula;
+        review5 X4: the ledger alone was up to ~1e-7 per round below the valid figure; review7 Z3)."""
         plan = self.plan
         if plan is None or not plan.epsilon_slack:
             return acc.epsilon(delta=self.cfg.target_delta)
-        return acc.epsilon(delta=plan.target_delta) + plan.epsilon_slack
+        from fedprivacy.fl.modes.distributed import row_epsilon
+
+        return row_epsilon(acc, self.cfg, plan)
 
     # ------------------------------------------------------------------ end
     def finish(self) -> RunResult:

@@ -104,3 +104,37 @@ def test_calibration_for_the_public_meets_the_target_with_the_completed_round_pa
         return audience_epsilons(worst, delta=cfg.target_delta, sampling=sampling).observers
 
     assert public(plan.noise_multiplier) <= 5.0 < public(plan.noise_multiplier / 1.01)
+
+
+def test_a_rows_slack_covers_every_release_the_ledger_holds_after_a_re_charge() -> None:
+    # Arrange (review7 Z3): a round re-charged after a crash leaves the ledger with more releases than
+    # num-server-rounds; the row's slack must then be that of every release, as the headline's is
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.fl.modes.distributed import row_epsilon
+
+    cfg = _cfg(num_server_rounds=3)
+    plan = get_mode("distributed").plan(cfg, population=10, dim=DIM)
+    t, _ = secagg_parameters(cfg, population=10)
+    worst = make_encoding(cfg, population=10, dim=DIM, threshold=t).ddp().worst_release(max_roster=10)
+    acc = Accountant(backend="pld", neighbouring=cfg.neighbouring)
+    rows = []
+    for _ in range(5):  # rounds 1, 2, 2 (re-charged), 3 and one more re-charge
+        acc.spend(plan.event)
+        rows.append(row_epsilon(acc, cfg, plan))
+    # Assert: up to num-server-rounds releases the row is the plan's formula (unchanged)...
+    assert rows[2] == acc_epsilon_at(plan, 3)
+    # ...beyond it, never below the headline's figure for the same releases (audience_epsilons, server)
+    for n in (4, 5):
+        headline = audience_epsilons([worst] * n, delta=cfg.target_delta, neighbouring=cfg.neighbouring)
+        assert rows[n - 1] >= headline.server_pld * (1 - 1e-12)
+        assert rows[n - 1] == pytest.approx(headline.server_pld, rel=1e-9)
+    assert rows == sorted(rows)
+
+
+def acc_epsilon_at(plan, rounds: int) -> float:
+    """The plan's row formula (review5 X4) for ``rounds`` releases of its event."""
+    from fedprivacy.accounting.accountant import Accountant
+
+    acc = Accountant(backend="pld", neighbouring=plan.neighbouring)
+    acc.spend(plan.event.with_count(rounds))
+    return acc.epsilon(delta=plan.target_delta) + plan.epsilon_slack

@@ -67,13 +67,31 @@ def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortR
 
 def _run_slack(ddp: DistributedDPConfig, *, roster: int, rounds: int) -> float:
     """``H'`` for ``rounds`` worst-case rounds (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.slack_bound`)."""
-    h, g = ddp.slack_bound(roster=roster)
+    return rounds_slack(ddp.slack_bound(roster=roster), rounds=rounds)
+
+
+def rounds_slack(per_round: tuple[float, float], *, rounds: int) -> float:
+    """``H' = n h - log(1 - n g)`` of ``n = rounds`` rounds of slack ``(h, g)`` each."""
+    h, g = per_round
     return rounds * h - math.log1p(-min(rounds * g, 0.5))
 
 
 def _tv_reserve(ddp: DistributedDPConfig, *, roster: int) -> float:
     """``1 - 1e-6`` when the sampler has a truncation term to reserve delta for, else 1."""
     return 1.0 - 1e-6 if ddp.slack_bound(roster=roster)[1] > 0 else 1.0
+
+
+def row_epsilon(accountant: Accountant, cfg: RunConfig, plan: PrivacyPlan) -> float:
+    """A round's published ε of a distributed run: the ledger's at the plan's reduced δ plus the plan's
+    slack ``2H'`` of ``num-server-rounds`` rounds (review5 X4); when the ledger holds more releases than
+    that (a round re-charged after a crash), ``2H'`` of every release at ``δ (1 - 1e-6) e^-H'`` for them
+    (review7 Z3: the row was 3.4e-9 below the headline)."""
+    releases = charged_releases(accountant, plan)
+    if releases <= cfg.num_server_rounds:
+        return accountant.epsilon(delta=plan.target_delta) + plan.epsilon_slack
+    slack = rounds_slack(plan.slack_per_round, rounds=releases)
+    reserve = 1.0 - 1e-6 if plan.slack_per_round[1] > 0 else 1.0
+    return accountant.epsilon(delta=cfg.target_delta * reserve * math.exp(-slack)) + 2.0 * slack
 
 
 def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, roster: int) -> float:
@@ -160,7 +178,7 @@ class DistributedMode:
             event=worst.event(sampling),
             target_delta=cfg.target_delta * _tv_reserve(ddp, roster=roster) * math.exp(-slack),
             target_epsilon=max(cfg.target_epsilon - 2.0 * slack, 0.0) if cfg.target_epsilon else 0.0,
-            epsilon_slack=2.0 * slack,
+            epsilon_slack=2.0 * slack, slack_per_round=ddp.slack_bound(roster=roster),
             mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
                        f"{how}; the server only sees the noised sum; accounted as its dominating "
                        f"Gaussian (fedprivacy.accounting.distributed)"
