@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message
 
 from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
@@ -63,7 +63,7 @@ def _reply(msg: Message, stage: str, out: object, context: Context, *, next_part
     content.update(extra)
     if next_part is not None:
         next_part.run(msg, context, content)
-    return Message(RecordDict(content), reply_to=msg)
+    return Message(codec.record_dict(content), reply_to=msg)
 
 
 class _Next:

@@ -91,6 +91,40 @@ def config_record(fields: Mapping[str, Any]) -> ConfigRecord:
     return record
 
 
+_RECORD_TYPES = frozenset((ArrayRecord, MetricRecord, ConfigRecord))  # what a RecordDict holds
+
+
+def record_dict(records: Mapping[str, Any]) -> RecordDict:
+    """``RecordDict(dict(records))`` without Flower's per-entry checks (~10 µs an entry: a lookup that
+    raises KeyError, two check calls): when every key is a ``str`` and every value is exactly an
+    ArrayRecord, MetricRecord or ConfigRecord, the dict is filled directly (Flower accepts all of
+    these, and a fresh dict has nothing to overwrite); anything else goes through ``RecordDict``
+    itself, which decides and raises its own errors. Equal dict, same record objects (tested)."""
+    data = dict(records)
+    for k, v in data.items():
+        if type(k) is not str or type(v) not in _RECORD_TYPES:
+            return RecordDict(data)
+    out = RecordDict()
+    out.__dict__["_data"].update(data)
+    return out
+
+
+_METRIC_SCALARS = frozenset((int, float))  # flwr.app.typing.MetricScalar's members (bool is refused)
+
+
+def metric_record(fields: Mapping[str, Any]) -> MetricRecord:
+    """``MetricRecord(dict(fields))`` without its per-value ``typing.get_args`` check when every key
+    is a ``str`` and every value exactly an ``int`` or ``float`` (Flower accepts these); else Flower
+    decides (lists, subclasses, bools) and raises its own errors. Equal record (tested)."""
+    data = dict(fields)
+    for k, v in data.items():
+        if type(k) is not str or type(v) not in _METRIC_SCALARS:
+            return MetricRecord(data)
+    out = MetricRecord()
+    out.__dict__["_data"].update(data)
+    return out
+
+
 def _to_array(a: np.ndarray) -> Array:
     """``Array.from_numpy_ndarray(a)``, byte for byte, without ``np.save``'s per-call work."""
     a = np.ascontiguousarray(a)
@@ -130,8 +164,14 @@ def _from_array(arr: Array) -> np.ndarray:
 def arrays_to_record(arrays: Sequence[np.ndarray]) -> ArrayRecord:
     """The arrays as an ``ArrayRecord`` keyed ``"0", "1", ...`` (what ``from_numpy_ndarrays`` builds)."""
     record = ArrayRecord()
-    for i, a in enumerate(arrays):
-        record[str(i)] = _to_array(np.asarray(a))
+    data = {str(i): _to_array(np.asarray(a)) for i, a in enumerate(arrays)}
+    if all(type(v) is Array for v in data.values()):  # what ArrayRecord.__setitem__ checks and leaves
+        record.__dict__["_data"].update(data)
+        if data:
+            record.__dict__["_is_dirty"] = True
+        return record
+    for k, v in data.items():  # pragma: no cover - _to_array builds Arrays
+        record[k] = v
     return record
 
 
@@ -151,8 +191,8 @@ def train_message(node_id: int, instr: RoundInstructions, weights: ArrayRecord, 
     messages (as Flower's own strategies share one record); clients only read it. So may ``config``,
     :func:`instructions_record` of ``instr`` built once per round (the cohort gets the same
     instructions); built here when omitted."""
-    content = RecordDict({"arrays": weights, "config": config if config is not None
-                          else instructions_record(instr)})
+    content = record_dict({"arrays": weights, "config": config if config is not None
+                           else instructions_record(instr)})
     return Message(content=content, dst_node_id=node_id, message_type=MessageType.TRAIN,
                    group_id=str(instr.round))
 
@@ -196,7 +236,7 @@ def metrics_record(update: ClientUpdate) -> MetricRecord:
         metrics["train-loss"] = float(update.train_loss)
     for key, value in update.metrics.items():
         metrics[key.replace("_", "-")] = float(value)
-    return MetricRecord(metrics)
+    return metric_record(metrics)
 
 
 def update_metadata(content: RecordDict, partition_id: int, *,
@@ -213,7 +253,7 @@ def update_metadata(content: RecordDict, partition_id: int, *,
 
 
 def train_reply(msg: Message, update: ClientUpdate) -> Message:
-    content = RecordDict({"update": arrays_to_record(update.delta), "metrics": metrics_record(update)})
+    content = record_dict({"update": arrays_to_record(update.delta), "metrics": metrics_record(update)})
     return Message(content, reply_to=msg)
 
 

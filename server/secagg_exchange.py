@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedprivacy.fl.secure import EncodingSpec
@@ -51,7 +51,7 @@ class GridSecureTransport:
         self.timeout = timeout
 
     def _message(self, name: str, pid: int, request: Any, content: dict[str, Any]) -> Message:
-        return Message(content=RecordDict(content), dst_node_id=self.nodes[pid],
+        return Message(content=codec.record_dict(content), dst_node_id=self.nodes[pid],
                        message_type=MESSAGE_TYPES[name], group_id=str(request.round))
 
     def stage(self, name: str, requests: Mapping[int, Any], *, instructions: RoundInstructions | None = None,

@@ -48,6 +48,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+from fedprivacy_flwr import codec
 from server.engine._flwr_private import (
     NUM_PARTITIONS_KEY,
     PARTITION_ID_KEY,
@@ -284,7 +285,7 @@ class InProcessGrid(Grid):
             # A shallow copy (records shared): a ClientApp that fails after replacing records
             # leaves the stored state intact, as in Flower. A deep copy would also undo in-place
             # edits of a record but costs ~1-2 ms per message with SecAgg's key material.
-            state=RecordDict(dict(stored.items()))
+            state=codec.record_dict(dict(stored.items()))
             if (stored := self._node_state.get(node_id))
             else RecordDict(),
             run_config=dict(self._run_config),
