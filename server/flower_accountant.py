@@ -25,14 +25,16 @@ What Flower's strategies release, and what is accounted (read from flwr 1.42's s
 * Adjacency of ``NO_AMPLIFICATION``. Flower's strategies release the mean of *exactly*
   ``num_sampled_clients`` updates (they raise otherwise), so one client added or removed either leaves
   the cohort size as it was (its slot goes to another client: the sum moves by up to ``2C``) or makes
-  the round fail on one of the two datasets only. With ``NeighboringRelation.ADD_OR_REMOVE`` the ledger
-  composes the Gaussian at sensitivity ``C``: that figure is valid under **zero-out** adjacency (one
-  client's update replaced by zero, the cohort size fixed; Kairouz et al. 2021, "Practical and private
-  (deep) learning without sampling or shuffling", Sec. 2), not under add/remove proper, where an exact
-  lower bound exceeds it once the cohort is a large share of the population (review5 X2: z = 1.041,
-  T = 15, m/N = 0.3 gives 26.1 against 22.1). For a claim under add/remove or replace-one, configure
-  ``NeighboringRelation.REPLACE_ONE``: the ledger then charges sensitivity ``2C`` (fedprivacy's own
-  fixed-size cohorts are refused with add/remove for the same reason).
+  the round fail on one of the two datasets only. So for the ``NeighboringRelation.ADD_OR_REMOVE``
+  claim Flower's config asks for (the only relation Flower accepts with ``NO_AMPLIFICATION``), the ledger
+  composes the Gaussian at sensitivity ``2C`` (``adjacency="add-remove"``, the default; the figure also
+  holds under replace-one). Flower's own ``RdpAccountant`` composes it at sensitivity ``C``, which is
+  valid under **zero-out** adjacency only (one client's update replaced by zero, the cohort size fixed;
+  Kairouz et al. 2021, "Practical and private (deep) learning without sampling or shuffling", Sec. 2):
+  an exact lower bound under add/remove exceeds it once the cohort is a large share of the population
+  (review5 X2: z = 1.041, T = 15, m/N = 0.3 gives 26.1 against 22.1). ``adjacency="zero-out"`` gives
+  that figure, labelled zero-out (review7 Z4: Flower refuses ``REPLACE_ONE`` with ``NO_AMPLIFICATION``,
+  so the relation is this adapter's argument, not Flower's config).
 * Amplified accounting is given only for a cohort that fedprivacy drew itself:
   :class:`SecureCohortFedAvg` (a ``FedAvg`` with the same aggregation) draws exactly ``cohort_size``
   of a fixed set of exactly ``population_size`` nodes with the operating system's CSPRNG, and records
@@ -67,7 +69,6 @@ from flwr.common.logger import log
 from flwr.serverapp import (
     GaussianPrivacyEvent,
     Grid,
-    NeighboringRelation,
     PrivacyConfig,
     PrivacySpent,
     SamplingMethod,
@@ -92,7 +93,7 @@ __all__ = [
     "attach_accountant",
 ]
 
-STATE_SCHEMA_VERSION = 1
+STATE_SCHEMA_VERSION = 2  # 2: the adjacency the figure is claimed under (review7 Z4)
 NODE_WAIT_SECONDS = 60.0
 #: ``get_delta`` bisects epsilon(delta) in log space until the bracket is this narrow (relative).
 DELTA_RELATIVE_TOLERANCE = 1e-9
@@ -263,15 +264,17 @@ class FedprivacyAccountant:
 
     Args:
         config: Flower's ``PrivacyConfig``. ``NO_AMPLIFICATION`` accounts every release without
-            sampling credit and works with Flower's DP strategies as they are; with
-            ``ADD_OR_REMOVE`` its figure (sensitivity ``C``) holds under zero-out adjacency only, with
-            ``REPLACE_ONE`` (sensitivity ``2C``) under add/remove and replace-one (module docstring).
+            sampling credit and works with Flower's DP strategies as they are (see ``adjacency``).
             ``WITHOUT_REPLACEMENT`` (replace-one) needs ``sampler`` and accounts each release as a
             fixed-size cohort of ``sample_size`` out of ``population_size``, replace-one. ``POISSON``
             is refused (module docstring).
         backend: fedprivacy accountant backend, "pld" (default, tightest) or "rdp".
         sampler: the :class:`SecureCohortFedAvg` whose draws the releases come from (amplified
             accounting only).
+        adjacency: the relation the figure is claimed under, with ``NO_AMPLIFICATION``:
+            ``"add-remove"`` (default; sensitivity ``2C``, since the cohort size is fixed, and also valid
+            under replace-one) or ``"zero-out"`` (sensitivity ``C``, Flower's own figure). With
+            ``WITHOUT_REPLACEMENT`` it is ``"replace-one"``.
 
     The budget ``config.max_epsilon`` is checked by ``would_exceed`` (which Flower's strategies call
     before a round); ``compose`` records what was released and never refuses it for the budget.
@@ -283,6 +286,7 @@ class FedprivacyAccountant:
         *,
         backend: str = "pld",
         sampler: SecureCohortFedAvg | None = None,
+        adjacency: str | None = None,
     ) -> None:
         if not isinstance(config, PrivacyConfig):
             raise TypeError(f"config must be a flwr PrivacyConfig, got {type(config).__name__}")
@@ -312,11 +316,16 @@ class FedprivacyAccountant:
                 )
         elif sampler is not None:
             raise ValueError("sampler is only used with sampling_method='without-replacement'")
-        neighbouring = (
-            Neighbouring.REPLACE_ONE
-            if config.neighboring_relation is NeighboringRelation.REPLACE_ONE
-            else Neighbouring.ADD_REMOVE
-        )
+        allowed = ("replace-one",) if method is SamplingMethod.WITHOUT_REPLACEMENT else ("add-remove", "zero-out")
+        adjacency = allowed[0] if adjacency is None else adjacency
+        if adjacency not in allowed:
+            raise ValueError(
+                f"adjacency must be one of {', '.join(map(repr, allowed))} with sampling_method="
+                f"{method.value!r}, got {adjacency!r}"
+            )
+        # zero-out: sensitivity C; add/remove of a fixed-size cohort and replace-one: 2C (module docstring)
+        neighbouring = Neighbouring.ADD_REMOVE if adjacency == "zero-out" else Neighbouring.REPLACE_ONE
+        self._adjacency = adjacency
         self._config = config
         self._sampler = sampler
         self._ledger = Accountant(backend=backend, neighbouring=neighbouring, unit="user")
@@ -326,6 +335,12 @@ class FedprivacyAccountant:
     def config(self) -> PrivacyConfig:
         """Flower's privacy configuration this accountant was built with."""
         return self._config
+
+    @property
+    def adjacency(self) -> str:
+        """The relation the figure holds under: "add-remove" (at sensitivity 2C, also replace-one),
+        "zero-out" (sensitivity C) or "replace-one" (a secure fixed-size cohort)."""
+        return self._adjacency
 
     @property
     def num_releases(self) -> int:
@@ -440,6 +455,7 @@ class FedprivacyAccountant:
             "schema_version": STATE_SCHEMA_VERSION,
             "backend": f"fedprivacy-{self._ledger.backend}",
             "config": _config_dict(self._config),
+            "adjacency": self._adjacency,
             "ledger": self._ledger.to_json(),
         }
 
@@ -447,9 +463,10 @@ class FedprivacyAccountant:
         """Restore ``state_dict()`` output; every field is validated before anything changes."""
         if not isinstance(state, Mapping):
             raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        if set(state) != {"schema_version", "backend", "config", "ledger"}:
+        if set(state) != {"schema_version", "backend", "config", "adjacency", "ledger"}:
             raise ValueError(
-                f"state fields must be backend, config, ledger, schema_version, got {sorted(state)}"
+                "state fields must be adjacency, backend, config, ledger, schema_version, got "
+                f"{sorted(state)}"
             )
         if state["schema_version"] != STATE_SCHEMA_VERSION:
             raise ValueError(
@@ -463,6 +480,11 @@ class FedprivacyAccountant:
             raise ValueError(
                 f"state config {state['config']!r} does not match this accountant's config "
                 f"{_config_dict(self._config)!r}"
+            )
+        if state["adjacency"] != self._adjacency:
+            raise ValueError(
+                f"state adjacency {state['adjacency']!r} does not match this accountant's "
+                f"{self._adjacency!r}"
             )
         ledger_state = state["ledger"]
         if not isinstance(ledger_state, Mapping):

@@ -124,20 +124,28 @@ def test_flowers_dp_strategies_accept_the_unamplified_adapter(wrapper: type) -> 
 @settings(max_examples=15, deadline=None)
 @given(z=st.floats(0.5, 4.0), steps=st.integers(1, 200))
 def test_unamplified_epsilon_is_fedprivacys_and_below_flowers_rdp(z: float, steps: int) -> None:
-    ours, flowers = FedprivacyAccountant(_config()), RdpAccountant(_config())
+    # zero-out (Flower's own figure, sensitivity C) and add/remove of a fixed-size cohort (2C, the default)
+    ours, flowers = FedprivacyAccountant(_config(), adjacency="zero-out"), RdpAccountant(_config())
+    add_remove = FedprivacyAccountant(_config())
 
-    ours.compose(_event(z), steps)
-    flowers.compose(_event(z), steps)
+    for acc in (ours, flowers, add_remove):
+        acc.compose(_event(z), steps)
 
     ref = epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps, delta=DELTA)
     assert ours.get_epsilon(DELTA) == ref
     assert ours.get_epsilon(DELTA) < flowers.get_epsilon(DELTA)
-    assert ours.num_releases == flowers.num_releases == steps
+    assert ours.num_releases == flowers.num_releases == add_remove.num_releases == steps
+    # review7 Z4 / review5 X2: one client added or removed moves the fixed-size mean's sum by up to 2C
+    assert add_remove.get_epsilon(DELTA) == epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps,
+                                                        delta=DELTA, neighbouring="replace-one")
+    assert add_remove.get_epsilon(DELTA) == pytest.approx(
+        epsilon_for(noise_multiplier=z / 2, sampling=NoSampling(), steps=steps, delta=DELTA), rel=1e-9)
+    assert (add_remove.adjacency, ours.adjacency) == ("add-remove", "zero-out")
 
 
 def test_rdp_backend_agrees_with_flowers_rdp_accountant() -> None:
     # Same events, same dp-accounting orders: fedprivacy's RDP backend reproduces Flower's.
-    ours, flowers = FedprivacyAccountant(_config(), backend="rdp"), RdpAccountant(_config())
+    ours, flowers = FedprivacyAccountant(_config(), backend="rdp", adjacency="zero-out"), RdpAccountant(_config())
     for z, count in [(1.1, 30), (0.7, 5), (2.0, 100)]:
         ours.compose(_event(z), count)
         flowers.compose(_event(z), count)
@@ -147,7 +155,7 @@ def test_rdp_backend_agrees_with_flowers_rdp_accountant() -> None:
 
 
 def test_composition_of_different_events_counts_each() -> None:
-    ours = FedprivacyAccountant(_config())
+    ours = FedprivacyAccountant(_config(), adjacency="zero-out")
     ours.compose(_event(1.0), 10)
     ours.compose(_event(2.0), 40)
 
@@ -165,17 +173,19 @@ def _analytic_gaussian_delta(mu: float, eps: float) -> float:
 
 @pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
 def test_get_delta_matches_the_closed_form(eps: float) -> None:
-    ours = FedprivacyAccountant(_config())
-    ours.compose(_event(3.0), 16)  # one Gaussian with mu = sqrt(16)/3
+    ours, add_remove = FedprivacyAccountant(_config(), adjacency="zero-out"), FedprivacyAccountant(_config())
+    ours.compose(_event(3.0), 16)  # one Gaussian with mu = sqrt(16)/3 (sensitivity C)
+    add_remove.compose(_event(3.0), 16)  # sensitivity 2C: mu = 8/3
 
     got = ours.get_delta(eps)
 
     assert got == pytest.approx(_analytic_gaussian_delta(4.0 / 3.0, eps), rel=1e-6)
     assert ours.get_epsilon(got) <= eps  # an upper bound: (eps, got)-DP holds
+    assert add_remove.get_delta(eps) == pytest.approx(_analytic_gaussian_delta(8.0 / 3.0, eps), rel=1e-6)
 
 
 def test_get_delta_is_tighter_than_flowers_and_consistent_with_epsilon() -> None:
-    ours, flowers = FedprivacyAccountant(_config()), RdpAccountant(_config())
+    ours, flowers = FedprivacyAccountant(_config(), adjacency="zero-out"), RdpAccountant(_config())
     ours.compose(_event(1.2), 50)
     flowers.compose(_event(1.2), 50)
     eps = ours.get_epsilon(DELTA)
@@ -200,7 +210,8 @@ def test_would_exceed_predicts_compose_and_changes_nothing() -> None:
     ours = FedprivacyAccountant(_config(max_epsilon=10.0))
     ours.compose(_event(1.0), 4)
     before = ours.state_dict()
-    after_one = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=5, delta=DELTA)
+    after_one = epsilon_for(noise_multiplier=1.0, sampling=NoSampling(), steps=5, delta=DELTA,
+                            neighbouring="replace-one")
 
     assert ours.would_exceed(_event(1.0)) is (after_one > 10.0)
     assert ours.would_exceed(_event(1.0), max_epsilon=after_one * 0.999) is True
@@ -227,12 +238,13 @@ def test_state_dict_is_json_and_restores_the_same_epsilon() -> None:
 
 
 @pytest.mark.parametrize("tamper,match", [
-    (lambda s: s.update(schema_version=2), "schema_version"),
+    (lambda s: s.update(schema_version=1), "schema_version"),
+    (lambda s: s.update(adjacency="zero-out"), "adjacency"),
     (lambda s: s.update(backend="rdp"), "backend"),
     (lambda s: s["config"].update(population_size=51), "does not match"),
     (lambda s: s.pop("ledger"), "fields"),
     (lambda s: s["ledger"]["entries"][0]["event"]["mechanism"].update(noise_multiplier=-1), "noise"),
-    (lambda s: s["ledger"].update(neighbouring="replace-one"), "relation"),
+    (lambda s: s["ledger"].update(neighbouring="add-remove"), "relation"),
     (lambda s: s["ledger"]["entries"][0]["event"].update(
         sampling={"kind": "poisson", "rate": 0.1}), "sampling"),
 ])
@@ -384,3 +396,12 @@ def test_the_readme_example_runs() -> None:
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
 
     assert scope["dp"].accountant is scope["acc"] and scope["acc"].config.population_size == 100
+
+
+def test_the_adjacency_is_one_the_sampling_can_claim() -> None:
+    with pytest.raises(ValueError, match="adjacency must be one of 'add-remove', 'zero-out'"):
+        FedprivacyAccountant(_config(), adjacency="replace-one")  # Flower refuses it with no-amplification
+    sampler = SecureCohortFedAvg(cohort_size=10, population_size=N)
+    with pytest.raises(ValueError, match="adjacency must be one of 'replace-one'"):
+        FedprivacyAccountant(_config(SamplingMethod.WITHOUT_REPLACEMENT), sampler=sampler, adjacency="zero-out")
+    assert FedprivacyAccountant(_config(SamplingMethod.WITHOUT_REPLACEMENT), sampler=sampler).adjacency == "replace-one"

@@ -82,8 +82,9 @@ def _config(n: int, method: SamplingMethod, max_epsilon: float | None = None) ->
 @pytest.mark.parametrize("wrapper", [DifferentialPrivacyClientSideFixedClipping,
                                      DifferentialPrivacyServerSideFixedClipping])
 def test_flowers_strategy_with_flowers_sampling_gets_unamplified_pld(wrapper: type) -> None:
-    # Arrange: Flower's FedAvg draws 5 of 10 with random.sample: no amplification is credited.
-    acc = _AlsoFlowersRdp(_config(10, SamplingMethod.NO_AMPLIFICATION))
+    # Arrange: Flower's FedAvg draws 5 of 10 with random.sample: no amplification is credited; the zero-out
+    # figure is Flower's own (sensitivity C), compared with Flower's RdpAccountant
+    acc = _AlsoFlowersRdp(_config(10, SamplingMethod.NO_AMPLIFICATION), adjacency="zero-out")
 
     def build() -> Any:
         return wrapper(FedAvg(fraction_train=0.5, fraction_evaluate=0.0), noise_multiplier=Z,
@@ -101,6 +102,12 @@ def test_flowers_strategy_with_flowers_sampling_gets_unamplified_pld(wrapper: ty
     assert ours == pytest.approx(cli, rel=0.01)
     assert ours < flowers
     assert out["strategy"].privacy_spent().epsilon == ours
+    # the default add/remove claim of the same releases: sensitivity 2C (the cohort size is fixed)
+    add_remove = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION))
+    for e in acc.events:
+        add_remove.compose(e)
+    assert add_remove.get_epsilon(DELTA) == pytest.approx(
+        _cli_epsilon("--steps", "6", "--sampling", "none", "--neighbouring", "replace-one"), rel=0.01)
     final = out["result"].arrays.to_numpy_ndarrays()
     assert np.abs(final[0]).sum() > 0  # the model was trained
 
@@ -134,7 +141,7 @@ def test_secure_cohort_sampler_gets_fixed_cohort_amplification_in_flowers_strate
 
 
 def test_budget_stops_flowers_strategy_before_the_release_that_would_exceed_it() -> None:
-    three = _cli_epsilon("--steps", "3", "--sampling", "none")
+    three = _cli_epsilon("--steps", "3", "--sampling", "none", "--neighbouring", "replace-one")  # add/remove: 2C
     acc = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION, max_epsilon=three * 1.001))
 
     def build() -> Any:
@@ -152,7 +159,7 @@ def test_flower_ray_simulation_with_fedprivacys_accountant() -> None:
     # Flower's own Simulation Engine (Ray); run under `flock /work/.e2e.lock` (COORDINATION.md).
     from flwr.simulation import run_simulation
 
-    acc = _AlsoFlowersRdp(_config(6, SamplingMethod.NO_AMPLIFICATION))
+    acc = _AlsoFlowersRdp(_config(6, SamplingMethod.NO_AMPLIFICATION), adjacency="zero-out")
     out: dict[str, Any] = {}
 
     def build() -> Any:
