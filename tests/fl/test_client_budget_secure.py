@@ -46,6 +46,31 @@ def _app(floor: dict[str, Any], masked=None, *, budget: Path, consistency=None, 
     return app
 
 
+def _then_replayed(handler, seen: dict[str, Any], name: str, replay):
+    """Node 0 answers ``handler``'s request; then the deviating server's second request, ``replay(msg, context,
+    state before the answer)``: ``seen[name]`` is the client's refusal, or "answered again"."""
+    def run(msg: Message, context):
+        if context.node_config["partition-id"] != 0:
+            return handler(msg, context)
+        before = copy.deepcopy(context.state)
+        reply = handler(msg, context)
+        try:
+            replay(msg, context, before)
+            seen[name] = "answered again"
+        except PolicyRefusal as exc:
+            seen[name] = str(exc)
+        return reply
+    return run
+
+
+def _rolled_back(context, before) -> None:
+    """Flower's node-state save after the reply is lost: the state is what it was before the stage."""
+    for k in list(context.state.keys()):
+        del context.state[k]
+    for k, v in before.items():
+        context.state[k] = v
+
+
 def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_path: Path) -> None:
     # Arrange (review6 Y2): the reply leaves, then Flower's node-state save is lost (the state goes back to
     # what it was before the masked stage) and the server sends the same round's masked request again: the
@@ -53,33 +78,23 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
     budget = tmp_path / "budget.jsonl"
     seen: dict[str, Any] = {}
 
-    def masked_twice(msg: Message, context):
-        if context.node_config["partition-id"] != 0:
-            return real.secagg_masked(msg, context)
-        before = copy.deepcopy(context.state)
-        reply = real.secagg_masked(msg, context)
-        for k in list(context.state.keys()):
-            del context.state[k]
-        for k, v in before.items():
-            context.state[k] = v
+    def again(msg: Message, context, before) -> None:
+        _rolled_back(context, before)
         instr, _ = codec.decode_train(msg)
-        again = Message(RecordDict({**{k: v for k, v in msg.content.items() if k != "config"},
-                                    "config": codec.instructions_record(dataclasses.replace(instr, learning_rate=1e-30))}),
-                        dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
-                        group_id=msg.metadata.group_id)
-        try:
-            real.secagg_masked(again, context)
-            seen["replayed"] = True
-        except PolicyRefusal as exc:
-            seen["refused"] = str(exc)
-        return reply
+        forged = Message(RecordDict({**{k: v for k, v in msg.content.items() if k != "config"},
+                                     "config": codec.instructions_record(dataclasses.replace(instr, learning_rate=1e-30))}),
+                         dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
+                         group_id=msg.metadata.group_id)
+        real.secagg_masked(forged, context)
+
+    masked_twice = _then_replayed(real.secagg_masked, seen, "masked", again)
 
     floor = {"client-max-rho-total": 20.0}
     # Act
     run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "y2"},
                   num_supernodes=5, app_dir=REPO, node_id_seed=1, client_app=_app(floor, masked_twice, budget=budget))
     # Assert: the replay is refused by the durable record, which holds the one charge of round 1
-    assert "replayed" not in seen and "already released by this client" in seen["refused"]
+    assert "already released by this client" in seen["masked"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
     assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
     # and the charge carries its release's discrete slack, which the client's total adds (review6 Y1)
@@ -96,26 +111,19 @@ def test_a_masked_request_replayed_under_another_run_of_the_series_is_refused(tm
     budget = tmp_path / "budget.jsonl"
     seen: dict[str, Any] = {}
 
-    def masked_in_another_run(msg: Message, context):
-        if context.node_config["partition-id"] != 0:
-            return real.secagg_masked(msg, context)
-        before = copy.deepcopy(context.state)
-        reply = real.secagg_masked(msg, context)
-        other = Context(run_id=int(context.run_id) + 1, node_id=context.node_id,
-                        node_config=dict(context.node_config), state=before, run_config=dict(context.run_config))
-        try:
-            real.secagg_masked(msg, other)
-            seen["replayed"] = True
-        except PolicyRefusal as exc:
-            seen["refused"] = str(exc)
-        return reply
+    def in_another_run(msg: Message, context, before) -> None:
+        real.secagg_masked(msg, Context(run_id=int(context.run_id) + 1, node_id=context.node_id,
+                                        node_config=dict(context.node_config), state=before,
+                                        run_config=dict(context.run_config)))
+
+    masked_in_another_run = _then_replayed(real.secagg_masked, seen, "masked", in_another_run)
 
     # Act
     run_inprocess(run_config={**BASE, "seed": -1, "output-dir": str(tmp_path), "run-name": "z1"},
                   num_supernodes=5, app_dir=REPO, node_id_seed=1,
                   client_app=_app({"client-max-rho-total": 20.0}, masked_in_another_run, budget=budget))
     # Assert: the old run's session, masks and noise are not used by the new run; one charge on record
-    assert "replayed" not in seen and "was not made in this run" in seen["refused"]
+    assert "was not made in this run" in seen["masked"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
     assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
 
@@ -161,22 +169,10 @@ def test_a_seed_sent_only_with_the_masked_request_costs_an_unbounded_rho(tmp_pat
 
 def _answered_twice(handler, seen: dict[str, Any], name: str):
     """Node 0 answers, its node-state save is lost, and the server sends the same request again."""
-    def run(msg: Message, context):
-        if context.node_config["partition-id"] != 0:
-            return handler(msg, context)
-        before = copy.deepcopy(context.state)
-        reply = handler(msg, context)
-        for k in list(context.state.keys()):
-            del context.state[k]
-        for k, v in before.items():
-            context.state[k] = v
-        try:
-            handler(msg, context)
-            seen[name] = "answered again"
-        except PolicyRefusal as exc:
-            seen[name] = str(exc)
-        return reply
-    return run
+    def again(msg: Message, context, before) -> None:
+        _rolled_back(context, before)
+        handler(msg, context)
+    return _then_replayed(handler, seen, name, again)
 
 
 def test_the_share_consistency_and_unmask_stages_are_answered_once_despite_a_lost_node_state(
