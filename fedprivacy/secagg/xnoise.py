@@ -60,21 +60,31 @@ EXPANSION_VERSION = b"fedprivacy/v2/xnoise-component"
 SEED_BYTES = 32
 
 
-def _component_key(seed: bytes, *, round: int, node_id: int, index: int) -> bytes:
+def _component_salt(seed: bytes, *, round: int, node_id: int, index: int) -> bytes:
     if len(seed) != SEED_BYTES:
         raise ValueError(f"seed must be {SEED_BYTES} bytes, got {len(seed)}")
     for name, v in (("round", round), ("node_id", node_id), ("index", index)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64:
             raise ValueError(f"{name} must be an int in [0, 2**64), got {v!r}")
-    salt = struct.pack(">QQQ", round, node_id, index)
+    return struct.pack(">QQQ", round, node_id, index)
+
+
+def _component_key(seed: bytes, *, round: int, node_id: int, index: int) -> bytes:
+    salt = _component_salt(seed, round=round, node_id=node_id, index=index)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=EXPANSION_VERSION).derive(seed)
+
+
+def _check_component(seed: bytes, *, variance: float, round: int, node_id: int, index: int) -> None:
+    """What :func:`component_noise` refuses, in its order (raises its error)."""
+    if not (math.isfinite(variance) and variance > 0):
+        raise ValueError(f"variance must be a finite number > 0, got {variance!r}")
+    _component_salt(seed, round=round, node_id=node_id, index=index)
 
 
 def component_noise(seed: bytes, *, variance: float, size: int, round: int, node_id: int,
                     index: int) -> np.ndarray:
     """The seeded component ``index`` of ``node_id`` in ``round``: ``N_Z(0, variance)^size`` (int64)."""
-    if not (math.isfinite(variance) and variance > 0):
-        raise ValueError(f"variance must be a finite number > 0, got {variance!r}")
+    _check_component(seed, variance=variance, round=round, node_id=node_id, index=index)
     key = _component_key(seed, round=round, node_id=node_id, index=index)
     return sample_tabulated_discrete_gaussian(variance=variance, size=size,
                                               rng=RandomSource.keyed(key))
@@ -148,13 +158,19 @@ def excess_noise(design: XNoiseDesign, revealed: Mapping[int, Mapping[int, bytes
                          f"got {sorted(revealed)}")
     total = np.zeros(size, dtype=np.int64)
     var = design.variances
-    for node, idx in want.items():
+    for node, idx in want.items():  # every refusal first, in the order of a node-by-node expansion
         got = revealed[node]
         if set(got) != set(idx):
             raise ValueError(f"node {node}: revealed components {sorted(got)} != removable {list(idx)}")
         for j in idx:
-            total += component_noise(got[j], variance=var[j], size=size, round=round, node_id=node,
-                                     index=j)
+            _check_component(got[j], variance=var[j], round=round, node_id=node, index=j)
+    # component by component (an integer sum in any order): each variance's table stays in cache
+    # for all the survivors instead of alternating between the design's tables (issue 16)
+    for j in sorted({j for idx in want.values() for j in idx}):
+        for node, idx in want.items():
+            if j in idx:
+                total += component_noise(revealed[node][j], variance=var[j], size=size, round=round,
+                                         node_id=node, index=j)
     return total
 
 

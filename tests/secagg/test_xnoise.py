@@ -138,3 +138,56 @@ def test_the_public_encoding_carries_xnoise_and_colluders_through_its_record() -
     comps = ComponentSeeds.fresh(enc.ddp().design(roster=10), round=1, node_id=0,
                                  rng=RandomSource.seeded(0))
     assert enc.encode(np.zeros(500), rng=RandomSource.seeded(1), components=comps).dtype == np.uint32
+
+
+def _excess_node_by_node(design, revealed, *, survivors, round, size):  # type: ignore[no-untyped-def]
+    """The server's removal before issue 16's component-by-component order (reference)."""
+    want = removable_components(design, survivors)
+    if set(revealed) != set(want):
+        raise ValueError(f"revealed seeds must cover exactly the survivors {sorted(want)}, "
+                         f"got {sorted(revealed)}")
+    total = np.zeros(size, dtype=np.int64)
+    var = design.variances
+    for node, idx in want.items():
+        got = revealed[node]
+        if set(got) != set(idx):
+            raise ValueError(f"node {node}: revealed components {sorted(got)} != removable {list(idx)}")
+        for j in idx:
+            total += component_noise(got[j], variance=var[j], size=size, round=round, node_id=node, index=j)
+    return total
+
+
+@pytest.mark.parametrize("roster,t,c,s", [(10, 6, 0, 9), (12, 5, 0, 7), (9, 6, 1, 8), (20, 12, 0, 20)])
+def test_component_by_component_removal_is_the_node_by_node_sum_and_refuses_alike(roster, t, c, s) -> None:
+    """Issue 16 reorders the server's regeneration (each variance's table stays in cache); the sum
+    of integers is the same, and a malformed revealed set (bad seed length, missing or extra index,
+    a node id out of range) is refused with the error the node-by-node expansion raises first."""
+    design = XNoiseDesign(total_variance=4e6, roster=roster, min_survivors=t, colluders=c)
+    rng = RandomSource.seeded(7)
+    comps = {i: ComponentSeeds.fresh(design, round=2, node_id=i, rng=rng) for i in range(roster)}
+    survivors = list(range(s))
+    revealed = {i: comps[i].reveal(survivors=s, rank=r) for r, i in enumerate(survivors)}
+    got = excess_noise(design, revealed, survivors=survivors, round=2, size=300)
+    assert np.array_equal(got, _excess_node_by_node(design, revealed, survivors=survivors, round=2, size=300))
+    faulty = [n for n in survivors if revealed[n]]
+    bad = []
+    if faulty:
+        a, b = faulty[0], faulty[-1]
+        ja, jb = max(revealed[a]), min(revealed[b])  # a node-major and a component-major order meet them in turn
+        bad.append({**revealed, b: {**revealed[b], jb: b"short"}})
+        bad.append({**revealed, a: {**revealed[a], ja: b"x" * 31}, b: {**revealed[b], jb: b"y" * 33}})
+        bad.append({**revealed, b: {**revealed[b], jb: b"z" * 40}, a: {k: v for k, v in revealed[a].items() if k != ja}})
+    bad.append({**revealed, survivors[-1]: {**revealed[survivors[-1]], 99: b"\0" * 32}})
+    for rev in bad:
+        with pytest.raises(ValueError) as want:
+            _excess_node_by_node(design, rev, survivors=survivors, round=2, size=8)
+        with pytest.raises(ValueError) as ours:
+            excess_noise(design, rev, survivors=survivors, round=2, size=8)
+        assert str(ours.value) == str(want.value)
+    for kw in ({"round": -1}, {"round": 2**64}):
+        if faulty:
+            with pytest.raises(ValueError) as want:
+                _excess_node_by_node(design, revealed, survivors=survivors, size=8, **kw)
+            with pytest.raises(ValueError) as ours:
+                excess_noise(design, revealed, survivors=survivors, size=8, **kw)
+            assert str(ours.value) == str(want.value)
