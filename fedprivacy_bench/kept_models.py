@@ -34,7 +34,21 @@ MEMBERS = (
     "server's test set (fedprivacy_bench.task.test_split)."
 )
 
-__all__ = ["FORMAT", "KeptModel", "MEMBERS", "client_partitions", "keep_model", "load_kept_model"]
+HELD_OUT_MEMBERS = MEMBERS.replace(
+    "non-members are the server's test set (fedprivacy_bench.task.test_split).",
+    "non-members are the held-out official training images 48,000..59,999 "
+    "(fedprivacy_bench.heldout.held_out_split) and the server's test set (fedprivacy_bench.task.test_split).")
+
+
+def members_text(spec: BenchSpec) -> str:
+    """Who the members and non-members of ``spec``'s model are (the sidecar's ``members``)."""
+    from fedprivacy_bench import heldout
+
+    return HELD_OUT_MEMBERS if spec.dataset == heldout.NAME else MEMBERS
+
+
+__all__ = ["FORMAT", "HELD_OUT_MEMBERS", "KeptModel", "MEMBERS", "client_partitions", "keep_model",
+           "load_kept_model", "members_text"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +106,7 @@ def keep_model(spec: BenchSpec, weights: list[np.ndarray], record: dict[str, Any
         "data": {"dataset": spec.dataset, "partitioner": spec.partitioner, "seed": spec.seed,
                  "train_examples": int(sum(len(p) for p in parts)),
                  "test_examples": len(task.test_split(spec))},
-        "members": MEMBERS,
+        "members": members_text(spec),
         "spec": spec.to_dict(),
     }
     path = keep_dir / f"{stem}.json"

@@ -263,6 +263,10 @@ def test_holdout_rows_train_on_48k_images_at_the_same_q_and_sigma_and_keep_the_r
     assert held.sample_rate == full.sample_rate and held.noise_multiplier == full.noise_multiplier
     assert held.key() == full.key().replace("fashion-mnist-", "fashion-mnist-holdout-", 1)  # other files
     assert held.label == "fashion iid fedavgm-c300 holdout"
+    from fedprivacy_bench.kept_models import members_text
+
+    # the sidecar names the held-out non-members
+    assert "held_out_split" in members_text(held) and "held_out_split" not in members_text(full)
     with pytest.raises(ValueError, match="holdout"):
         bench.setup_sweep("digits-100k", holdout=True)
     # the members are the official training images 0..47,999, 20 per client; the rest is held out
