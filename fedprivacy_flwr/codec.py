@@ -100,13 +100,7 @@ def record_dict(records: Mapping[str, Any]) -> RecordDict:
     ArrayRecord, MetricRecord or ConfigRecord, the dict is filled directly (Flower accepts all of
     these, and a fresh dict has nothing to overwrite); anything else goes through ``RecordDict``
     itself, which decides and raises its own errors. Equal dict, same record objects (tested)."""
-    data = dict(records)
-    for k, v in data.items():
-        if type(k) is not str or type(v) not in _RECORD_TYPES:
-            return RecordDict(data)
-    out = RecordDict()
-    out.__dict__["_data"].update(data)
-    return out
+    return _filled(RecordDict, records, _RECORD_TYPES)
 
 
 _METRIC_SCALARS = frozenset((int, float))  # flwr.app.typing.MetricScalar's members (bool is refused)
@@ -116,11 +110,20 @@ def metric_record(fields: Mapping[str, Any]) -> MetricRecord:
     """``MetricRecord(dict(fields))`` without its per-value ``typing.get_args`` check when every key
     is a ``str`` and every value exactly an ``int`` or ``float`` (Flower accepts these); else Flower
     decides (lists, subclasses, bools) and raises its own errors. Equal record (tested)."""
+    return _filled(MetricRecord, fields, _METRIC_SCALARS)
+
+
+_Filled = TypeVar("_Filled", RecordDict, MetricRecord)
+
+
+def _filled(cls: type[_Filled], fields: Mapping[str, Any], exact: frozenset[type]) -> _Filled:
+    """``cls(dict(fields))``, filled directly when every key is a ``str`` and every value's type is in
+    ``exact`` (types ``cls`` accepts without further checks); else ``cls`` itself decides."""
     data = dict(fields)
     for k, v in data.items():
-        if type(k) is not str or type(v) not in _METRIC_SCALARS:
-            return MetricRecord(data)
-    out = MetricRecord()
+        if type(k) is not str or type(v) not in exact:
+            return cls(data)
+    out = cls()
     out.__dict__["_data"].update(data)
     return out
 
