@@ -37,10 +37,11 @@ def _load(context: Context, policy: ClientPolicy) -> ClientBudget:
     return policy.budget(charges=charges)
 
 
-def check(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str) -> None:
+def check(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
+          slack: tuple[float, float] = (0.0, 0.0)) -> None:
     """Refuse (:class:`PolicyRefusal`) a round the client's total cannot pay; changes nothing."""
     if _enforced(policy):
-        _load(context, policy).check(rho, round=round, what=mode)
+        _load(context, policy).check(rho, round=round, what=mode, slack=slack[0], tv=slack[1])
 
 
 def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,

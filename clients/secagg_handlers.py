@@ -105,7 +105,7 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
                                         roster=len(request.node_ids))
     if policy.seed(instr.seed) >= 0:
         rho = math.inf
-    budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy)
+    budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy, slack=slack)
     out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
                        cfg=cfg, policy=policy)
     budget_log.hold(context, policy, rho, round=request.round, slack=slack)

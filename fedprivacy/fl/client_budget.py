@@ -131,6 +131,9 @@ class ClientBudget:
 
     Args:
         max_rho_total: the largest total ρ the client releases (``client-max-rho-total``; may be inf).
+        max_slack_total: the largest total discrete slack of its distributed rounds
+            (``client-max-slack-total``; review8 A2); their truncation terms are capped by
+            :data:`fedprivacy.fl.client_policy.MAX_TV_TOTAL`.
         neighbouring: the relation its ρ are computed under (``client-neighbouring``).
         path: the budget file shared by the node's runs (``client-budget-path``); None: ``charges``
             (the node state's record of this run) is the whole ledger.
@@ -138,9 +141,12 @@ class ClientBudget:
     """
 
     def __init__(self, *, max_rho_total: float, neighbouring: str, path: str | os.PathLike[str] | None = None,
-                 charges: Sequence[BudgetCharge] = ()) -> None:
+                 charges: Sequence[BudgetCharge] = (), max_slack_total: float = math.inf) -> None:
         if not (max_rho_total > 0):
             raise ValueError(f"max_rho_total must be > 0, got {max_rho_total}")
+        if not (max_slack_total > 0):
+            raise ValueError(f"max_slack_total must be > 0, got {max_slack_total}")
+        self.max_slack_total = float(max_slack_total)
         if neighbouring not in ("add-remove", "replace-one"):
             raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {neighbouring!r}")
         self.max_rho_total = float(max_rho_total)
@@ -170,7 +176,17 @@ class ClientBudget:
         (:func:`total_epsilon`)."""
         return total_epsilon(self._charges, delta=delta)
 
-    def _refusal(self, rho: float, *, round: int, what: str) -> str | None:
+    def _refusal(self, rho: float, *, round: int, what: str, slack: float = 0.0, tv: float = 0.0) -> str | None:
+        from fedprivacy.fl.client_policy import MAX_TV_TOTAL
+
+        slack_total = math.fsum(c.slack for c in self._charges) + slack
+        if slack_total > self.max_slack_total:
+            return (f"{what} round {round}'s discrete slack {slack:.3g} would take this client's total slack above "
+                    f"{self.max_slack_total:g} (node config client-max-slack-total; an additive epsilon of the "
+                    "distributed releases over their dominating Gaussians)")
+        if math.fsum(c.tv for c in self._charges) + tv > MAX_TV_TOTAL:
+            return (f"{what} round {round}'s sampler truncation would take this client's total above "
+                    f"{MAX_TV_TOTAL:g}, beyond what its epsilon conversion certifies")
         total = _total([*self._charges, BudgetCharge(run="", round=round, mode="", rho=rho)])
         if total <= self.max_rho_total:
             return None
@@ -203,15 +219,16 @@ class ClientBudget:
                 "record): a second reply for the same round is refused (a secure round's masks and noise "
                 "are used once)")
 
-    def check(self, rho: float, *, round: int, what: str = "") -> None:
-        """Refuse (:class:`PolicyRefusal`) a round of cost ``rho`` that the total cannot pay.
+    def check(self, rho: float, *, round: int, what: str = "", slack: float = 0.0, tv: float = 0.0) -> None:
+        """Refuse (:class:`PolicyRefusal`) a round of cost ``rho`` (and discrete ``slack``, ``tv``) that the
+        total cannot pay.
 
         Re-reads the budget file first (another run of the node may have charged). Changes nothing.
         """
         if self.path is not None:
             with self._locked() as fh:
                 self._charges = self._read(fh)
-        reason = self._refusal(rho, round=round, what=what)
+        reason = self._refusal(rho, round=round, what=what, slack=slack, tv=tv)
         if reason is not None:
             raise PolicyRefusal(reason)
 
@@ -226,14 +243,16 @@ class ClientBudget:
         charge = BudgetCharge(run=str(run), round=round, mode=mode, rho=float(rho), slack=float(slack),
                               tv=float(tv))
         if self.path is None:
-            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what)
+            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what,
+                                                          slack=charge.slack, tv=charge.tv)
             if reason is not None:
                 raise PolicyRefusal(reason)
             self._charges.append(charge)
             return charge
         with self._locked() as fh:
             self._charges = self._read(fh)
-            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what)
+            reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what,
+                                                          slack=charge.slack, tv=charge.tv)
             if reason is not None:
                 raise PolicyRefusal(reason)
             fh.seek(0, os.SEEK_END)

@@ -65,6 +65,10 @@ __all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
 
 MODES = ("none", "central", "local", "distributed")
+#: a distributed round's sampler-truncation term (total variation) the client accepts, and their total (honest
+#: encodings: ~4e-69 a round at 10⁶ coordinates); the total keeps e^ε ΣG ≤ 1e-6 δ for every ε ≤ 96 at δ ≥ 1e-12
+MAX_TV_PER_ROUND = 1e-64
+MAX_TV_TOTAL = 1e-60
 SCHEDULES = ("active", "semi-honest")
 METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
 
@@ -79,6 +83,8 @@ NODE_CONFIG_KEYS = {
     "client-min-noise-multiplier": "min_noise_multiplier",
     "client-max-rho-per-round": "max_rho_per_round",
     "client-max-rho-total": "max_rho_total",
+    "client-max-slack-per-round": "max_slack_per_round",
+    "client-max-slack-total": "max_slack_total",
     "client-budget-path": "budget_path",
     "client-neighbouring": "neighbouring",
     "client-secagg-colluders": "colluders",
@@ -110,6 +116,12 @@ class ClientPolicy:
             ``budget_path``, over runs): :mod:`fedprivacy.fl.client_budget`. A round in ``central`` or
             ``none`` mode costs ``ρ = ∞`` (its update leaves without the client's noise), so a finite
             total refuses those modes.
+        max_slack_per_round: the largest discrete slack ``eta + A`` (an additive ε: the distributed
+            release against its dominating Gaussian, :mod:`fedprivacy.accounting.distributed`) of one
+            distributed round it accepts; honest encodings carry ~4e-7 at 10⁶ coordinates, a server that
+            shrinks C·scale under a large roster can make it ~6 (review8 A2).
+        max_slack_total: the largest total slack it releases (with ``max_rho_total``: the total ε is then
+            at most ε_zCDP(ρ, δ′) + 2(slack − ln(1 − tv)), :func:`fedprivacy.fl.client_budget.total_epsilon`).
         budget_path: the node's budget file, shared by all its runs ("" = the node state's record of
             one run).
         neighbouring: the relation its ρ is computed under.
@@ -126,6 +138,9 @@ class ClientPolicy:
     max_rho_per_round: float = 2.0
     #: 10 rounds at the per-round cap; ε ≈ 50 at δ = 1e-5 (Bun & Steinke 2016, Prop. 1.3)
     max_rho_total: float = 20.0
+    max_slack_per_round: float = 1e-4
+    #: the server's own bound on a whole run's slack (fedprivacy.accounting.distributed)
+    max_slack_total: float = 1e-3
     budget_path: str = ""
     neighbouring: str = "add-remove"
     colluders: int = 0
@@ -143,6 +158,10 @@ class ClientPolicy:
             raise ValueError(f"max_rho_per_round must be > 0, got {self.max_rho_per_round}")
         if not self.max_rho_total > 0:
             raise ValueError(f"max_rho_total must be > 0, got {self.max_rho_total}")
+        if not self.max_slack_per_round > 0:
+            raise ValueError(f"max_slack_per_round must be > 0, got {self.max_slack_per_round}")
+        if not self.max_slack_total > 0:
+            raise ValueError(f"max_slack_total must be > 0, got {self.max_slack_total}")
         if not isinstance(self.budget_path, str):
             raise TypeError(f"budget_path must be a str, got {type(self.budget_path).__name__}")
         if self.neighbouring not in ("add-remove", "replace-one"):
@@ -171,7 +190,8 @@ class ClientPolicy:
                 raise ValueError(f"unknown client policy key {key!r}; known: {sorted(NODE_CONFIG_KEYS)}")
             if name in ("modes", "disclose"):
                 kwargs[name] = _names(value, key)
-            elif name in ("min_noise_multiplier", "max_rho_per_round", "max_rho_total"):
+            elif name in ("min_noise_multiplier", "max_rho_per_round", "max_rho_total", "max_slack_per_round",
+                          "max_slack_total"):
                 kwargs[name] = float(value)
             elif name == "colluders":
                 if isinstance(value, bool) or int(value) != value:
@@ -216,7 +236,8 @@ class ClientPolicy:
         trusted = cfg.privacy in ("none", "central") and not cfg.secagg
         noisy = cfg.privacy in ("local", "distributed")
         return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
-                   max_rho_per_round=math.inf, max_rho_total=math.inf, neighbouring=cfg.neighbouring,
+                   max_rho_per_round=math.inf, max_rho_total=math.inf, max_slack_per_round=math.inf,
+                   max_slack_total=math.inf, neighbouring=cfg.neighbouring,
                    colluders=colluders,
                    schedule=schedule, allow_seeded=cfg.seed >= 0,
                    disclose=METRICS if trusted else ())
@@ -315,8 +336,16 @@ class ClientPolicy:
                 raise PolicyRefusal(f"server asks for a clipped-count coordinate of noise multiplier "
                                     f"{count_z:g} < {self.min_noise_multiplier:g} (node config "
                                     "client-min-noise-multiplier; the count is 2 sigma_b)")
-        z = self.distributed_release(config, roster=roster).noise_multiplier
-        rho = self._rho(z)
+        release = self.distributed_release(config, roster=roster)
+        rho = self._rho(release.noise_multiplier)
+        slack = release.eta + release.sampler_ratio
+        if slack > self.max_slack_per_round:  # the accounting's own looseness is a cost too (review8 A2)
+            raise PolicyRefusal(f"distributed encoding's discrete slack {slack:.3g} (an additive epsilon of the "
+                                f"release over its dominating Gaussian) > {self.max_slack_per_round:g} (node config "
+                                "client-max-slack-per-round): its C x scale is too small for its roster and dimension")
+        if release.sampler_tv > MAX_TV_PER_ROUND:
+            raise PolicyRefusal(f"distributed encoding's sampler truncation {release.sampler_tv:.3g} > "
+                                f"{MAX_TV_PER_ROUND:g}: this client cannot account it")
         self._check_rho(rho, f"distributed encoding (worst sum: {config.min_survivors} survivors, "
                              f"{config.colluders} colluders)")
         return rho
@@ -357,7 +386,8 @@ class ClientPolicy:
         from the node state when it has none)."""
         from fedprivacy.fl.client_budget import ClientBudget
 
-        return ClientBudget(max_rho_total=self.max_rho_total, neighbouring=self.neighbouring,
+        return ClientBudget(max_rho_total=self.max_rho_total, max_slack_total=self.max_slack_total,
+                            neighbouring=self.neighbouring,
                             path=self.budget_path or None, charges=() if self.budget_path else charges)
 
     def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:

@@ -398,3 +398,21 @@ def test_a_distributed_run_stops_getting_updates_when_the_clients_budgets_run_ou
     results = json.loads((tmp_path / "d2" / "results.json").read_text())
     assert [r["round"] for r in results["rounds"] if not r.get("aborted")] == []
     assert all(len(_file_charges(budgets / f"node{pid}.jsonl")) == 2 for pid in range(4))
+
+
+def test_the_total_refuses_slack_beyond_its_cap_so_the_total_epsilon_stays_certified(tmp_path: Path) -> None:
+    # Arrange (review8 A2): rounds of tiny rho each carrying slack; the rho cap alone would admit all of them
+    path = tmp_path / "b.jsonl"
+    budget = ClientPolicy(budget_path=str(path)).budget()
+    assert budget.max_slack_total == 1e-3
+    # Act: charge rounds of rho 0.1 and slack 3e-4 until refused
+    done = 0
+    with pytest.raises(PolicyRefusal, match="client-max-slack-total"):
+        for rnd in range(1, 20):
+            budget.charge(0.1, run="1", round=rnd, mode="distributed", slack=3e-4, tv=1e-70)
+            done = rnd
+    # Assert: 3 rounds (slack 9e-4 <= 1e-3), the 4th refused with nothing written; the total stays certified
+    assert done == 3 and len(ClientBudget(max_rho_total=20.0, neighbouring="add-remove", path=path).charges) == 3
+    assert math.isfinite(budget.epsilon(delta=1e-5))
+    with pytest.raises(PolicyRefusal, match="sampler truncation"):
+        budget.check(0.1, round=9, what="distributed", tv=1e-59)

@@ -194,3 +194,33 @@ def test_the_secure_round_cost_carries_the_slack_of_the_release_it_charges() -> 
     rel = ddp.worst_release(max_roster=10)
     assert rho == ClientPolicy().check_distributed(ddp, setup=setup, roster=10) == 1 / (2 * rel.noise_multiplier**2)
     assert (slack, tv) == (rel.eta + rel.sampler_ratio, rel.sampler_tv) and slack > 0 and tv > 0
+
+
+def _secure_cost(policy: ClientPolicy, dim: int, clip: float, scale: float, z: float, roster: int, t: int):
+    """What the share stage runs on an encoding the server chose (every field is the server's)."""
+    from clients.budget_log import secagg_cost
+    from fedprivacy.secagg.encoding import EncodingSpec
+
+    enc = EncodingSpec(kind="ddgauss", dim=dim, clip_norm=clip, scale=scale, modulus_bits=32, max_clients=roster,
+                       noise_multiplier=z, min_survivors=t, rotation_seed=b"\x01" * 32, xnoise=True)
+    setup = SetupRequest(round=1, threshold=t, degree=roster - 1, modulus_bits=32, dim=enc.padded_dim,
+                         min_survivors=t, active=True)
+    policy.check_secagg(setup)
+    return secagg_cost(policy, enc, setup, roster=roster)
+
+
+def test_an_encoding_whose_discrete_slack_is_not_negligible_is_refused_before_any_secret_leaves() -> None:
+    # Arrange (review8 A2): C x scale tiny under a large roster: the XNoise components fall below the smoothing
+    # variance, so the domination lemma's slack is ~6.6 per round while rho stays under the per-round cap
+    deviating = (1000, 0.01, 1024.0, 1.0, 100, 51)
+    digits_size = (650, 1.0, 8.0, 1.3, 100, 51)
+    honest = (2**20, 1.0, 2.0**10, 1.0, 10, 6)  # the README's 10^6 coordinates: slack ~4e-7
+    # Act / Assert: refused by the default floor, naming the key; the honest encoding passes with its slack
+    for server in (deviating, digits_size):
+        with pytest.raises(PolicyRefusal, match="client-max-slack-per-round"):
+            _secure_cost(ClientPolicy(), *server)
+    rho, (slack, tv) = _secure_cost(ClientPolicy(), *honest)
+    assert rho < 2.0 and 1e-7 < slack < 1e-6 and 0 < tv < 1e-64
+    # an operator may lift the per-round cap; the total's cap then still bounds the sum (test_client_budget.py)
+    lifted = ClientPolicy(max_slack_per_round=10.0)
+    assert _secure_cost(lifted, *deviating)[1][0] > 1.0
