@@ -25,16 +25,18 @@ What Flower's strategies release, and what is accounted (read from flwr 1.42's s
 * Adjacency of ``NO_AMPLIFICATION``. Flower's strategies release the mean of *exactly*
   ``num_sampled_clients`` updates (they raise otherwise), so one client added or removed either leaves
   the cohort size as it was (its slot goes to another client: the sum moves by up to ``2C``) or makes
-  the round fail on one of the two datasets only. So for the ``NeighboringRelation.ADD_OR_REMOVE``
-  claim Flower's config asks for (the only relation Flower accepts with ``NO_AMPLIFICATION``), the ledger
-  composes the Gaussian at sensitivity ``2C`` (``adjacency="add-remove"``, the default; the figure also
-  holds under replace-one). Flower's own ``RdpAccountant`` composes it at sensitivity ``C``, which is
-  valid under **zero-out** adjacency only (one client's update replaced by zero, the cohort size fixed;
-  Kairouz et al. 2021, "Practical and private (deep) learning without sampling or shuffling", Sec. 2):
-  an exact lower bound under add/remove exceeds it once the cohort is a large share of the population
-  (review5 X2: z = 1.041, T = 15, m/N = 0.3 gives 26.1 against 22.1). ``adjacency="zero-out"`` gives
-  that figure, labelled zero-out (review7 Z4: Flower refuses ``REPLACE_ONE`` with ``NO_AMPLIFICATION``,
-  so the relation is this adapter's argument, not Flower's config).
+  the round fail on one of the two datasets only: ``FedAvg`` samples ``max(int(fraction_train N),
+  min_train_nodes)`` of the ``N`` connected nodes and the DP wrapper raises unless that is exactly
+  ``num_sampled_clients``, so whether a round releases anything depends on ``N`` (README's example: 10
+  nodes release, 9 raise). No add/remove claim holds for that, whatever the sensitivity (review8 A1), even
+  though ``NeighboringRelation.ADD_OR_REMOVE`` is the only relation Flower's config accepts with
+  ``NO_AMPLIFICATION``; the relation is this adapter's ``adjacency`` argument instead. ``"replace-one"``
+  (the default: the population fixed, one client's data replaced) composes the Gaussian at sensitivity
+  ``2C``. ``"zero-out"`` (one client's update replaced by zero, the cohort size fixed; Kairouz et al. 2021,
+  "Practical and private (deep) learning without sampling or shuffling", Sec. 2) composes it at ``C``,
+  which is what Flower's own ``RdpAccountant`` computes: under add/remove an exact lower bound exceeds it
+  once the cohort is a large share of the population (review5 X2: z = 1.041, T = 15, m/N = 0.3 gives 26.1
+  against 22.1). Both labels are kept in the saved state (review7 Z4).
 * Amplified accounting is given only for a cohort that fedprivacy drew itself:
   :class:`SecureCohortFedAvg` (a ``FedAvg`` with the same aggregation) draws exactly ``cohort_size``
   of a fixed set of exactly ``population_size`` nodes with the operating system's CSPRNG, and records
@@ -272,9 +274,9 @@ class FedprivacyAccountant:
         sampler: the :class:`SecureCohortFedAvg` whose draws the releases come from (amplified
             accounting only).
         adjacency: the relation the figure is claimed under, with ``NO_AMPLIFICATION``:
-            ``"add-remove"`` (default; sensitivity ``2C``, since the cohort size is fixed, and also valid
-            under replace-one) or ``"zero-out"`` (sensitivity ``C``, Flower's own figure). With
-            ``WITHOUT_REPLACEMENT`` it is ``"replace-one"``.
+            ``"replace-one"`` (default; sensitivity ``2C``) or ``"zero-out"`` (sensitivity ``C``, Flower's
+            own figure); never add/remove (module docstring). With ``WITHOUT_REPLACEMENT`` it is
+            ``"replace-one"``.
 
     The budget ``config.max_epsilon`` is checked by ``would_exceed`` (which Flower's strategies call
     before a round); ``compose`` records what was released and never refuses it for the budget.
@@ -316,14 +318,15 @@ class FedprivacyAccountant:
                 )
         elif sampler is not None:
             raise ValueError("sampler is only used with sampling_method='without-replacement'")
-        allowed = ("replace-one",) if method is SamplingMethod.WITHOUT_REPLACEMENT else ("add-remove", "zero-out")
+        allowed = ("replace-one",) if method is SamplingMethod.WITHOUT_REPLACEMENT else ("replace-one", "zero-out")
         adjacency = allowed[0] if adjacency is None else adjacency
         if adjacency not in allowed:
             raise ValueError(
                 f"adjacency must be one of {', '.join(map(repr, allowed))} with sampling_method="
                 f"{method.value!r}, got {adjacency!r}"
             )
-        # zero-out: sensitivity C; add/remove of a fixed-size cohort and replace-one: 2C (module docstring)
+        # zero-out: sensitivity C (the ledger computes it under its add-remove setting, the same sensitivity;
+        # the saved state labels it zero-out); replace-one: 2C (module docstring)
         neighbouring = Neighbouring.ADD_REMOVE if adjacency == "zero-out" else Neighbouring.REPLACE_ONE
         self._adjacency = adjacency
         self._config = config
@@ -338,8 +341,8 @@ class FedprivacyAccountant:
 
     @property
     def adjacency(self) -> str:
-        """The relation the figure holds under: "add-remove" (at sensitivity 2C, also replace-one),
-        "zero-out" (sensitivity C) or "replace-one" (a secure fixed-size cohort)."""
+        """The relation the figure holds under: "replace-one" (sensitivity 2C, or a secure fixed-size
+        cohort) or "zero-out" (sensitivity C)."""
         return self._adjacency
 
     @property
@@ -349,7 +352,9 @@ class FedprivacyAccountant:
 
     @property
     def ledger(self) -> Accountant:
-        """The fedprivacy ledger behind this adapter (read it; spend through ``compose``)."""
+        """The fedprivacy ledger behind this adapter (read it; spend through ``compose``). With
+        ``adjacency="zero-out"`` its relation setting is ``add-remove`` (the same sensitivity C); the
+        claim is zero-out (:attr:`adjacency`, and the saved state says so)."""
         return self._ledger
 
     # ------------------------------------------------------------------ events
@@ -456,8 +461,15 @@ class FedprivacyAccountant:
             "backend": f"fedprivacy-{self._ledger.backend}",
             "config": _config_dict(self._config),
             "adjacency": self._adjacency,
-            "ledger": self._ledger.to_json(),
+            "ledger": self._labelled(self._ledger.to_json()),
         }
+
+    def _labelled(self, ledger: dict[str, Any]) -> dict[str, Any]:
+        """The ledger's JSON with the relation its figure holds under (zero-out is composed by the
+        ledger's add-remove setting at sensitivity C, but is not an add-remove claim)."""
+        if self._adjacency == "zero-out":
+            return {**ledger, "neighbouring": "zero-out"}
+        return ledger
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore ``state_dict()`` output; every field is validated before anything changes."""
@@ -489,6 +501,11 @@ class FedprivacyAccountant:
         ledger_state = state["ledger"]
         if not isinstance(ledger_state, Mapping):
             raise ValueError(f"state ledger must be a dict, got {type(ledger_state).__name__}")
+        if self._adjacency == "zero-out":
+            if ledger_state.get("neighbouring") != "zero-out":
+                raise ValueError("state ledger was kept under another relation: "
+                                 f"{ledger_state.get('neighbouring')!r}, not 'zero-out'")
+            ledger_state = {**ledger_state, "neighbouring": Neighbouring.ADD_REMOVE.value}
         ledger = Accountant.from_json(ledger_state)
         if (ledger.backend, ledger.neighbouring, ledger.unit) != (
             self._ledger.backend, self._ledger.neighbouring, self._ledger.unit

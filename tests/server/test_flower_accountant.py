@@ -124,23 +124,23 @@ def test_flowers_dp_strategies_accept_the_unamplified_adapter(wrapper: type) -> 
 @settings(max_examples=15, deadline=None)
 @given(z=st.floats(0.5, 4.0), steps=st.integers(1, 200))
 def test_unamplified_epsilon_is_fedprivacys_and_below_flowers_rdp(z: float, steps: int) -> None:
-    # zero-out (Flower's own figure, sensitivity C) and add/remove of a fixed-size cohort (2C, the default)
+    # zero-out (Flower's own figure, sensitivity C) and replace-one (2C, the default)
     ours, flowers = FedprivacyAccountant(_config(), adjacency="zero-out"), RdpAccountant(_config())
-    add_remove = FedprivacyAccountant(_config())
+    replace_one = FedprivacyAccountant(_config())
 
-    for acc in (ours, flowers, add_remove):
+    for acc in (ours, flowers, replace_one):
         acc.compose(_event(z), steps)
 
     ref = epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps, delta=DELTA)
     assert ours.get_epsilon(DELTA) == ref
     assert ours.get_epsilon(DELTA) < flowers.get_epsilon(DELTA)
-    assert ours.num_releases == flowers.num_releases == add_remove.num_releases == steps
-    # review7 Z4 / review5 X2: one client added or removed moves the fixed-size mean's sum by up to 2C
-    assert add_remove.get_epsilon(DELTA) == epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps,
+    assert ours.num_releases == flowers.num_releases == replace_one.num_releases == steps
+    # review7 Z4 / review5 X2: one client's data replaced moves the fixed-size mean's sum by up to 2C
+    assert replace_one.get_epsilon(DELTA) == epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps,
                                                         delta=DELTA, neighbouring="replace-one")
-    assert add_remove.get_epsilon(DELTA) == pytest.approx(
+    assert replace_one.get_epsilon(DELTA) == pytest.approx(
         epsilon_for(noise_multiplier=z / 2, sampling=NoSampling(), steps=steps, delta=DELTA), rel=1e-9)
-    assert (add_remove.adjacency, ours.adjacency) == ("add-remove", "zero-out")
+    assert (replace_one.adjacency, ours.adjacency) == ("replace-one", "zero-out")
 
 
 def test_rdp_backend_agrees_with_flowers_rdp_accountant() -> None:
@@ -173,15 +173,15 @@ def _analytic_gaussian_delta(mu: float, eps: float) -> float:
 
 @pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
 def test_get_delta_matches_the_closed_form(eps: float) -> None:
-    ours, add_remove = FedprivacyAccountant(_config(), adjacency="zero-out"), FedprivacyAccountant(_config())
+    ours, replace_one = FedprivacyAccountant(_config(), adjacency="zero-out"), FedprivacyAccountant(_config())
     ours.compose(_event(3.0), 16)  # one Gaussian with mu = sqrt(16)/3 (sensitivity C)
-    add_remove.compose(_event(3.0), 16)  # sensitivity 2C: mu = 8/3
+    replace_one.compose(_event(3.0), 16)  # sensitivity 2C: mu = 8/3
 
     got = ours.get_delta(eps)
 
     assert got == pytest.approx(_analytic_gaussian_delta(4.0 / 3.0, eps), rel=1e-6)
     assert ours.get_epsilon(got) <= eps  # an upper bound: (eps, got)-DP holds
-    assert add_remove.get_delta(eps) == pytest.approx(_analytic_gaussian_delta(8.0 / 3.0, eps), rel=1e-6)
+    assert replace_one.get_delta(eps) == pytest.approx(_analytic_gaussian_delta(8.0 / 3.0, eps), rel=1e-6)
 
 
 def test_get_delta_is_tighter_than_flowers_and_consistent_with_epsilon() -> None:
@@ -399,9 +399,30 @@ def test_the_readme_example_runs() -> None:
 
 
 def test_the_adjacency_is_one_the_sampling_can_claim() -> None:
-    with pytest.raises(ValueError, match="adjacency must be one of 'add-remove', 'zero-out'"):
-        FedprivacyAccountant(_config(), adjacency="replace-one")  # Flower refuses it with no-amplification
+    # review8 A1: whether Flower's wrapper releases at all depends on the number of connected nodes (it raises
+    # unless exactly num_sampled_clients are sampled), so no add/remove claim is offered
+    with pytest.raises(ValueError, match="adjacency must be one of 'replace-one', 'zero-out'"):
+        FedprivacyAccountant(_config(), adjacency="add-remove")
     sampler = SecureCohortFedAvg(cohort_size=10, population_size=N)
     with pytest.raises(ValueError, match="adjacency must be one of 'replace-one'"):
         FedprivacyAccountant(_config(SamplingMethod.WITHOUT_REPLACEMENT), sampler=sampler, adjacency="zero-out")
     assert FedprivacyAccountant(_config(SamplingMethod.WITHOUT_REPLACEMENT), sampler=sampler).adjacency == "replace-one"
+
+
+def test_the_saved_state_names_the_relation_each_figure_holds_under() -> None:
+    # review8 A1 addendum: the zero-out figure is composed at sensitivity C by the ledger's add-remove setting,
+    # but the state a reader sees must not call it add-remove
+    for adjacency, label in [("zero-out", "zero-out"), ("replace-one", "replace-one")]:
+        acc = FedprivacyAccountant(_config(), adjacency=adjacency)
+        acc.compose(_event(1.0), 4)
+        state = json.loads(json.dumps(acc.state_dict()))
+        assert (state["adjacency"], state["ledger"]["neighbouring"]) == (adjacency, label)
+        fresh = FedprivacyAccountant(_config(), adjacency=adjacency)
+        fresh.load_state_dict(state)
+        assert fresh.get_epsilon(DELTA) == acc.get_epsilon(DELTA)
+    zero = FedprivacyAccountant(_config(), adjacency="zero-out")
+    zero.compose(_event(1.0), 1)
+    state = zero.state_dict()
+    state["ledger"]["neighbouring"] = "add-remove"  # a ledger labelled add/remove is not this claim
+    with pytest.raises(ValueError, match="relation"):
+        FedprivacyAccountant(_config(), adjacency="zero-out").load_state_dict(state)

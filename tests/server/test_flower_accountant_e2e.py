@@ -102,11 +102,11 @@ def test_flowers_strategy_with_flowers_sampling_gets_unamplified_pld(wrapper: ty
     assert ours == pytest.approx(cli, rel=0.01)
     assert ours < flowers
     assert out["strategy"].privacy_spent().epsilon == ours
-    # the default add/remove claim of the same releases: sensitivity 2C (the cohort size is fixed)
-    add_remove = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION))
+    # the default replace-one claim of the same releases: sensitivity 2C (review8 A1: no add/remove claim)
+    replace_one = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION))
     for e in acc.events:
-        add_remove.compose(e)
-    assert add_remove.get_epsilon(DELTA) == pytest.approx(
+        replace_one.compose(e)
+    assert replace_one.get_epsilon(DELTA) == pytest.approx(
         _cli_epsilon("--steps", "6", "--sampling", "none", "--neighbouring", "replace-one"), rel=0.01)
     final = out["result"].arrays.to_numpy_ndarrays()
     assert np.abs(final[0]).sum() > 0  # the model was trained
@@ -141,7 +141,7 @@ def test_secure_cohort_sampler_gets_fixed_cohort_amplification_in_flowers_strate
 
 
 def test_budget_stops_flowers_strategy_before_the_release_that_would_exceed_it() -> None:
-    three = _cli_epsilon("--steps", "3", "--sampling", "none", "--neighbouring", "replace-one")  # add/remove: 2C
+    three = _cli_epsilon("--steps", "3", "--sampling", "none", "--neighbouring", "replace-one")  # the default: 2C
     acc = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION, max_epsilon=three * 1.001))
 
     def build() -> Any:
