@@ -316,8 +316,13 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
                          f"({100 * (p['accuracy'] - r['accuracy']):+.1f} points; ε={p['epsilon']:.2f}, "
                          f"σ={p['noise_multiplier']:.3f}, q={p['sample_rate']:.3g}, seeds {p['seeds']})"
                          for p, r in pairs)
-        ok = all(p["accuracy"] - r["accuracy"] >= -0.05 - 1e-9 for p, r in pairs)  # 5 points is within
-        goals.append({"goal": goal, "verdict": "met" if ok else "missed", "figures": figs})
+        # judged on the IID setups (the first goal's); a non-IID pair is reported beside it
+        iid = [(p, r) for p, r in pairs if "iid" in str(p["label"])]
+        ok = bool(iid) and all(p["accuracy"] - r["accuracy"] >= -0.05 - 1e-9 for p, r in iid)  # 5 points is within
+        if len(iid) < len(pairs):
+            figs += " (judged on the IID setups; the others are reported, not judged)"
+        goals.append({"goal": goal, "verdict": "met" if ok else ("missed" if iid else "not measured"),
+                      "figures": figs})
     else:
         goals.append({"goal": goal, "verdict": "not measured", "figures": "no ε = 4 / non-DP pair"})
     goal = ("Membership inference: clearly succeeds without DP (TPR at 1% FPR well above 1%) and falls "

@@ -253,9 +253,10 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
         # >= 100 per round): fedprivacy's "dirichlet" partitioner (flwr-datasets' DirichletPartitioner,
         # min_partition_size 20) over 600 clients, the largest population that gives every client >= 20
         # examples for seeds 0-2 (clients of 21-290 examples, mean 100; 650 fails for seeds 1 and 2),
-        # 100 per round (q = 1/6) and fedavgm-c300's clients, model and server step. Its cost: a client
-        # holds 5x the IID client's data, so a round is ~1.7x a fedavgm-c300 round (100 x 100 against
-        # 300 x 20 examples). Its noise: at N = 600 the cohort does not help user-level DP (ε = 4, T = 120:
+        # 100 per round (q = 1/6) and fedavgm-c300's clients, model and server step. Its cost: 1.7x the
+        # SGD steps of a fedavgm-c300 round (100 x 100 against 300 x 20 examples), yet the non-DP row took
+        # 7.3 s per round against fedavgm-c300's 8.2-9.0 non-DP on this machine (session 6: a third of the
+        # clients per round). Its noise: at N = 600 the cohort does not help user-level DP (ε = 4, T = 120:
         # σ/m = 2.193/100 = 0.022, and 6.023/300 = 0.020 at 300 per round) against fedavgm-c300's
         # 1.470/300 = 0.0049, so central DP costs more here than on the IID setup: the population.
         FashionSetup(
@@ -338,7 +339,7 @@ SETUP_SCOPE: list[str] = [
     "fashion_setup_fedavgm-c300_holdout_t120_*.json, not rendered here). Their models reach 0.888 and "
     "0.834 on the held-out training images: the official test images are a little harder, which is "
     "why the attacks need non-members from the training split.",
-    "**Ran** in session 6 (1–2 December 2026, 23:40–00:30 UTC, load average 0.5–6.6 from other work; "
+    "**Ran** in session 6 (1–2 December 2026, 23:40–01:01 UTC, load average 0.5–6.7 from other work; "
     "one row at a time, each command at the top, with `--keep-models`): `fedavgm-c300` at T = 120, "
     "distributed DP at the σ of central ε = 4 (σ = 1.4702, q = 0.1, PLD) at seeds 1 and 2, so the "
     "distributed point has three seeds like the central one (the issue-12 table gives each seed, the "
@@ -346,14 +347,21 @@ SETUP_SCOPE: list[str] = [
     "0.8484 / 0.8513 / 0.8503 → 0.8500, +0.22 points on the mean (per seed +0.7 / +0.0 / −0.1); "
     "ε 4.101 against observers and 60.21 against the server on every seed (the same σ, q and T). "
     "Seeds 1 and 2 took 24 minutes each (11.4–11.5 s per round at load ~5), seed 0 46 minutes in "
-    "session 4 (22.1 s per round at load ~7): the wall time moves with the machine's load.",
+    "session 4 (22.1 s per round at load ~7): the wall time moves with the machine's load. "
+    "And the Dirichlet(0.5) setup `--setup fedavgm-dir600` (defined in session 6: flwr-datasets' "
+    "DirichletPartitioner through fedprivacy's `dirichlet` partitioner, α = 0.5, 600 clients of ≥ 20 "
+    "images (21–290, mean 100; a client's largest class holds 37% of its images on average, 15% for "
+    "IID at 100 per client), 100 per round (q = 1/6), `fedavgm-c300`'s clients, model and server "
+    "step), seed 0, T = 120: non-DP 0.8967 (15 minutes, 7.3 s per round) and central ε = 4 (σ = "
+    "2.1929, PLD, Poisson q = 1/6, ε 3.998) 0.7585 (−13.8 points; 16 minutes, 7.6 s per round): 5 points MISSED on this setup (0.730 at round 10, then 0.72–0.77 to the end: the noise on the mean update, not the rounds, limits it). At N = 600 "
+    "central ε = 4 needs σ/m ≈ 0.022 per unit of C whatever the cohort (2.193/100 at q = 1/6, "
+    "6.023/300 at q = 1/2), 4.5× the IID setup's 1.470/300 = 0.0049: the population sets the cost of "
+    "DP here. Not comparable to the IID setup point for point (another population and cohort, and its "
+    "clients hold 5× the data, hence the higher non-DP accuracy at T = 120); one seed: no spread.",
     "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–19 minutes here "
     "with one worker and the distributed one 24–46 minutes; each session had ~1h50 of a 2-core machine "
-    "shared with ~4–6 helpers): local DP at other ε or seeds, the rows of the Dirichlet(0.5) setup "
-    "`--setup fedavgm-dir600` (defined in session 6: flwr-datasets' DirichletPartitioner through "
-    "fedprivacy's `dirichlet` partitioner, α = 0.5, 600 clients of ≥ 20 images (21–290, mean 100), "
-    "100 per round, the same clients and server step; ~1.7× a `fedavgm-c300` round; at N = 600 central "
-    "ε = 4 needs σ/m ≈ 0.022 per unit of C whatever the cohort, 4.5× the IID setup's 0.0049), and "
+    "shared with ~4–6 helpers): local DP at other ε or seeds; on the Dirichlet(0.5) setup "
+    "`fedavgm-dir600`, seeds 1 and 2, central ε = 1, 2, 8, distributed and local DP; and "
     "Flower's DP strategies at the same σ: the "
     "Flower apps here run FedAvg on Ray (the recipe's FedAvgM server step is not wired into them, and "
     "Flower's DP wrapper adds its noise after the wrapped strategy's step, so it would not be the same "
