@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
 from fedprivacy.attacks.metrics import auc, roc_curve, tpr_at_fpr
 from fedprivacy.config import default
@@ -61,6 +61,16 @@ def logit_confidence(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     m = np.max(others, axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.sum(np.exp(others - m), axis=1))
     return zy - lse
+
+
+def example_loss(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Cross-entropy ``-log p_y = log(1 + e^-phi)``, from :func:`logit_confidence`, without underflow.
+
+    ``-log_softmax`` in float64 is exactly 0.0 once the margin passes ~37 (``1 + e^-margin == 1``), so a
+    confident model's easiest examples all tie at 0 and a loss threshold cannot rank them (a tie wider
+    than the FPR budget makes the TPR read 0); ``logaddexp(0, -phi)`` keeps ``e^-phi`` down to ~1e-308.
+    """
+    return np.logaddexp(0.0, -logit_confidence(logits, labels))
 
 
 def loss_threshold_scores(losses: np.ndarray) -> np.ndarray:
@@ -430,8 +440,7 @@ def membership_experiment(
                                                     seed=seed * 1000 + k, noise_multiplier=sigma_dp)
         z = _logits(config, weights, x)
         phis.append(logit_confidence(z, y))
-        logp = special.log_softmax(z, axis=1)
-        losses.append(-logp[np.arange(n), y])
+        losses.append(example_loss(z, y))
         correct = np.argmax(z, axis=1) == y
         train_acc.append(float(correct[masks[k]].mean()))
         test_acc.append(float(correct[~masks[k]].mean()))

@@ -43,9 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special
 
-from fedprivacy.attacks.membership import logit_confidence
+from fedprivacy.attacks.membership import example_loss, logit_confidence
 from fedprivacy.attacks.metrics import roc_summary
 
 __all__ = [
@@ -173,7 +172,7 @@ def model_statistics(model: Any, x: np.ndarray, y: np.ndarray, *, batch_size: in
     model.train(was_training)
     z = np.concatenate(chunks)
     labels = np.asarray(y, dtype=np.int64)
-    loss = -special.log_softmax(z, axis=1)[np.arange(len(labels)), labels]
+    loss = example_loss(z, labels)
     return loss, logit_confidence(z, labels), np.argmax(z, axis=1) == labels
 
 

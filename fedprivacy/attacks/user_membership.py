@@ -23,13 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from fedprivacy.attacks.lira_eval import membership_table
 from fedprivacy.attacks.membership import (
     FederatedTargetConfig,
     _logits,
     calibrated_noise_multiplier,
+    example_loss,
     logit_confidence,
     train_on_clients,
 )
@@ -145,7 +145,7 @@ def user_membership_experiment(
                                                noise_multiplier=sigma_dp)
         z = _logits(config, weights, px)
         phis.append(logit_confidence(z, py))
-        losses.append(-special.log_softmax(z, axis=1)[np.arange(len(py)), py])
+        losses.append(example_loss(z, py))
         member = user_member[k, groups]
         test_acc = float(np.mean(np.argmax(_logits(config, weights, x_test), axis=1) == y_test))
         stats.append({"train_accuracy": float(np.mean(np.argmax(z[member], axis=1) == py[member])),

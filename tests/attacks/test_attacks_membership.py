@@ -8,6 +8,7 @@ from fedprivacy.attacks.membership import (
     FederatedTargetConfig,
     MembershipScores,
     attack_rows,
+    example_loss,
     lira_offline_scores,
     lira_online_scores,
     logit_confidence,
@@ -105,3 +106,19 @@ def test_membership_experiment_runs_through_the_federated_loop() -> None:
     }
     assert summary["train_accuracy"] >= summary["test_accuracy"] - 0.1
     assert all(0.0 <= r["auc"] <= 1.0 for r in rows)
+
+
+def test_example_loss_is_cross_entropy_and_ranks_confident_examples() -> None:
+    from scipy import special
+
+    rng = np.random.default_rng(0)
+    z, y = rng.normal(0, 3, (200, 10)), rng.integers(0, 10, 200)
+    np.testing.assert_allclose(example_loss(z, y), -special.log_softmax(z, axis=1)[np.arange(200), y],
+                               rtol=1e-12, atol=1e-14)
+    # margins 40, 50, 60: -log_softmax is exactly 0.0 for all three (a tie); the loss keeps e^-margin
+    confident = np.zeros((3, 10))
+    confident[:, 0] = [40.0, 50.0, 60.0]
+    assert np.all(-special.log_softmax(confident, axis=1)[:, 0] == 0.0)
+    loss = example_loss(confident, np.zeros(3, dtype=np.int64))
+    np.testing.assert_allclose(loss, 9 * np.exp(-np.array([40.0, 50.0, 60.0])), rtol=1e-12)
+    assert loss[0] > loss[1] > loss[2] > 0.0
