@@ -334,6 +334,28 @@ class RocSummary:
         return row
 
 
+def _bootstrap(s: _SortedScores, targets: tuple[float, ...], bootstrap: int, bsrc: Any,
+               clusters: np.ndarray | None) -> np.ndarray:
+    """``bootstrap`` resamples' (AUC, TPRs) (:func:`roc_summary`): pairs, or whole clusters when given."""
+    boot = np.empty((bootstrap, 1 + len(targets)))
+    if clusters is not None:
+        cluster_ids, cluster_of = np.unique(clusters, return_inverse=True)
+    for b in range(bootstrap):
+        if clusters is None:
+            wp = np.bincount(bsrc.integers(0, s.n_pos, size=s.n_pos), minlength=s.n_pos).astype(np.float64)
+            wn = np.bincount(bsrc.integers(0, s.n_neg, size=s.n_neg), minlength=s.n_neg).astype(np.float64)
+        else:
+            wp = wn = np.ones(0)
+            while wp.sum() == 0 or wn.sum() == 0:  # redraw a resample with no member / non-member pair
+                draws = np.bincount(bsrc.integers(0, cluster_ids.size, size=cluster_ids.size),
+                                    minlength=cluster_ids.size).astype(np.float64)
+                w = draws[cluster_of]
+                wp, wn = w[: s.n_pos], w[s.n_pos :]
+        a, t = s.figures(wp, wn, targets)
+        boot[b] = [a, *t]
+    return boot
+
+
 def roc_summary(
     member_scores: np.ndarray,
     nonmember_scores: np.ndarray,
@@ -376,25 +398,8 @@ def roc_summary(
     s = _SortedScores(member_scores, nonmember_scores)
     clusters = _labels("clusters", s.n_pos, s.n_neg, (member_clusters, nonmember_clusters))
     strata = _labels("strata", s.n_pos, s.n_neg, (member_strata, nonmember_strata))
-    ones_p, ones_n = np.ones(s.n_pos), np.ones(s.n_neg)
-    auc0, tpr0 = s.figures(ones_p, ones_n, targets)
-    boot = np.empty((bootstrap, 1 + len(targets)))
-    bsrc = src.child("bootstrap")
-    if clusters is not None:
-        cluster_ids, cluster_of = np.unique(clusters, return_inverse=True)
-    for b in range(bootstrap):
-        if clusters is None:
-            wp = np.bincount(bsrc.integers(0, s.n_pos, size=s.n_pos), minlength=s.n_pos).astype(np.float64)
-            wn = np.bincount(bsrc.integers(0, s.n_neg, size=s.n_neg), minlength=s.n_neg).astype(np.float64)
-        else:
-            wp = wn = ones_p[:0]
-            while wp.sum() == 0 or wn.sum() == 0:  # redraw a resample with no member / non-member pair
-                draws = np.bincount(bsrc.integers(0, cluster_ids.size, size=cluster_ids.size),
-                                    minlength=cluster_ids.size).astype(np.float64)
-                w = draws[cluster_of]
-                wp, wn = w[: s.n_pos], w[s.n_pos :]
-        a, t = s.figures(wp, wn, targets)
-        boot[b] = [a, *t]
+    auc0, tpr0 = s.figures(np.ones(s.n_pos), np.ones(s.n_neg), targets)
+    boot = _bootstrap(s, targets, bootstrap, src.child("bootstrap"), clusters)
     perm = np.empty((permutations, 1 + len(targets)))
     psrc = src.child("permutation")
     for b in range(permutations):

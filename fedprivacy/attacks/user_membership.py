@@ -93,6 +93,17 @@ def dp_roc_ceiling(*, noise_multiplier: float, sample_rate: float, rounds: int,
             "auc": float(np.trapezoid(ceiling(x), x))}
 
 
+def _random_halves(*, models: int, clients: int, seed: int) -> np.ndarray:
+    """``(models, clients)`` membership: each model's members are a seeded uniformly random half."""
+    from fedprivacy.dp.rng import RandomSource
+
+    rng = RandomSource.seeded(seed).child("user-halves")
+    user_member = np.zeros((models, clients), dtype=bool)
+    for k in range(models):
+        user_member[k, rng.child(k).permutation(clients)[: clients // 2]] = True
+    return user_member
+
+
 def user_membership_experiment(
     x: np.ndarray,
     y: np.ndarray,
@@ -125,16 +136,11 @@ def user_membership_experiment(
         ``{"rows": membership_table rows (loss, LiRA online/offline; example and user level),
         "summary": {test/train accuracy (mean, min, max over models), epsilon, noise_multiplier, ...}}``.
     """
-    from fedprivacy.dp.rng import RandomSource
-
     if models < 3:
         raise ValueError(f"models must be >= 3 (a target plus IN and OUT shadows), got {models}")
     index, groups = user_pool(len(y), clients=clients, per_client=per_client, seed=seed)
     px, py = np.asarray(x, dtype=np.float32)[index], np.asarray(y, dtype=np.int64)[index]
-    rng = RandomSource.seeded(seed).child("user-halves")
-    user_member = np.zeros((models, clients), dtype=bool)
-    for k in range(models):
-        user_member[k, rng.child(k).permutation(clients)[: clients // 2]] = True
+    user_member = _random_halves(models=models, clients=clients, seed=seed)
     sigma_dp = calibrated_noise_multiplier(config)
     phis: list[np.ndarray] = []
     losses: list[np.ndarray] = []
