@@ -358,7 +358,8 @@ def _fmt(r: dict, key: str) -> str:
 
 def _verdict(r: dict, floor: dict | None) -> str:
     """'chance' (no permutation p-value < 0.05), else whether the attack beats the split floor: the
-    reference-only row (models that saw no candidate) of the same level, by its 95% upper bounds."""
+    reference-only row (models that saw no candidate) of the same level, by its 95% upper bounds. A figure
+    is listed only if it also beats chance itself (its own p < 0.05; review7 Z5)."""
     if r["attack"] == "reference-only":
         return "split floor" + (" (chance)" if r["at_chance_5pct"] else "")
     if r["at_chance_5pct"]:
@@ -366,7 +367,7 @@ def _verdict(r: dict, floor: dict | None) -> str:
     if floor is None:
         return "above chance"
     keys = ["auc", "tpr_at_fpr_0.01"] + (["tpr_at_fpr_0.001"] if r["tpr_at_fpr_0.001_resolved"] else [])
-    beats = [k for k in keys if r[k] > floor[f"{k}_ci95"][1]]
+    beats = [k for k in keys if r[k] > floor[f"{k}_ci95"][1] and r[f"{k}_p_value"] < 0.05]
     return ("above the floor (" + ", ".join(k.replace("tpr_at_fpr_", "TPR@") for k in beats) + ")") if beats \
         else "above chance, within the floor"
 

@@ -127,3 +127,16 @@ def test_a_federation_that_held_clients_out_is_attacked_with_those_images(tmp_pa
     rows = {(r["attack"], r["level"]): r for r in entry["rows"]}
     assert rows["loss", "user"]["fpr_resolution"] == pytest.approx(1 / 600)
     assert "held-out" in mi.kept_markdown(json.loads(out.read_text())["models"], "cmd")
+
+
+def test_a_figure_is_listed_above_the_floor_only_if_it_beats_chance_itself() -> None:
+    # review7 Z5: the held-out ε=4 rows listed TPR@1% (p 0.065, 0.060) as above the floor because another figure
+    # of the row beat chance
+    mi = _script()
+    floor = {"auc_ci95": [0.49, 0.51], "tpr_at_fpr_0.01_ci95": [0.008, 0.011], "tpr_at_fpr_0.001_ci95": [0.0, 0.0012]}
+    row = {"attack": "calibrated-loss", "at_chance_5pct": False, "tpr_at_fpr_0.001_resolved": True,
+           "auc": 0.506, "auc_p_value": 0.2, "tpr_at_fpr_0.01": 0.0117, "tpr_at_fpr_0.01_p_value": 0.065,
+           "tpr_at_fpr_0.001": 0.0018, "tpr_at_fpr_0.001_p_value": 0.01}
+    assert mi._verdict(row, floor) == "above the floor (TPR@0.001)"
+    assert mi._verdict({**row, "tpr_at_fpr_0.001_p_value": 0.06}, floor) == "above chance, within the floor"
+    assert mi._verdict({**row, "tpr_at_fpr_0.01_p_value": 0.01}, floor) == "above the floor (TPR@0.01, TPR@0.001)"
