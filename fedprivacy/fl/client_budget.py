@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivacy.accounting.accountant import _fsync_dir
-from fedprivacy.fl.client_policy import PolicyRefusal
+from fedprivacy.fl.client_policy import MAX_TV_TOTAL, PolicyRefusal
 
 __all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget", "total_epsilon"]
 
@@ -177,8 +177,6 @@ class ClientBudget:
         return total_epsilon(self._charges, delta=delta)
 
     def _refusal(self, rho: float, *, round: int, what: str, slack: float = 0.0, tv: float = 0.0) -> str | None:
-        from fedprivacy.fl.client_policy import MAX_TV_TOTAL
-
         slack_total = math.fsum(c.slack for c in self._charges) + slack
         if slack_total > self.max_slack_total:
             return (f"{what} round {round}'s discrete slack {slack:.3g} would take this client's total slack above "

@@ -67,12 +67,7 @@ def _audience_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortR
 
 def _run_slack(ddp: DistributedDPConfig, *, roster: int, rounds: int) -> float:
     """``H'`` for ``rounds`` worst-case rounds (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.slack_bound`)."""
-    return rounds_slack(ddp.slack_bound(roster=roster), rounds=rounds)
-
-
-def rounds_slack(per_round: tuple[float, float], *, rounds: int) -> float:
-    """``H' = n h - log(1 - n g)`` of ``n = rounds`` rounds of slack ``(h, g)`` each."""
-    h, g = per_round
+    h, g = ddp.slack_bound(roster=roster)
     return rounds * h - math.log1p(-min(rounds * g, 0.5))
 
 
@@ -86,12 +81,14 @@ def row_epsilon(accountant: Accountant, cfg: RunConfig, plan: PrivacyPlan) -> fl
     slack ``2H'`` of ``num-server-rounds`` rounds (review5 X4); when the ledger holds more releases than
     that (a round re-charged after a crash), ``2H'`` of every release at ``δ (1 - 1e-6) e^-H'`` for them
     (review7 Z3: the row was 3.4e-9 below the headline)."""
+    from fedprivacy.accounting.distributed import slack_epsilon
+
     releases = charged_releases(accountant, plan)
     if releases <= cfg.num_server_rounds:
         return accountant.epsilon(delta=plan.target_delta) + plan.epsilon_slack
-    slack = rounds_slack(plan.slack_per_round, rounds=releases)
-    reserve = 1.0 - 1e-6 if plan.slack_per_round[1] > 0 else 1.0
-    return accountant.epsilon(delta=cfg.target_delta * reserve * math.exp(-slack)) + 2.0 * slack
+    h, g = plan.slack_per_round
+    return slack_epsilon(lambda d: accountant.epsilon(delta=d), delta=cfg.target_delta, ratio=releases * h,
+                         tv=releases * g)
 
 
 def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, roster: int) -> float:
