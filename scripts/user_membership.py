@@ -3,6 +3,7 @@
 Usage: python scripts/user_membership.py [--json PATH] [--png PATH] [--epsilons none,64,16,8]
                                          [--models K] [--rounds T] [--clients U] [--per-client n]
                                          [--server-optimizer fedavgm] [--statistics]
+                                         [--per-example-variance]
 
 Each setting trains K federated models (fedprivacy's run loop and client pipeline), each on a random
 half of U candidate clients of n Fashion-MNIST training images, and attacks every model with the others
@@ -14,6 +15,8 @@ to every row 95% intervals (a bootstrap of whole candidate clients) and permutat
 relabel within each model (the experiment's own randomization: each model's members are a random half),
 so "at chance" is a test (``at_chance_5pct``), not a reading. ``--server-optimizer fedavgm`` applies
 server momentum to the released mean update (post-processing: σ and ε are unchanged).
+``--per-example-variance`` adds LiRA online/offline with each candidate's own IN/OUT variance
+(``lira-online-exvar`` / ``lira-offline-exvar``; Carlini et al. 2022 Sec. IV), meaningful from ~16 shadows.
 """
 
 from __future__ import annotations
@@ -73,16 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-momentum", type=float, default=0.9)
     parser.add_argument("--statistics", action="store_true",
                         help="95%% cluster-bootstrap intervals and within-model permutation p-values per row")
+    parser.add_argument("--per-example-variance", action="store_true",
+                        help="also LiRA with a per-example variance (needs many shadows, e.g. --models 17+)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         settings = _settings(args.epsilons)
+        if args.per_example_variance and args.models < 17:
+            raise ValueError(f"--models must be >= 17 with --per-example-variance (16 shadows), got {args.models}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     import torch
 
+    from fedprivacy.attacks.lira_eval import ATTACKS, EXVAR_ATTACKS
     from fedprivacy.attacks.membership import FederatedTargetConfig
     from fedprivacy.attacks.user_membership import user_membership_experiment
     from fedprivacy.ml.data import load_dataset
@@ -107,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         res = user_membership_experiment(train.x, train.y, test.x, test.y, config=config,
                                          clients=args.clients, per_client=args.per_client,
                                          models=args.models, seed=args.seed, progress=print,
-                                         statistics=args.statistics)
+                                         statistics=args.statistics,
+                                         attacks=ATTACKS + (EXVAR_ATTACKS if args.per_example_variance else ()))
         res["summary"]["seconds"] = time.perf_counter() - t0
         out["settings"].append(res)
         s = res["summary"]
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  DP ceiling (any test, this σ, q, T): TPR@1% <= {c['tpr_at_fpr'][0.01]:.4f}, "
                   f"TPR@0.1% <= {c['tpr_at_fpr'][0.001]:.4f}, AUC <= {c['auc']:.3f}")
         for row in res["rows"]:
-            print(f"  {row['level']:<7} {row['attack']:<13} AUC {row['auc']:.3f}  TPR@1% "
+            print(f"  {row['level']:<7} {row['attack']:<18} AUC {row['auc']:.3f}  TPR@1% "
                   f"{row['tpr_at_fpr_1pct']:.3f}  TPR@0.1% {row['tpr_at_fpr_01pct']:.3f}  "
                   f"(FPR resolution {row['fpr_resolution']:.2g})" + _tested(row))
         out["seconds"] = time.perf_counter() - t_all

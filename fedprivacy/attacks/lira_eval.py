@@ -15,7 +15,10 @@ usual one.
 
 Attacks: ``"loss"`` (Yeom et al. 2018, score = -loss, no shadows), ``"lira-online"`` and
 ``"lira-offline"`` (:func:`fedprivacy.attacks.membership.lira_online_scores` /
-:func:`~fedprivacy.attacks.membership.lira_offline_scores`, fixed variance by default).
+:func:`~fedprivacy.attacks.membership.lira_offline_scores`, fixed variance), and the same two with a
+per-example variance, ``"lira-online-exvar"`` / ``"lira-offline-exvar"`` (Carlini et al. 2022, Sec. IV:
+each candidate's own IN / OUT spread; usable once a candidate has a dozen or more IN and OUT shadows,
+:data:`EXVAR_ATTACKS`; a pair needs at least 2 shadows on each side it uses).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from fedprivacy.attacks.membership import (
     loss_threshold_scores,
 )
 
-__all__ = ["ATTACKS", "leave_one_out_scores", "user_level", "pooled", "pooled_ids", "membership_table"]
+__all__ = ["ATTACKS", "EXVAR_ATTACKS", "leave_one_out_scores", "user_level", "pooled", "pooled_ids", "membership_table"]
 
 ATTACKS = ("loss", "lira-online", "lira-offline")
+EXVAR_ATTACKS = ("lira-online-exvar", "lira-offline-exvar")
+_EXVAR = "-exvar"
 
 
 def _check(stat: np.ndarray, member: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -58,28 +63,32 @@ def leave_one_out_scores(
     Args:
         stat: ``(K, N)``: ``phi`` (logit confidence) for LiRA, the loss for ``"loss"``.
         member: ``(K, N)`` bool, whether candidate n was in model k's training data.
-        attack: one of :data:`ATTACKS`.
+        attack: one of :data:`ATTACKS` or :data:`EXVAR_ATTACKS` (the latter set ``fixed_variance=False``).
         fixed_variance: LiRA's global-variance variant (Carlini et al. Sec. VI-A), right for K < 64.
 
     Returns:
         ``(K, N)`` scores, higher = more likely a member; NaN where the candidate has no IN (online) or
-        no OUT shadow among the other K - 1 models (such pairs are left out by :func:`pooled`).
+        no OUT shadow among the other K - 1 models, or fewer than 2 of either with a per-example
+        variance (such pairs are left out by :func:`pooled`).
     """
     s, m = _check(stat, member, "stat")
     if attack == "loss":
         return loss_threshold_scores(s)
-    if attack not in ATTACKS:
-        raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
+    if attack not in ATTACKS + EXVAR_ATTACKS:
+        raise ValueError(f"attack must be one of {ATTACKS + EXVAR_ATTACKS}, got {attack!r}")
+    if attack in EXVAR_ATTACKS:
+        attack, fixed_variance = attack.removesuffix(_EXVAR), False
     k = s.shape[0]
     if k < 2:
         raise ValueError(f"LiRA needs at least 2 models (1 target + shadows), got {k}")
+    need = 1 if fixed_variance else 2  # a per-example spread needs two shadows on a side
     out = np.full(s.shape, np.nan)
     for t in range(k):
         others = np.arange(k) != t
         sp, si = s[others], m[others]
-        ok = (~si).any(axis=0)
+        ok = (~si).sum(axis=0) >= need
         if attack == "lira-online":
-            ok &= si.any(axis=0)
+            ok &= si.sum(axis=0) >= need
         if not ok.any():
             continue
         fn = lira_online_scores if attack == "lira-online" else lira_offline_scores
@@ -166,7 +175,7 @@ def membership_table(
 
     rows: list[dict[str, Any]] = []
     for attack in attacks:
-        stat = loss if attack == "loss" else phi
+        stat = loss if attack == "loss" else phi  # every LiRA variant scores phi
         sc = leave_one_out_scores(stat, member, attack=attack)
         levels = [("example", sc, member)]
         if groups is not None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprivacy.attacks.lira_eval import membership_table
+from fedprivacy.attacks.lira_eval import ATTACKS, EXVAR_ATTACKS, membership_table
 from fedprivacy.attacks.membership import (
     FederatedTargetConfig,
     _logits,
@@ -34,7 +34,9 @@ from fedprivacy.attacks.membership import (
     train_on_clients,
 )
 
-__all__ = ["dp_roc_ceiling", "user_membership_experiment", "user_pool"]
+__all__ = ["EXVAR_MIN_MODELS", "dp_roc_ceiling", "user_membership_experiment", "user_pool"]
+
+EXVAR_MIN_MODELS = 17  # LiRA's per-example variance: 16 shadows, ~8 IN and ~8 OUT per candidate
 
 
 def user_pool(num_examples: int, *, clients: int, per_client: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,6 +95,14 @@ def dp_roc_ceiling(*, noise_multiplier: float, sample_rate: float, rounds: int,
             "auc": float(np.trapezoid(ceiling(x), x))}
 
 
+def _check_models(models: int, attacks: Sequence[str]) -> None:
+    if models < 3:
+        raise ValueError(f"models must be >= 3 (a target plus IN and OUT shadows), got {models}")
+    if models < EXVAR_MIN_MODELS and set(attacks) & set(EXVAR_ATTACKS):
+        raise ValueError(f"models must be >= {EXVAR_MIN_MODELS} for a per-example variance (16 shadows, "
+                         f"~8 IN and OUT per candidate), got {models}")
+
+
 def _random_halves(*, models: int, clients: int, seed: int) -> np.ndarray:
     """``(models, clients)`` membership: each model's members are a seeded uniformly random half."""
     from fedprivacy.dp.rng import RandomSource
@@ -117,6 +127,7 @@ def user_membership_experiment(
     seed: int,
     progress: Callable[[str], None] | None = None,
     statistics: bool = False,
+    attacks: Sequence[str] = ATTACKS,
 ) -> dict[str, Any]:
     """Train ``models`` federated models on random halves of ``clients`` candidate clients and attack them.
 
@@ -131,13 +142,14 @@ def user_membership_experiment(
         seed: seeds the pool, the halves and every model's run (seeded research mode).
         statistics: add intervals and permutation p-values to every row
             (:func:`fedprivacy.attacks.lira_eval.membership_table`'s ``statistics``).
+        attacks: the attacks of every row (:data:`fedprivacy.attacks.lira_eval.ATTACKS`, plus
+            ``EXVAR_ATTACKS`` for LiRA with a per-example variance when K - 1 shadows allow it).
 
     Returns:
         ``{"rows": membership_table rows (loss, LiRA online/offline; example and user level),
         "summary": {test/train accuracy (mean, min, max over models), epsilon, noise_multiplier, ...}}``.
     """
-    if models < 3:
-        raise ValueError(f"models must be >= 3 (a target plus IN and OUT shadows), got {models}")
+    _check_models(models, attacks)
     index, groups = user_pool(len(y), clients=clients, per_client=per_client, seed=seed)
     px, py = np.asarray(x, dtype=np.float32)[index], np.asarray(y, dtype=np.int64)[index]
     user_member = _random_halves(models=models, clients=clients, seed=seed)
@@ -162,7 +174,8 @@ def user_membership_experiment(
     eps_values = [s["epsilon"] for s in stats if s["epsilon"] is not None]
     epsilon = float(np.mean(eps_values)) if eps_values else None
     rows = membership_table(phi=np.stack(phis), loss=np.stack(losses), member=user_member[:, groups],
-                            groups=groups, model=config.label, epsilon=epsilon, statistics=statistics)
+                            groups=groups, model=config.label, epsilon=epsilon, statistics=statistics,
+                            attacks=attacks)
     test = [s["test_accuracy"] for s in stats]
     summary = {
         "label": config.label, "target_epsilon": config.target_epsilon, "epsilon": epsilon,

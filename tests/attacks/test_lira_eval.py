@@ -92,6 +92,42 @@ def test_pairs_without_shadows_on_both_sides_are_left_out() -> None:
     assert pos.size + neg.size == int(np.isfinite(online).sum())
 
 
+def test_a_per_example_variance_finds_the_quiet_candidates_a_global_one_misses() -> None:
+    # Half the candidates have spread 0.25, half 2.0 (Carlini et al. 2022 Sec. IV: per-example variances
+    # differ). A member's shift d = 1 is 4 sds for a quiet candidate: the likelihood ratio with its own
+    # variance flags nearly all quiet members at 1% FPR (oracle: 0.5 * Phi(4 - z_0.98) = 0.49); the
+    # global variance ranks a quiet member's +1 below a loud non-member's noise.
+    rng = np.random.default_rng(5)
+    k, n = 24, 3000
+    member = np.stack([rng.permutation(n) < n // 2 for _ in range(k)])
+    spread = np.where(rng.random(n) < 0.5, 0.25, 2.0)
+    phi = rng.normal(0.0, 3.0, n) + 1.0 * member + spread * rng.normal(0.0, 1.0, (k, n))
+
+    for attack in ("lira-online", "lira-offline"):
+        fixed = pooled(leave_one_out_scores(phi, member, attack=attack), member)
+        own = pooled(leave_one_out_scores(phi, member, attack=f"{attack}-exvar"), member)
+        assert 0.3 < tpr_at_fpr(*own, fpr=0.01) < 0.5
+        assert tpr_at_fpr(*fixed, fpr=0.01) < 0.05
+        assert tpr_at_fpr(*own, fpr=0.001) > 5 * tpr_at_fpr(*fixed, fpr=0.001)
+        assert own[0].size + own[1].size == k * n  # 23 shadows: every pair has >= 2 on each side
+
+
+def test_a_per_example_variance_needs_two_shadows_on_each_side() -> None:
+    phi = np.arange(12.0).reshape(4, 3)
+    member = np.array([[True, False, True], [False, True, True], [True, False, False], [False, True, False]])
+
+    fixed = leave_one_out_scores(phi, member, attack="lira-online")
+    own = leave_one_out_scores(phi, member, attack="lira-online-exvar")
+    offline = leave_one_out_scores(phi, member, attack="lira-offline-exvar")
+
+    # candidates 0 and 1: each target's 3 shadows split 2/1 or 1/2, so one side has a single shadow
+    assert np.isfinite(fixed[:, :2]).all() and np.isnan(own[:, :2]).all()
+    # candidate 2 is IN for models 0-1: targets 0-1 see 1 IN shadow, targets 2-3 only 1 OUT
+    assert np.isnan(own[:, 2]).all()
+    # offline needs two OUT shadows only: candidate 0 under model 0 (OUT shadows 1 and 3) is scored
+    assert np.isfinite(offline[0, 0]) and np.isnan(offline[1, 0])
+
+
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(TypeError, match="bool"):
         leave_one_out_scores(np.zeros((2, 2)), np.zeros((2, 2)), attack="loss")

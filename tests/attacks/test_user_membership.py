@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedprivacy.attacks.lira_eval import ATTACKS
 from fedprivacy.attacks.membership import FederatedTargetConfig
 from fedprivacy.attacks.user_membership import user_membership_experiment, user_pool
 
@@ -33,13 +34,14 @@ def test_pool_is_disjoint_clients_of_equal_size() -> None:
         user_pool(100, clients=3, per_client=1, seed=0)
 
 
-def _run(eps: float | None, *, models: int = 3, rounds: int = 3):
+def _run(eps: float | None, *, models: int = 3, rounds: int = 3, attacks: tuple[str, ...] = ATTACKS):
     x, y = _digits()
     config = FederatedTargetConfig(clients=4, rounds=rounds, local_epochs=10, learning_rate=0.1,
                                    batch_size=8, model="mlp", hidden_units=64, clip_norm=1.0,
                                    target_epsilon=eps, sample_rate=1.0, target_delta=1e-3)
     return user_membership_experiment(x[:1400], y[:1400], x[1400:], y[1400:], config=config,
-                                      clients=8, per_client=20, models=models, seed=1)
+                                      clients=8, per_client=20, models=models, seed=1,
+                                      attacks=attacks)
 
 
 def test_overfit_target_leaks_membership_and_strong_noise_hides_it() -> None:
@@ -61,6 +63,9 @@ def test_overfit_target_leaks_membership_and_strong_noise_hides_it() -> None:
 def test_too_few_models_are_refused() -> None:
     with pytest.raises(ValueError, match="models must be >= 3"):
         _run(None, models=2)
+    # a per-example variance from ~8 shadows a side would be noise; refused before any training
+    with pytest.raises(ValueError, match="models must be >= 17 for a per-example variance"):
+        _run(None, models=16, attacks=("loss", "lira-offline-exvar"))
 
 
 def test_server_momentum_is_post_processing_of_the_same_release() -> None:
