@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["curve_points", "plot_curves", "curves_markdown", "is_curve_row", "plot_membership",
+           "plot_membership_tradeoff", "membership_tested_markdown",
            "membership_markdown", "membership_experiments", "experiment_title", "distributed_pairs",
            "distributed_markdown", "distributed_goal"]
 
@@ -503,3 +504,133 @@ def distributed_goal(pairs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         figs += " (a setup with one seed has no spread)"
     figs += left_out
     return {"goal": goal, "verdict": "met" if ok else "missed", "figures": figs}
+
+
+# ------------------------------------------------------------- the utility-privacy trade-off, one figure
+_FPRS = (("auc", "auc", 0.5, "attack AUC"), ("tpr_at_fpr_0.01", "0.01", 0.01, "TPR at 1% FPR"),
+         ("tpr_at_fpr_0.001", "0.001", 0.001, "TPR at 0.1% FPR"))
+_ALIAS = {"tpr_at_fpr_0.01": "tpr_at_fpr_1pct", "tpr_at_fpr_0.001": "tpr_at_fpr_01pct"}  # rows without statistics
+
+
+def _ceiling(summary: Mapping[str, Any], key: str) -> float:
+    """The DP ceiling of one figure (``"auc"`` or an FPR as text), NaN without DP (no bound below 1)."""
+    c = summary.get("dp_ceiling")
+    if not c:
+        return float("nan")
+    return float(c["auc"] if key == "auc" else {str(k): v for k, v in c["tpr_at_fpr"].items()}[key])
+
+
+def _tradeoff_panel(ax: Any, order: Sequence[Mapping[str, Any]], xs: Sequence[float], *, level: str,
+                    metric: str, ceiling_key: str, chance: float, attacks: Sequence[str]) -> None:
+    """One attack figure against ε at one level: every attack with its 95% interval, chance, DP ceiling."""
+    floor = chance / 5 if metric != "auc" else 0.0  # TPR axes are logarithmic: 0 is drawn at the floor
+    for i, attack in enumerate(attacks):
+        shift = 1.06 ** (i - (len(attacks) - 1) / 2)  # spread the attacks' intervals apart
+        rows = [_attack(s["rows"], attack=attack, level=level) or {} for s in order]
+        ys = [max(r.get(metric, r.get(_ALIAS.get(metric, ""), float("nan"))), floor) for r in rows]
+        lo = [max(y - max((r.get(f"{metric}_ci95") or [y])[0], floor), 0.0) for r, y in zip(rows, ys, strict=True)]
+        hi = [max(max((r.get(f"{metric}_ci95") or [0, y])[1], floor) - y, 0.0) for r, y in zip(rows, ys, strict=True)]
+        ax.errorbar([x * shift for x in xs], ys, yerr=[lo, hi], marker="o", ms=4, capsize=2, lw=1,
+                    color=f"C{i}", label=attack)
+    ceiling = [_ceiling(s["summary"], ceiling_key) for s in order]
+    ax.plot(xs, ceiling, color="black", ls="--", lw=1.2, marker="_", label="DP ceiling (any attack)")
+    ax.axhline(chance, color="black", lw=0.8, ls=":", label="chance")
+    if metric != "auc":
+        ax.set_yscale("log")
+        ax.set_ylim(floor * 0.8, 1.0)
+    ax.set_title(f"{level} level: {dict((m, t) for m, _, _, t in _FPRS)[metric]}", fontsize=9)
+
+
+def plot_membership_tradeoff(settings: Sequence[Mapping[str, Any]], path: Path,
+                             attacks: Sequence[str] | None = None) -> Path | None:
+    """Utility and privacy against ε side by side (issue 13), from ``scripts/user_membership.py --statistics``.
+
+    Left: the attacked models' test accuracy (mean, min-max band over the K models). Right, one row per
+    level (user, example): AUC, TPR at 1% and at 0.1% FPR of every attack with its 95% interval (the
+    rows' cluster bootstrap), chance (dotted) and the DP ceiling (dashed: the most any test can reach
+    under the run's σ, q, T; in this design an example's membership is its client's, so the ceiling bounds
+    both levels). TPR axes are logarithmic, a TPR of 0 is drawn at a fifth of chance. The non-DP setting
+    sits at the far right ("no DP").
+    """
+    if not settings:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = sorted(settings, key=lambda s: (s["summary"]["epsilon"] is None, s["summary"]["epsilon"] or 0.0))
+    xs, inf_x = _mia_x(order)
+    names = list(attacks) if attacks is not None else list(dict.fromkeys(r["attack"] for r in order[0]["rows"]))
+    fig = plt.figure(figsize=(19, 8))
+    grid = fig.add_gridspec(2, 4)
+    acc_ax = fig.add_subplot(grid[:, 0])
+    acc_ax.plot(xs, [s["summary"]["test_accuracy"] for s in order], marker="o", color="tab:green",
+                label="test accuracy (mean of K models)")
+    acc_ax.fill_between(xs, [s["summary"]["test_accuracy_min"] for s in order],
+                        [s["summary"]["test_accuracy_max"] for s in order], color="tab:green", alpha=0.2)
+    acc_ax.axhline(0.1, color="black", lw=0.8, ls=":", label="chance (10 classes)")
+    acc_ax.set_title("utility: test accuracy (10,000 test images)", fontsize=9)
+    axes = [acc_ax]
+    for r, level in enumerate(("user", "example")):
+        for c, (metric, key, chance, _) in enumerate(_FPRS):
+            ax = fig.add_subplot(grid[r, c + 1])
+            _tradeoff_panel(ax, order, xs, level=level, metric=metric, ceiling_key=key, chance=chance,
+                            attacks=names)
+            axes.append(ax)
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel(f"ε (δ = {order[0]['summary'].get('delta') or 1e-5:g}); right: no DP", fontsize=8)
+        ticks = [x for x in xs if x != inf_x]
+        ax.set_xticks(ticks + ([inf_x] if inf_x is not None else []),
+                      [f"{t:.3g}" for t in ticks] + (["no DP"] if inf_x is not None else []))
+        ax.set_xticks([], minor=True)
+    acc_ax.legend(fontsize=8)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"Utility vs membership inference against ε: {experiment_title(order)}", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _tested_cell(row: Mapping[str, Any], key: str) -> str:
+    """``value [95% CI] p`` of one figure, with the false positives a TPR rests on and whether it is resolved."""
+    value = row.get(key, row.get(_ALIAS.get(key, ""), float("nan")))
+    if f"{key}_ci95" not in row:
+        return f"{value:.3f}"
+    lo, hi = row[f"{key}_ci95"]
+    cell = f"{value:.3f} [{lo:.3f}, {hi:.3f}] p {row[f'{key}_p_value']:.3f}"
+    if key == "auc":
+        return cell
+    allowed = row[f"{key}_false_positives_allowed"]
+    return cell + (f" ({allowed} FP)" if allowed >= 1 else " (not resolved: 0 FP)")
+
+
+def membership_tested_markdown(settings: Sequence[Mapping[str, Any]]) -> str:
+    """One table per setting (``scripts/user_membership.py --statistics``): its accuracy, σ, ε and DP ceiling
+    on a line, then per attack and level AUC, TPR at 1% and 0.1% FPR with 95% intervals, permutation
+    p-values and the false positives each TPR rests on ("not resolved" when the FPR is below
+    1 / non-member pairs), the pairs, the FPR resolution and the verdict "at chance" (every resolved
+    figure's p >= 0.05)."""
+    out: list[str] = []
+    for s in settings:
+        m = s["summary"]
+        eps = "no DP" if m["epsilon"] is None else f"ε = {m['epsilon']:.3f} (δ = {m['delta']:g}, σ = {m['noise_multiplier']:.4f})"
+        ceiling = "" if not m.get("dp_ceiling") else (
+            f"; DP ceiling (any test): TPR@1% ≤ {_ceiling(m, '0.01'):.4f}, TPR@0.1% ≤ {_ceiling(m, '0.001'):.4f}, "
+            f"AUC ≤ {_ceiling(m, 'auc'):.3f}")
+        seconds = f", {m['seconds']:.0f} s" if "seconds" in m else ""
+        out += [f"**{eps}**: test accuracy {m['test_accuracy']:.3f} ({m['test_accuracy_min']:.3f}–"
+                f"{m['test_accuracy_max']:.3f} over {m['models']} models), train {m['train_accuracy']:.3f}"
+                f"{ceiling}{seconds}", "",
+                "| attack | level | AUC [95% CI], p | TPR @ 1% FPR [95% CI], p | TPR @ 0.1% FPR [95% CI], p | "
+                "pairs (m/n) | FPR resolution | at chance (5%) |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(s["rows"], key=lambda r: (r["level"] != "user", r["attack"])):
+            chance = {True: "yes", False: "no"}.get(r.get("at_chance_5pct"), "–")
+            out.append(f"| {r['attack']} | {r['level']} | {_tested_cell(r, 'auc')} | "
+                       f"{_tested_cell(r, 'tpr_at_fpr_0.01')} | {_tested_cell(r, 'tpr_at_fpr_0.001')} | "
+                       f"{r['members']}/{r['nonmembers']} | {r['fpr_resolution']:.2g} | {chance} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n")

@@ -11,8 +11,10 @@ from fedprivacy_bench.curves import (
     experiment_title,
     membership_experiments,
     membership_markdown,
+    membership_tested_markdown,
     plot_curves,
     plot_membership,
+    plot_membership_tradeoff,
 )
 
 
@@ -192,3 +194,60 @@ def test_distributed_rows_pair_with_central_of_the_same_run_and_state_both_audie
     points = {p["mode"]: p for p in curve_points(fashion)}
     assert points["distributed"]["epsilon_observers"] == 3.004 and points["distributed"]["epsilon"] == 10.35
     assert "10.3 (server), 3 (observers)" in curves_markdown(list(points.values()))
+
+
+def _tested(eps: float | None, *, d: float, seed: int) -> dict:
+    """A setting as ``scripts/user_membership.py --statistics`` writes it, JSON round-tripped (ceiling keys
+    become text), from membership_table's real figures on a Gaussian world of 6 models x 40 clients x 10."""
+    import json
+
+    import numpy as np
+
+    from fedprivacy.attacks.lira_eval import membership_table
+
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(40), 10)
+    member = np.stack([rng.permutation(40) < 20 for _ in range(6)])[:, groups]
+    phi = rng.normal(0.0, 3.0, 400) + d * member + rng.normal(0.0, 1.0, (6, 400))
+    rows = membership_table(phi=phi, loss=-phi, member=member, groups=groups, model="toy", epsilon=eps,
+                            attacks=("loss", "lira-offline"), statistics=True)
+    ceiling = None if eps is None else {"tpr_at_fpr": {0.01: 0.033, 0.001: 0.0052}, "auc": 0.633}
+    summary = {**_mia(eps, auc=0.5, tpr=0.01, acc=0.7 if eps else 0.82)["summary"], "dp_ceiling": ceiling,
+               "train_accuracy": 0.8, "noise_multiplier": 4.5865 if eps else 0.0, "seconds": 12.0}
+    return json.loads(json.dumps({"rows": rows, "summary": summary}, default=float))
+
+
+def test_tested_tables_state_intervals_p_values_and_what_is_not_resolved(tmp_path: Path) -> None:
+    settings = [_tested(None, d=2.0, seed=0), _tested(1.998, d=0.0, seed=1)]
+
+    text = membership_tested_markdown(settings)
+    rows = {(r["attack"], r["level"]): r for r in settings[0]["rows"]}
+
+    # one header line and one table per setting, a row per (attack, level)
+    assert text.count("| attack | level |") == 2 and text.count("| loss | user |") == 2
+    assert "**no DP**" in text and "**ε = 1.998 (δ = 1e-05, σ = 4.5865)**" in text
+    assert "DP ceiling (any test): TPR@1% ≤ 0.0330, TPR@0.1% ≤ 0.0052, AUC ≤ 0.633" in text
+    # user level: 6 models x 20 non-member clients = 120 pairs: 1% allows 1 FP, 0.1% none (not resolved)
+    user = rows["loss", "user"]
+    lo, hi = user["auc_ci95"]
+    assert f"| loss | user | {user['auc']:.3f} [{lo:.3f}, {hi:.3f}] p {user['auc_p_value']:.3f} |" in text
+    assert user["nonmembers"] == 120 and "(1 FP)" in text and "(not resolved: 0 FP)" in text
+    # example level: 1200 non-member pairs, 1 FP at 0.1%
+    assert rows["loss", "example"]["tpr_at_fpr_0.001_false_positives_allowed"] == 1
+    assert "| 1200/1200 | 0.00083 |" in text
+    # a strong signal is not at chance, no signal is (d = 0 on the DP setting)
+    assert "| no |" in text.split("**ε")[0] and "| yes |" in text.split("**ε")[1]
+
+
+def test_the_tradeoff_figure_puts_accuracy_beside_both_levels(tmp_path: Path) -> None:
+    from PIL import Image
+
+    settings = [_tested(1.998, d=0.0, seed=1), _tested(None, d=2.0, seed=0), _tested(3.999, d=0.5, seed=2)]
+
+    path = plot_membership_tradeoff(settings, tmp_path / "t.png")
+
+    assert path is not None and Image.open(path).size == (1900, 800)  # accuracy + 2 levels x 3 figures
+    assert plot_membership_tradeoff([], tmp_path / "none.png") is None
+    # rows without statistics (no intervals) draw as well
+    bare = [_mia(None, auc=0.7, tpr=0.05, acc=0.8), _mia(4.0, auc=0.5, tpr=0.01, acc=0.7)]
+    assert plot_membership_tradeoff(bare, tmp_path / "bare.png", attacks=("loss",)) is not None
