@@ -156,6 +156,8 @@ class BenchSpec:
             tag += f"-{self.partitioner}{self.dirichlet_alpha:g}-n{self.num_clients}"
         if self.server_optimizer != "fedavg":
             tag += f"-{self.server_optimizer}"
+        if self.option("flower_clipping"):
+            tag += f"-{self.option('flower_clipping')}clip"
         if self.seed:
             tag += f"-s{self.seed}"
         if self.target_epsilon is not None:

@@ -249,6 +249,17 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
             + "server FedAvgM (server lr 1.0, momentum 0.9)",
             training=dict(_FASHION_IID, clients_per_round=300, server_optimizer="fedavgm",
                           server_learning_rate=1.0, server_momentum=0.9)),
+        # Issue 13's "Flower's DP strategies at the same σ in the same run" (session 7): Flower's DP
+        # wrappers add their noise to what the wrapped strategy returns, after its server step, so
+        # around FedAvgM they are another algorithm (docs/DESIGN.md, "Flower's DP wrappers around a
+        # server optimizer"); this is fedavgm-c300 with the plain FedAvg step (server lr 1), the
+        # algorithm both frameworks run as DP-FedAvg.
+        FashionSetup(
+            name="fedavg-c300", rounds=120,
+            summary=_IID_SUMMARY.replace("q = 100/3000", "q = 300/3000")
+            + "server FedAvg (server lr 1.0: the new model is the released mean update applied as is)",
+            training=dict(_FASHION_IID, clients_per_round=300, server_optimizer="fedavg",
+                          server_learning_rate=1.0)),
         # The non-IID side of the curve (issue 13: IID and Dirichlet(0.5), >= 20 examples per client,
         # >= 100 per round): fedprivacy's "dirichlet" partitioner (flwr-datasets' DirichletPartitioner,
         # min_partition_size 20) over 600 clients, the largest population that gives every client >= 20
@@ -376,9 +387,37 @@ def _sigma(target_epsilon: float, sample_rate: float, rounds: int,
                             rel_tol=1e-3, neighbouring=neighbouring)
 
 
+# --flower: Flower 1.42's own apps (fedprivacy_bench.flower_baselines.message_api) on fedprivacy's
+# in-process engine, same data, partitions, model, local training, clip and σ as the setup's rows.
+FLOWER_ROWS = ("central", "central-server", "none")
+
+
+def flower_specs(setup: FashionSetup, *, rows: Sequence[str], seed: int, epsilons: Sequence[float],
+                 rounds: int | None) -> list[BenchSpec]:
+    """Flower rows of ``setup``: ``central`` = DifferentialPrivacyClientSideFixedClipping(FedAvg) +
+    fixedclipping_mod, ``central-server`` = DifferentialPrivacyServerSideFixedClipping(FedAvg), both
+    at the σ of fedprivacy's central ε (Poisson q, PLD) with Flower's fixed cohort of q·N and its
+    RdpAccountant; ``none`` = Flower's FedAvg."""
+    bad = [r for r in rows if r not in FLOWER_ROWS]
+    if bad:
+        raise ValueError(f"flower rows must be among {FLOWER_ROWS}, got {bad}")
+    if rows and setup.training.get("server_optimizer", "fedavg") != "fedavg":
+        raise ValueError(f"flower rows run Flower's FedAvg; setup {setup.name!r} uses "
+                         f"{setup.training['server_optimizer']!r} (use a FedAvg setup, e.g. fedavg-c300)")
+    specs = []
+    for row in rows:
+        mode = "none" if row == "none" else "central"
+        for eps in ((None,) if mode == "none" else tuple(epsilons)):
+            base = setup.spec(mode=mode, seed=seed, rounds=rounds, target_epsilon=eps, sigma=_sigma)
+            extra = (("flower_clipping", "server"),) if row == "central-server" else ()
+            specs.append(dataclasses.replace(base, framework="flower", extra=extra))
+    return specs
+
+
 def setup_sweep(name: str, *, rounds: int | None = None, seeds: Sequence[int] = (0,),
                 epsilons: Sequence[float] = (4.0,),
-                modes: Sequence[str] = ("none", "central"), holdout: bool = False) -> list[BenchSpec]:
+                modes: Sequence[str] = ("none", "central"), holdout: bool = False,
+                flower: Sequence[str] = ()) -> list[BenchSpec]:
     """The rows of ``--setup NAME``: per mode, every seed (and every ε for the private modes), the
     first seed of each mode first (a stopped sweep keeps the pairs).
 
@@ -405,6 +444,7 @@ def setup_sweep(name: str, *, rounds: int | None = None, seeds: Sequence[int] = 
             for eps in ((None,) if mode == "none" else tuple(epsilons)):
                 specs.append(setup.spec(mode=mode, seed=seed, rounds=rounds, target_epsilon=eps,
                                         sigma=_sigma))
+        specs += flower_specs(setup, rows=flower, seed=seed, epsilons=epsilons, rounds=rounds)
     return specs
 
 
@@ -414,7 +454,7 @@ def setup_notes(name: str, specs: Sequence[BenchSpec]) -> list[str]:
     private = sorted({(s.mode, s.target_epsilon, s.noise_multiplier, s.rounds) for s in specs
                       if s.mode != "none"}, key=lambda t: (t[0], t[1] or 0.0, t[3]))
     q = setup.training["clients_per_round"] / setup.training["num_clients"]
-    return [
+    notes = [
         f"Setup `{name}` (`--setup {name}`): {setup.summary}; {setup.data}; fedprivacy's apps on the "
         f"in-process engine ({setup.training.get('workers', 1)} worker), seeded research mode.",
         "Its private rows (σ from `fedprivacy.accounting.calibrate_noise_multiplier`, PLD, to the "
@@ -422,6 +462,25 @@ def setup_notes(name: str, specs: Sequence[BenchSpec]) -> list[str]:
         "amplification): " + "; ".join(f"{m} ε={e:g}, T={t} → σ={sig:.4f}" for m, e, sig, t in private)
         + "." if private else f"Setup `{name}`: no private rows ran.",
     ]
+    if any(s.framework == "flower" for s in specs):
+        notes.append(FLOWER_NOTE)
+    return notes
+
+
+FLOWER_NOTE = (
+    "Flower rows (`--flower`): Flower 1.42's own apps (fedprivacy_bench/flower_baselines/message_api.py: "
+    "`FedAvg`, wrapped for `central` in `DifferentialPrivacyClientSideFixedClipping` with the clients' "
+    "`fixedclipping_mod`, for `central-server` in `DifferentialPrivacyServerSideFixedClipping`, each "
+    "with Flower's `RdpAccountant`) on fedprivacy's in-process engine (it implements Flower's Grid and "
+    "calls the ClientApp per message: Flower's strategy, mods, noise and accountant run unmodified), "
+    "with the setup's data, partitions, model, local training and clip. Same σ as fedprivacy's central "
+    "row; the cohort is Flower's: exactly q·N nodes drawn each round by `random.sample` (seeded), not "
+    "Poisson; Flower adds N(0, (σC/m)²) to the mean of the m clipped updates (fedprivacy: N(0, (σC)²) "
+    "on the sum, divided by the expected cohort qN). Flower's ε is its RdpAccountant's, without "
+    "amplification by sampling (the only mode its DP strategies accept), at sensitivity C: it holds "
+    "under zero-out adjacency (one client's update replaced by zero, the cohort fixed), not add/remove "
+    "or replace-one (server/flower_accountant.py; fedprivacy's PLD for the same releases is in each "
+    "Flower row's `fedprivacy_epsilon`).")
 
 
 # ------------------------------------------------------------------------------------------ sweeps
@@ -755,6 +814,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilons", default="4", help="with --setup: comma-separated target ε")
     parser.add_argument("--modes", default="none,central",
                         help="with --setup: comma-separated modes (none, central, distributed, local)")
+    parser.add_argument("--flower", default="",
+                        help="with --setup (a FedAvg one): comma-separated Flower 1.42 rows on the "
+                             "in-process engine at the σ of central ε: central (client-side clipping), "
+                             "central-server (server-side clipping), none")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--rounds", type=int, default=None, help="override the rounds per run")
     parser.add_argument("--only", default="",
@@ -787,9 +850,10 @@ def main(argv: list[str] | None = None) -> int:
         setup_specs = None if args.setup is None else setup_sweep(
             args.setup, rounds=args.rounds, seeds=[int(x) for x in args.seeds.split(",") if x],
             epsilons=[float(x) for x in args.epsilons.split(",") if x],
-            modes=[m for m in args.modes.split(",") if m], holdout=args.holdout)
+            modes=[m for m in args.modes.split(",") if m], holdout=args.holdout,
+            flower=[f for f in args.flower.split(",") if f])
     except ValueError as exc:
-        print(f"error: --setup/--seeds/--epsilons/--modes: {exc}", file=sys.stderr)
+        print(f"error: --setup/--seeds/--epsilons/--modes/--flower: {exc}", file=sys.stderr)
         return 2
     # --budget and --setup, like --quick, never write the committed docs (render them with --from-json)
     default_out = (BUDGET_OUT if args.budget else

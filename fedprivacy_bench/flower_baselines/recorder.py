@@ -24,12 +24,13 @@ class RoundRecorder:
     last_exit: float | None = None
     last_enter: float | None = None
     round_seconds: list[float] = field(default_factory=list)
-    accuracy: list[float] = field(default_factory=list)
+    accuracy: list[float | None] = field(default_factory=list)  # None: round not evaluated
     epsilon: list[float | None] = field(default_factory=list)
     first_round_end: float | None = None
     params: int | None = None
     notes: list[str] = field(default_factory=list)
     failed_rounds: list[int] = field(default_factory=list)
+    last_weights: list[np.ndarray] | None = None  # the latest released global model
     _last_digest: bytes | None = None
 
     def check_update(self, server_round: int, weights: Sequence[np.ndarray]) -> None:
@@ -51,7 +52,7 @@ class RoundRecorder:
                 self.first_round_end = now
         self.last_enter = now
 
-    def leave(self, server_round: int, *, accuracy: float, epsilon: float | None) -> None:
+    def leave(self, server_round: int, *, accuracy: float | None, epsilon: float | None) -> None:
         if server_round > 0:
             self.accuracy.append(accuracy)
             self.epsilon.append(epsilon)

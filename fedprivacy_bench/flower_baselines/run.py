@@ -1,4 +1,10 @@
-"""Run a Flower baseline on Flower's simulation engine and return its benchmark record."""
+"""Run a Flower baseline and return its benchmark record.
+
+Engines (``spec.engine``): ``ray`` (``flwr.simulation.run_simulation``, Flower's own) or ``inprocess``
+(fedprivacy's ``server.engine.run_inprocess`` given the same ServerApp and ClientApp objects: it
+implements Flower's ``Grid`` and calls the ClientApp per message, so Flower's strategies, mods and
+accountant run unmodified; only the engine differs).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,13 @@ import time
 import warnings
 from typing import Any
 
+from pathlib import Path
+
 from fedprivacy_bench.flower_baselines.recorder import RoundRecorder
 from fedprivacy_bench.spec import BenchSpec, make_record
 
 FLOWER_MODES = ("none", "central", "secagg+central")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ray_backend_config(*, num_cpus: int = 2) -> dict[str, Any]:
@@ -24,6 +33,20 @@ def ray_backend_config(*, num_cpus: int = 2) -> dict[str, Any]:
     }
 
 
+def fedprivacy_epsilons(spec: BenchSpec, releases: int) -> dict[str, float | None]:
+    """What fedprivacy's accountant says for a Flower central row's releases: PLD of ``releases``
+    Gaussians of multiplier σ without amplification (Flower's draw earns none:
+    server/flower_accountant.py), at sensitivity C (``zero-out``, Flower's own relation) and 2C
+    (``replace-one``)."""
+    from fedprivacy.accounting import NoSampling, epsilon_for
+
+    if spec.mode != "central" or releases < 1:
+        return {"zero-out": None, "replace-one": None}
+    return {adj: float(epsilon_for(noise_multiplier=spec.noise_multiplier, sampling=NoSampling(),
+                                   steps=releases, delta=spec.delta, neighbouring=rel))
+            for adj, rel in (("zero-out", "add-remove"), ("replace-one", "replace-one"))}
+
+
 def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
     """Run ``spec`` (framework ``flower``) with ``flwr.simulation.run_simulation`` on Ray."""
     if spec.framework != "flower":
@@ -31,10 +54,13 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
     if spec.mode not in FLOWER_MODES:
         raise ValueError(f"Flower baselines run modes {FLOWER_MODES}, got {spec.mode!r}")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    if spec.engine not in ("ray", "inprocess"):
+        raise ValueError(f"engine must be 'ray' or 'inprocess' for Flower rows, got {spec.engine!r}")
+    if spec.server_optimizer != "fedavg":
+        # the apps run Flower's FedAvg; Flower's DP wrappers noise what a server optimizer returns
+        # (after its step), which is not the setup's algorithm (docs/DESIGN.md)
+        raise ValueError(f"server_optimizer must be 'fedavg' for Flower rows, got {spec.server_optimizer!r}")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # Imported here: importing flwr/ray costs seconds and belongs to the measured start-up.
-    from flwr.simulation import run_simulation
-
     if spec.mode == "secagg+central":
         from fedprivacy_bench.flower_baselines import secaggplus as apps
     else:
@@ -47,9 +73,18 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
     recorder.t_start = t0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_simulation(server_app=server_app, client_app=client_app,
-                       num_supernodes=spec.num_clients,
-                       backend_config=ray_backend_config(num_cpus=2))  # type: ignore[arg-type]
+        if spec.engine == "inprocess":
+            import server.engine as engine
+
+            engine.run_inprocess(num_supernodes=spec.num_clients, workers=spec.workers, app_dir=REPO,
+                                 server_app=server_app, client_app=client_app, node_id_seed=spec.seed)
+        else:
+            # Imported here: importing flwr/ray costs seconds and belongs to the measured start-up.
+            from flwr.simulation import run_simulation
+
+            run_simulation(server_app=server_app, client_app=client_app,
+                           num_supernodes=spec.num_clients,
+                           backend_config=ray_backend_config(num_cpus=2))  # type: ignore[arg-type]
     wall = time.perf_counter() - t0
     status = "ok" if len(recorder.accuracy) == spec.rounds else "incomplete"
     if recorder.failed_rounds:
@@ -59,7 +94,8 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
     note = "; ".join(recorder.notes)
     eps_note = "no privacy"
     if spec.mode == "central":
-        eps_note = "Flower RdpAccountant (no amplification by sampling, the only mode it accepts)"
+        eps_note = ("Flower RdpAccountant (no amplification by sampling, the only mode it accepts; "
+                    "its figure holds under zero-out adjacency: server/flower_accountant.py)")
     elif spec.mode == "secagg+central":
         eps_note = ("Flower RdpAccountant applied to the same sigma/rounds (no amplification); "
                     "Flower has no accountant on the SecAgg+ path")
@@ -77,4 +113,19 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
         wall_seconds=wall,
         status=status,
         note=note,
+        flower_strategy=strategy_name(spec),
+        fedprivacy_epsilon=fedprivacy_epsilons(spec, len(recorder.accuracy) - len(recorder.failed_rounds)),
     )
+
+
+def strategy_name(spec: BenchSpec) -> str:
+    """The Flower strategy (and client mod) a row ran."""
+    if spec.mode == "none":
+        return "FedAvg"
+    if spec.mode == "secagg+central":
+        return "FedAvg + SecAgg+ (central DP)"
+    from fedprivacy_bench.flower_baselines.message_api import clipping_of
+
+    if clipping_of(spec) == "server":
+        return "DifferentialPrivacyServerSideFixedClipping(FedAvg)"
+    return "DifferentialPrivacyClientSideFixedClipping(FedAvg) + fixedclipping_mod"
