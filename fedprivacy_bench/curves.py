@@ -16,7 +16,8 @@ from typing import Any
 __all__ = ["curve_points", "plot_curves", "curves_markdown", "is_curve_row", "plot_membership",
            "plot_membership_tradeoff", "membership_tested_markdown",
            "membership_markdown", "membership_experiments", "experiment_title", "distributed_pairs",
-           "distributed_markdown", "distributed_goal"]
+           "distributed_markdown", "distributed_goal", "curve_framework", "flower_comparisons",
+           "flower_markdown"]
 
 Row = Mapping[str, Any]
 
@@ -30,6 +31,15 @@ def _ok(row: Row) -> bool:
     return row.get("status") in ("ok", "partial") and row.get("test_accuracy") is not None
 
 
+def curve_framework(row: Row) -> str:
+    """A row's curve: its framework, and for Flower's server-side-clipping wrapper (spec option
+    ``flower_clipping``) ``flower server-clip``, a curve apart from the client-side one."""
+    extra = dict((row.get("spec") or {}).get("extra") or [])
+    if row.get("framework") == "flower" and extra.get("flower_clipping") == "server":
+        return "flower server-clip"
+    return str(row["framework"])
+
+
 def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
     """One point per (dataset, label, rounds, framework, mode, target epsilon), pooled over seeds.
 
@@ -39,7 +49,7 @@ def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for r in rows:
         if is_curve_row(r) and _ok(r):
-            key = (r["dataset"], r.get("label", ""), int(r.get("rounds", 0)), r["framework"],
+            key = (r["dataset"], r.get("label", ""), int(r.get("rounds", 0)), curve_framework(r),
                    r["mode"], r.get("target_epsilon"))
             groups[key].append(r)
     points = []
@@ -96,8 +106,9 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path) -> Path | Non
         here = [p for p in points if (p["label"], p["rounds"]) == (setup, rounds)]
         for p in here:
             if p["mode"] == "none":
-                ax.axhline(p["accuracy"], color="black", ls="--", lw=1,
-                           label=f"non-DP ({len(p['seeds'])} seeds)")
+                other = p["framework"] != "fedprivacy"
+                ax.axhline(p["accuracy"], color="black", ls=":" if other else "--", lw=1,
+                           label=f"non-DP{' ' + p['framework'] if other else ''} ({len(p['seeds'])} seeds)")
                 ax.axhspan(p["accuracy_min"], p["accuracy_max"], color="gray", alpha=0.2)
         curves = sorted({(p["framework"], p["mode"]) for p in here if p["mode"] != "none"})
         for framework, mode in curves:
@@ -309,7 +320,7 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     for p in points:
         if p["mode"] == "central" and p["framework"] == "fedprivacy" and p["target_epsilon"] == 4.0:
             ref = next((r for r in points if r["mode"] == "none" and r["label"] == p["label"]
-                        and r["rounds"] == p["rounds"]), None)
+                        and r["rounds"] == p["rounds"] and r["framework"] == p["framework"]), None)
             if ref is not None:
                 pairs.append((p, ref))
     if pairs:
@@ -634,3 +645,59 @@ def membership_tested_markdown(settings: Sequence[Mapping[str, Any]]) -> str:
                        f"{r['members']}/{r['nonmembers']} | {r['fpr_resolution']:.2g} | {chance} |")
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+# ------------------------------------------- issue 13: fedprivacy and Flower's DP strategies, same σ
+def _run_key(row: Row) -> tuple[Any, ...]:
+    return (row.get("dataset"), row.get("label", ""), int(row.get("rounds", 0)), row.get("seed"))
+
+
+def flower_comparisons(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Per run (setup, T, seed) that has a Flower row on the Fashion-MNIST curves: fedprivacy's
+    central rows and every Flower row of it, each with σ, sampling, accountant, ε as its own framework
+    reports it, fedprivacy's PLD for Flower's releases (``fedprivacy_epsilon``), accuracy and s/round."""
+    groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
+    for r in rows:
+        if is_curve_row(r) and _ok(r) and (r.get("framework") == "flower" or
+                                           (r.get("framework") == "fedprivacy" and r.get("mode") in ("central", "none"))):
+            groups[_run_key(r)].append(r)
+    out = []
+    for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0])):
+        if not any(r.get("framework") == "flower" for r in rs):
+            continue
+        rs = sorted(rs, key=lambda r: (r.get("framework") != "fedprivacy", r.get("mode") == "none",
+                                       curve_framework(r)))
+        out.append({"dataset": key[0], "label": key[1], "rounds": key[2], "seed": key[3], "rows": [{
+            "row": f"{curve_framework(r)} {r['mode']}",
+            "strategy": r.get("flower_strategy") or ("fedprivacy central DP" if r["mode"] == "central"
+                                                     else "fedprivacy (no DP)"),
+            "noise_multiplier": r.get("noise_multiplier") if r.get("mode") != "none" else None,
+            "sampling": (f"fixed cohort {r.get('clients_per_round')} of {r.get('num_clients')} (Flower's "
+                         "random.sample)" if r.get("framework") == "flower" else
+                         f"Poisson q = {float(r.get('sample_rate') or 0):.3g}"),
+            "accountant": r.get("epsilon_note", ""),
+            "epsilon": r.get("epsilon"),
+            "fedprivacy_epsilon": r.get("fedprivacy_epsilon") or {},
+            "accuracy": float(r["test_accuracy"]),
+            "seconds_per_round": r.get("seconds_per_round"),
+        } for r in rs]})
+    return out
+
+
+def flower_markdown(groups: Sequence[Mapping[str, Any]]) -> str:
+    """One table per run: fedprivacy's and Flower's rows at the same σ side by side."""
+    if not groups:
+        return ""
+    lines = ["| setup | T | seed | row | strategy | σ | sampling | ε as its framework reports it (δ = 1e-5) | "
+             "fedprivacy PLD for the same releases (zero-out; replace-one) | test acc | s/round |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in groups:
+        for r in g["rows"]:
+            fp = r["fedprivacy_epsilon"]
+            fp_cell = (f"{_f(fp.get('zero-out'), 4)}; {_f(fp.get('replace-one'), 4)}"
+                       if fp.get("zero-out") is not None else "–")
+            eps = "no privacy" if r["epsilon"] is None else f"{_f(r['epsilon'], 4)} ({r['accountant']})"
+            lines.append(f"| {g['label']} | {g['rounds']} | {g['seed']} | {r['row']} | {r['strategy']} | "
+                         f"{_f(r['noise_multiplier'], 4)} | {r['sampling']} | {eps} | {fp_cell} | "
+                         f"{r['accuracy']:.4f} | {_f(r['seconds_per_round'], 3)} |")
+    return "\n".join(lines)

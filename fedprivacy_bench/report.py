@@ -20,6 +20,8 @@ from fedprivacy_bench.curves import (
     distributed_markdown,
     distributed_pairs,
     experiment_title,
+    flower_comparisons,
+    flower_markdown,
     is_curve_row,
     membership_experiments,
     membership_markdown,
@@ -452,6 +454,15 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
         lines += ["", "## Fashion-MNIST: accuracy against ε (issue 13)", "",
                   "Each point pools the seeds that ran (mean, min–max); ε is what the framework's own "
                   "accountant reports for the σ, q and T that ran.", "", curves_markdown(points)]
+    flower = flower_comparisons(rows)
+    if flower:
+        lines += ["", "## fedprivacy and Flower's DP strategies at the same σ (issue 13)", "",
+                  "Rows of one invocation (same setup, seed and σ): fedprivacy's central DP (Poisson "
+                  "sampling, PLD, add/remove) and Flower 1.42's own strategies on fedprivacy's in-process "
+                  "engine (a fixed cohort drawn by Flower, its RdpAccountant without amplification at "
+                  "sensitivity C: a zero-out claim, server/flower_accountant.py). Each ε is what its own "
+                  "framework reports; the PLD column is fedprivacy's accountant for Flower's releases "
+                  "(no amplification: Flower's draw earns none).", "", flower_markdown(flower)]
     if membership:
         lines += ["", "## Membership inference against ε (issue 13)", "",
                   "From `" + str(payload.get("membership_command", "scripts/user_membership.py")) + "`. "

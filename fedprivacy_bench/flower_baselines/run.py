@@ -12,9 +12,8 @@ import logging
 import os
 import time
 import warnings
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 from fedprivacy_bench.flower_baselines.recorder import RoundRecorder
 from fedprivacy_bench.spec import BenchSpec, make_record

@@ -251,3 +251,36 @@ def test_the_tradeoff_figure_puts_accuracy_beside_both_levels(tmp_path: Path) ->
     # rows without statistics (no intervals) draw as well
     bare = [_mia(None, auc=0.7, tpr=0.05, acc=0.8), _mia(4.0, auc=0.5, tpr=0.01, acc=0.7)]
     assert plot_membership_tradeoff(bare, tmp_path / "bare.png", attacks=("loss",)) is not None
+
+
+def test_flower_rows_are_their_own_curves_and_sit_beside_fedprivacy_at_the_same_sigma(tmp_path: Path) -> None:
+    """One invocation's rows (fedprivacy central, Flower client- and server-side clipping, Flower
+    non-DP): two Flower curves, a Flower non-DP line, and one comparison table stating each ε."""
+    from fedprivacy_bench.curves import flower_comparisons, flower_markdown
+
+    central = _row("central", 0, 0.80, eps=3.997, target=4.0)
+    flower = dict(_row("central", 0, 0.78, eps=60.5, target=4.0, framework="flower"),
+                  epsilon_note="Flower RdpAccountant", flower_strategy="ClientSide",
+                  fedprivacy_epsilon={"zero-out": 58.7, "replace-one": 140.1}, seconds_per_round=9.5,
+                  spec={"extra": []})
+    server = dict(flower, flower_strategy="ServerSide", spec={"extra": [["flower_clipping", "server"]]})
+    none = dict(_row("none", 0, 0.86, eps=None, target=None, framework="flower"), flower_strategy="FedAvg")
+    other_seed = _row("central", 1, 0.81, eps=4.0, target=4.0)  # no Flower row of its run: no table
+    rows = [central, flower, server, none, other_seed]
+
+    points = curve_points(rows)
+    assert sorted((p["framework"], p["mode"]) for p in points) == [
+        ("fedprivacy", "central"), ("flower", "central"), ("flower", "none"), ("flower server-clip", "central")]
+    assert plot_curves(points, tmp_path) is not None
+    # the ε = 4 goal pairs fedprivacy's point with fedprivacy's non-DP only (none here)
+    assert curve_goals(points)[1]["verdict"] == "not measured"
+
+    groups = flower_comparisons(rows)
+    assert len(groups) == 1 and groups[0]["seed"] == 0
+    assert [r["row"] for r in groups[0]["rows"]] == [
+        "fedprivacy central", "flower central", "flower server-clip central", "flower none"]
+    table = flower_markdown(groups)
+    assert "| fashion iid | 200 | 0 | flower central | ClientSide | 0.895 | fixed cohort 100 of 3000" in table
+    assert "60.5 (Flower RdpAccountant) | 58.7; 140.1 | 0.7800 | 9.5 |" in table
+    assert "Poisson q = 0.0333 | 3.997 (fedprivacy pld accountant, Poisson) | – | 0.8000 |" in table
+    assert "| flower none | FedAvg | – |" in table and "no privacy" in table

@@ -19,7 +19,14 @@ import pytest
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
-from flwr.serverapp import Grid, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod, ServerApp
+from flwr.serverapp import (
+    Grid,
+    NeighboringRelation,
+    PrivacyConfig,
+    RdpAccountant,
+    SamplingMethod,
+    ServerApp,
+)
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg, FedAvgM
 
 from fedprivacy.accounting import NoSampling, epsilon_for
