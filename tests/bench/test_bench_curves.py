@@ -9,6 +9,7 @@ from fedprivacy_bench.curves import (
     curve_points,
     curves_markdown,
     experiment_title,
+    headline_setups,
     membership_experiments,
     membership_markdown,
     membership_tested_markdown,
@@ -284,3 +285,52 @@ def test_flower_rows_are_their_own_curves_and_sit_beside_fedprivacy_at_the_same_
     assert "60.5 (Flower RdpAccountant) | 58.7; 140.1 | 0.7800 | 9.5 |" in table
     assert "Poisson q = 0.0333 | 3.997 (fedprivacy pld accountant, Poisson) | – | 0.8000 |" in table
     assert "| flower none | FedAvg | – |" in table and "no privacy" in table
+
+
+def test_the_headline_shows_the_judged_setups_zoomed_with_a_diverged_run_on_the_edge(tmp_path: Path) -> None:
+    main = [_row("none", s, 0.88, eps=None, target=None) for s in (0, 1, 2)]
+    main += [_row("central", s, a, eps=4.0, target=4.0) for s, a in ((0, 0.84), (1, 0.85), (2, 0.86))]
+    main += [_row("local", 0, 0.06, eps=4.0, target=4.0)]  # diverged: below the zoomed axis
+    one_seed = [dict(_row(m, 0, a, eps=e, target=e), label="fashion iid other")
+                for m, a, e in (("none", 0.80, None), ("central", 0.70, 4.0))]
+    flower = [dict(_row(m, 0, a, eps=e, target=4.0, framework=fw), label="fashion iid fedavg")
+              for fw, m, a, e in (("fedprivacy", "central", 0.80, 4.0), ("flower", "central", 0.79, 60.0))]
+    points = curve_points(main + one_seed + flower)
+
+    setups = headline_setups(points)
+
+    # the 3-seed setup and the one with Flower's rows; a single-seed fedprivacy-only setup is not headline
+    assert setups == [("fashion iid", 200), ("fashion iid fedavg", 200)]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    here = [p for p in points if p["label"] == "fashion iid"]
+    from fedprivacy_bench.curves import _focus
+
+    _focus(ax, here)
+    low, high = ax.get_ylim()
+    assert abs(low - 0.82) < 1e-9 and abs(high - 0.89) < 1e-9  # the learned runs' range, padded
+    assert [t.get_text() for t in ax.texts] == ["fedprivacy local: 0.060"]
+    plt.close(fig)
+
+
+def test_the_page_leads_with_the_issue_13_goals_and_the_headline_figure(tmp_path: Path) -> None:
+    from fedprivacy_bench import report
+
+    rows = [dict(_row("none", s, 0.88, eps=None, target=None), engine="inprocess") for s in (0, 1, 2)]
+    rows += [dict(_row("central", s, 0.85, eps=4.0, target=4.0), engine="inprocess") for s in (0, 1, 2)]
+    plots = report.make_plots(rows, tmp_path)
+    assert [p.name for p in plots][:2] == [report.HEADLINE_PLOT, "bench_fashion_accuracy_vs_epsilon.png"]
+    payload = {"rows": rows, "goals": report.evaluate_goals(rows), "machine": report.machine_info(),
+               "command": "python scripts/benchmark.py --setup x", "sweep": "setup x",
+               "runtime_seconds": 60.0, "finished": "now", "notes": []}
+
+    md = report.render_markdown(payload, plots=[str(p) for p in plots])
+
+    order = [md.index(h) for h in ("## Goals (issue 13)", f"img/{report.HEADLINE_PLOT}",
+                                   "## Goals of the digits and Synthetic sweep (issue 6)", "## Plots")]
+    assert order == sorted(order)
+    assert md.count(f"img/{report.HEADLINE_PLOT}") == 1  # not repeated under Plots
