@@ -410,16 +410,21 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
         "",
     ]
     parts = payload.get("parts") or []
+    part_lines: list[str] = []
     if parts:
-        lines += ["This page is rendered from several saved runs; each was produced by its own command:", ""]
+        hours = sum(float(part["runtime_seconds"]) for part in parts) / 3600
+        lines += [f"That command renders this page from {len(parts)} saved runs; producing them took "
+                  f"{hours:.1f} hours of wall time in all (each run's own command, time and load: "
+                  "[The saved runs](#the-saved-runs-and-their-commands)).", ""]
+        part_lines = ["", "## The saved runs and their commands", "",
+                      "Each saved run was produced by its own command:", ""]
         for part in parts:
             load = part.get("load_average")
-            lines.append(f"- **{part['sweep']}**: `{part['command']}` — {part['rows']} configurations, "
-                         f"{part['runtime_seconds'] / 60:.1f} minutes wall time"
-                         + (f", finished {part['finished']}" if part.get("finished") else "")
-                         + (f", load average at the end {load}" if load else "")
-                         + ".")
-        lines.append("")
+            part_lines.append(f"- **{part['sweep']}**: `{part['command']}` — {part['rows']} configurations, "
+                              f"{part['runtime_seconds'] / 60:.1f} minutes wall time"
+                              + (f", finished {part['finished']}" if part.get("finished") else "")
+                              + (f", load average at the end {load}" if load else "")
+                              + ".")
     else:
         lines += [
             f"Sweep: **{payload['sweep']}**, {len(rows)} configurations, "
@@ -449,6 +454,7 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "lower edge, labelled with its accuracy. Every σ, q, T and accountant is in the tables.",
                   "", f"![accuracy against ε](img/{HEADLINE_PLOT})"]
         plot_list = [q for q in plot_list if Path(q).name != HEADLINE_PLOT]
+    lines += part_lines
     if scope:
         lines += ["", "## What was run and what was not (issue 13)", ""] + [f"- {n}" for n in scope]
     if pairs:
