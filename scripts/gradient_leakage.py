@@ -1,17 +1,26 @@
 """Gradient-leakage attacks (DLG, iDLG, Inverting Gradients, analytic) against fedprivacy's defences.
 
-Usage: python scripts/gradient_leakage.py [--json PATH] [--png PATH] [--quick] [--images N] [--seed S]
+Usage: python scripts/gradient_leakage.py [--dataset digits|fashion-mnist] [--data-dir DIR]
+       [--attacks A,B,...] [--images N] [--json PATH] [--png PATH] [--quick] [--seed S] [--threads T]
 
-An honest-but-curious server sees one client's update (one 8x8 digit from sklearn's bundled set) and
-tries to reconstruct the image and its label; see fedprivacy/attacks/gradient_leakage.py for the threat
-model. Prints a table of PSNR/SSIM/MSE/label accuracy per (attack, defence) and the mean-image baseline.
-Randomness for noise comes from a seeded RandomSource (research mode, NOT private) so runs repeat.
+An honest-but-curious server sees one client's update (one image: an 8x8 digit from sklearn's bundled
+set by default, or a 28x28 image of the official Fashion-MNIST test set with ``--dataset fashion-mnist``,
+read by fedprivacy's data loader) and tries to reconstruct the image and its label; see
+fedprivacy/attacks/gradient_leakage.py for the threat model. Prints a table of PSNR/SSIM/MSE/label
+accuracy per (attack, defence) and the mean-image baseline. Randomness for noise comes from a seeded
+RandomSource (research mode, NOT private) so runs repeat.
+
+docs/ATTACKS.md's Fashion-MNIST table is this script's output:
+  nice -n 5 python scripts/gradient_leakage.py --dataset fashion-mnist --threads 1 \\
+      --json docs/gradient_leakage_fashion.json --png docs/img/gradient_leakage_fashion_grid.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -19,15 +28,49 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Per data set: target images, the defence ladder (keywords of default_defences) and the attacks'
+# budgets, full and --quick. Fashion-MNIST: the single-client ladder (no FedAvg or secure-aggregation
+# row); 1000 L-BFGS iterations reconstruct a noise-free 28x28 update to 62-94 dB (measured on 2 images,
+# 2-6 CPU-s each), Inverting Gradients plateaus at 19-27 dB by 2000 steps (4000: +3 dB at 2x the cost).
+_SETUPS: dict[str, dict] = {
+    "digits": {
+        "images": 2, "restarts": 2, "ladder": {},
+        "iterations": {"dlg": 200, "idlg": 200, "inverting-gradients": 400},
+        "quick": {"dlg": 100, "idlg": 100, "inverting-gradients": 150},
+    },
+    "fashion-mnist": {
+        "images": 8, "restarts": 2, "ladder": {"fedavg_steps": None, "secure_aggregation": False},
+        "iterations": {"dlg": 1000, "idlg": 1000, "inverting-gradients": 2000},
+        "quick": {"dlg": 50, "idlg": 50, "inverting-gradients": 100},
+    },
+}
 
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
-    return (d.data / 16.0).astype(np.float64), d.target.astype(np.int64)
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr naming the parameter, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message}\n")
 
 
-def _plot(examples: dict, attacks: list[str], defences: list[str], path: Path) -> None:
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _attack_list(text: str) -> list[str]:
+    from fedprivacy.attacks.gradient_leakage import ATTACKS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ATTACKS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"must be a comma list of {sorted(ATTACKS)}, got {text!r}")
+    return names
+
+
+def _plot(examples: dict, attacks: list[str], defences: list[str], title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,14 +95,15 @@ def _plot(examples: dict, attacks: list[str], defences: list[str], path: Path) -
             ax.imshow(rec, cmap="gray_r", vmin=0, vmax=1)
             if i == 0:
                 ax.set_title(defences[j - 1].replace("(", "\n("), fontsize=6)
-    fig.suptitle("Reconstructions of one 8x8 digit from the update the server sees", fontsize=8)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
 
-# A noise-free update of one client is reconstructed to 65-97 dB by a converged DLG/iDLG/IG on this
-# victim (ANCHORS.md, "Attacks"); well below that, the attack stopped early.
+# A noise-free update of one client is reconstructed to 65-97 dB by a converged DLG/iDLG/IG on the
+# digits victim (ANCHORS.md, "Attacks") and to 62-94 dB by DLG/iDLG on 28x28 Fashion-MNIST; well below
+# that, the attack stopped early.
 _CONVERGED_PSNR = 30.0
 
 
@@ -69,72 +113,31 @@ def _unconverged(row: dict) -> bool:
             and row["attack"] != "analytic" and float(row["psnr"]) < _CONVERGED_PSNR)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", choices=sorted(_SETUPS), default="digits",
+                        help="digits (bundled 8x8, default) or fashion-mnist (28x28)")
+    parser.add_argument("--data-dir", default="",
+                        help="folder with the Fashion-MNIST IDX files (default: FEDPRIVACY_DATA_DIR, "
+                             "then /usr/share/datasets/fashion-mnist, then the Hub)")
+    parser.add_argument("--attacks", type=_attack_list, default=None,
+                        help="comma list of attacks (default: all registered)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--png", type=Path, default=None, help="write the reconstruction grid here")
     parser.add_argument(
         "--quick", action="store_true", help="1 image, fewer iterations (smoke run)"
     )
-    parser.add_argument(
-        "--images", type=int, default=None, help="target images per setting (default 2)"
-    )
+    parser.add_argument("--images", type=_positive, default=None,
+                        help="target images per setting (default: digits 2, fashion-mnist 8)")
     parser.add_argument("--seed", type=int, default=0)
     # 1 thread: the victim has ~8k parameters, intra-op parallelism does not help, and on a shared
     # 2-core machine 2 torch threads spin against each other (measured: 8x the CPU time, 5x the wall time).
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    parser.add_argument("--threads", type=_positive, default=1)
+    return parser.parse_args(argv)
 
-    from fedprivacy.attacks.gradient_leakage import (
-        ATTACKS,
-        baseline_psnr,
-        default_defences,
-        evaluate_leakage,
-    )
-    from fedprivacy.dp.rng import RandomSource
 
-    images, labels = _load_digits()
-    n_targets = args.images or (1 if args.quick else 2)
-    if n_targets < 1:
-        print("error: --images must be >= 1", file=sys.stderr)
-        return 2
-    # targets spread over the data set so that the labels differ
-    targets = [int(t) for t in np.linspace(0, len(images) - 1, n_targets + 2, dtype=int)[1:-1]]
-    iterations = (
-        {"dlg": 100, "idlg": 100, "inverting-gradients": 150}
-        if args.quick
-        else {"dlg": 200, "idlg": 200, "inverting-gradients": 400}
-    )
-    restarts = 1 if args.quick else 2
-    attacks = list(ATTACKS)
-    defences = default_defences()
-    rng = RandomSource.seeded(args.seed)
-    started = time.perf_counter()
-    cpu_started = time.process_time()
-    rows, examples = evaluate_leakage(
-        images,
-        labels,
-        targets=targets,
-        attacks=attacks,
-        defences=defences,
-        rng=rng,
-        seed=args.seed,
-        iterations=iterations,
-        restarts=restarts,
-        progress=lambda r: print(
-            f"  done {r['attack']} / {r['defence']} in {r['seconds']:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        ),
-    )
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    base = baseline_psnr(images, targets)
-
-    print(f"gradient leakage on sklearn digits, {n_targets} target image(s), rng {rng.describe()}")
-    print(f"baseline (mean image) PSNR: {base:.1f} dB; wall {elapsed:.0f} s, CPU {cpu:.0f} s")
-    if args.quick:
+def _print_table(rows: list[dict], quick: bool) -> None:
+    if quick:
         print("WARNING: --quick runs the attacks for a fraction of their iterations: the figures are a "
               "smoke test, NOT converged, and a low PSNR below does not mean a defence works")
     print(
@@ -149,25 +152,81 @@ def main(argv: list[str] | None = None) -> int:
         )
     if stalled:
         print(f"* not converged: {', '.join(stalled)} stayed below {_CONVERGED_PSNR:g} dB on a noise-free "
-              "single-client update, which a converged attack reconstructs (ANCHORS: 65-97 dB); so none "
+              "single-client update, which a converged DLG/iDLG reconstructs (60-97 dB); so none "
               "of its rows is evidence that a defence stops it"
-              + ("; run without --quick" if args.quick else "; raise the iterations"))
+              + ("; run without --quick" if quick else "; raise the iterations"))
+
+
+def _machine() -> dict[str, object]:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "load_average_start": list(os.getloadavg()),
+            "torch": torch.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+
+    from fedprivacy.attacks.gradient_leakage import (
+        ATTACKS,
+        baseline_psnr,
+        default_defences,
+        evaluate_leakage,
+        leakage_pool,
+    )
+    from fedprivacy.dp.rng import RandomSource
+
+    setup = _SETUPS[args.dataset]
+    machine = _machine()
+    try:
+        images, labels = leakage_pool(args.dataset, data_dir=args.data_dir)
+    except (RuntimeError, ValueError) as exc:
+        print(f"error: --dataset {args.dataset}: {exc}", file=sys.stderr)
+        return 2
+    n_targets = args.images or (1 if args.quick else setup["images"])
+    # targets spread over the data set so that the labels differ
+    targets = [int(t) for t in np.linspace(0, len(images) - 1, n_targets + 2, dtype=int)[1:-1]]
+    iterations = setup["quick" if args.quick else "iterations"]
+    restarts = 1 if args.quick else setup["restarts"]
+    attacks = args.attacks or list(ATTACKS)
+    defences = default_defences(**setup["ladder"])
+    rng = RandomSource.seeded(args.seed)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    rows, examples = evaluate_leakage(
+        images, labels, targets=targets, attacks=attacks, defences=defences, rng=rng, seed=args.seed,
+        iterations=iterations, restarts=restarts,
+        progress=lambda r: print(f"  done {r['attack']} / {r['defence']} in {r['seconds']:.1f} s",
+                                 file=sys.stderr, flush=True),
+    )
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    machine["load_average_end"] = list(os.getloadavg())
+    base = baseline_psnr(images, targets)
+    side = images.shape[-1]
+
+    print(f"gradient leakage on {args.dataset} ({side}x{side}), {n_targets} target image(s) "
+          f"{targets}, rng {rng.describe()}")
+    print(f"baseline (mean image) PSNR: {base:.1f} dB; wall {elapsed:.0f} s, CPU {cpu:.0f} s, "
+          f"{args.threads} torch thread(s), {machine['cpu_count']} cores, "
+          f"load {machine['load_average_start'][0]:.1f} -> {machine['load_average_end'][0]:.1f}")
+    _print_table(rows, args.quick)
     if args.png is not None:
         args.png.parent.mkdir(parents=True, exist_ok=True)
-        _plot(examples, attacks, [d.name for d in defences], args.png)
+        title = (f"Reconstructions of one {side}x{side} {args.dataset} image from the update the "
+                 "server sees")
+        _plot(examples, attacks, [d.name for d in defences], title, args.png)
         print(f"wrote {args.png}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "script": "gradient_leakage",
-            "randomness": rng.describe(),
-            "targets": targets,
-            "baseline_psnr": base,
-            "seconds": elapsed,
-            "cpu_seconds": cpu,
-            "threads": args.threads,
-            "quick": bool(args.quick),
-            "rows": rows,
+            "command": "python scripts/gradient_leakage.py " + " ".join(sys.argv[1:] if argv is None
+                                                                        else argv),
+            "dataset": args.dataset, "image_side": side, "pool_size": len(images),
+            "randomness": rng.describe(), "targets": targets,
+            "target_labels": [int(labels[t]) for t in targets],
+            "iterations": iterations, "restarts": restarts, "attacks": attacks,
+            "baseline_psnr": base, "seconds": elapsed, "cpu_seconds": cpu, "threads": args.threads,
+            "machine": machine, "quick": bool(args.quick), "rows": rows,
         }
         args.json.write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")

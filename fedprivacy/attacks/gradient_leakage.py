@@ -61,6 +61,8 @@ __all__ = [
     "idlg_attack",
     "infer_labels",
     "inverting_gradients_attack",
+    "LEAKAGE_DATASETS",
+    "leakage_pool",
     "register_attack",
     "run_attack",
 ]
@@ -238,7 +240,7 @@ def encoded_share(
 # ------------------------------------------------------------------------------------------ attacks
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reconstruction:
-    """Images in [0, 1] of shape (B, 8, 8) and guessed labels, plus the attack's final loss."""
+    """Images in [0, 1] of shape (B, side, side) and guessed labels, plus the attack's final loss."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -623,17 +625,19 @@ def default_defences(
     noise_multipliers: Sequence[float] = (0.001, 0.01, 0.1, 1.0),
     distributed_clients: int = 10,
     distributed_central: Sequence[float] = (0.1, 1.0),
-    fedavg_steps: int = 3,
+    fedavg_steps: int | None = 3,
     fedavg_lr: float = 0.1,
+    secure_aggregation: bool = True,
 ) -> tuple[Defence, ...]:
     """The defence ladder of the script: none, a FedAvg update, clipping, clipping + noise, one
     client's share ``sigma / sqrt(n)`` of distributed-DP noise (through the shipped encoder), and a
-    secure-aggregation sum."""
-    out = [
-        Defence(name="none"),
-        Defence(name="none-fedavg", local_steps=fedavg_steps, lr=fedavg_lr),
-        Defence(name="clip", clip_norm=clip_norm),
-    ]
+    secure-aggregation sum. ``fedavg_steps=None`` leaves out the FedAvg row and
+    ``secure_aggregation=False`` the sum of ``distributed_clients`` updates (the single-client ladder
+    of the Fashion-MNIST run)."""
+    out = [Defence(name="none")]
+    if fedavg_steps is not None:
+        out.append(Defence(name="none-fedavg", local_steps=fedavg_steps, lr=fedavg_lr))
+    out.append(Defence(name="clip", clip_norm=clip_norm))
     out += [
         Defence(name=f"clip+noise(sigma={s:g})", clip_norm=clip_norm, noise_multiplier=s)
         for s in noise_multipliers
@@ -647,8 +651,37 @@ def default_defences(
         )
         for s in distributed_central
     ]
-    out.append(Defence(name=f"secagg-sum(n={distributed_clients})", clients=distributed_clients))
+    if secure_aggregation:
+        out.append(Defence(name=f"secagg-sum(n={distributed_clients})", clients=distributed_clients))
     return tuple(out)
+
+
+LEAKAGE_DATASETS = ("digits", "fashion-mnist")
+
+
+def leakage_pool(dataset: str, *, data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The images the attacks draw their targets from: float64 ``(N, side, side)`` in [0, 1], labels.
+
+    ``"digits"``: all 1,797 8x8 scikit-learn digits (pixel / 16), the pool of the digits table.
+    ``"fashion-mnist"``: the official 10,000-image Fashion-MNIST test set, 28x28 (pixel / 255), read
+    through fedprivacy's own loader (:func:`fedprivacy.ml.data.load_dataset`: ``data_dir``, then
+    ``FEDPRIVACY_DATA_DIR``, then Debian's ``/usr/share/datasets/fashion-mnist``, then the Hub).
+
+    Raises:
+        ValueError: unknown ``dataset``.
+        RuntimeError: Fashion-MNIST is not found; the message says how to get it.
+    """
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return _square_images(d.data / 16.0), d.target.astype(np.int64)
+    if dataset == "fashion-mnist":
+        from fedprivacy.ml.data import load_dataset
+
+        _, test = load_dataset("fashion-mnist", seed=0, test_fraction=0.2, data_dir=data_dir)
+        return _square_images(test.x), np.array(test.y, dtype=np.int64)
+    raise ValueError(f"dataset must be one of {LEAKAGE_DATASETS}, got {dataset!r}")
 
 
 def _observe(
