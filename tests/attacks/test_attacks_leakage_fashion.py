@@ -47,3 +47,61 @@ def test_analytic_attack_recovers_a_fashion_image_and_noise_defeats_it(fashion_p
     assert by["clip+noise"]["psnr"] < base + 3  # no better than guessing the mean image
     # one client's share of distributed noise (sigma/sqrt(10)) through the shipped ddgauss encoder
     assert by["ddg-share"]["psnr"] < by["clip"]["psnr"] - 30
+
+
+def _script_main():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gradient_leakage.py"
+    spec = importlib.util.spec_from_file_location("_script_gradient_leakage", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_script_fashion_ladder_on_one_image(fashion_pool, tmp_path) -> None:
+    import json
+
+    out, png = tmp_path / "gl.json", tmp_path / "gl.png"
+
+    rc = _script_main()(["--dataset", "fashion-mnist", "--quick", "--attacks", "analytic,idlg",
+                         "--json", str(out), "--png", str(png)])
+
+    assert rc == 0 and png.stat().st_size > 0
+    payload = json.loads(out.read_text())
+    assert (payload["dataset"], payload["image_side"], payload["pool_size"]) == ("fashion-mnist", 28, 10000)
+    by = {(r["attack"], r["defence"]): r for r in payload["rows"]}
+    shares = ["distributed-dp-share(n=10,sigma=0.1)", "distributed-dp-share(n=10,sigma=1)"]
+    assert {d for _, d in by} == {"none", "clip", *(f"clip+noise(sigma={s})" for s in
+                                                    ("0.001", "0.01", "0.1", "1")), *shares}
+    base = payload["baseline_psnr"]
+    for defence in ("none", "clip"):  # a first dense layer with bias gives the image exactly
+        assert by[("analytic", defence)]["psnr"] > 60 and by[("analytic", defence)]["label_accuracy"] == 1.0
+    assert by[("idlg", "none")]["label_accuracy"] == 1.0  # the sign of the last bias' gradient
+    for share in shares:  # one client's share through the shipped ddgauss encoder: sigma / sqrt(10)
+        row = by[("analytic", share)]
+        assert row["noise_multiplier"] == pytest.approx(float(share.split("sigma=")[1][:-1]) / 10**0.5)
+        assert row["psnr"] < by[("analytic", "clip")]["psnr"] - 30 and row["psnr"] < base + 3
+
+
+@pytest.mark.parametrize("argv, parameter", [
+    (["--dataset", "mnist-typo"], "--dataset"),
+    (["--images", "0"], "--images"),
+    (["--attacks", "dlg,nope"], "--attacks"),
+    (["--threads", "-1"], "--threads"),
+])
+def test_script_bad_arguments_exit_2_with_one_line(argv, parameter, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _script_main()(argv)
+
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and parameter in err
+
+
+def test_script_missing_data_dir_exits_2_with_one_line(tmp_path, capsys) -> None:
+    rc = _script_main()(["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty")])
+
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "data-dir" in err and "apt-get install" in err
