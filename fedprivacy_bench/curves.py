@@ -741,6 +741,6 @@ def flower_markdown(groups: Sequence[Mapping[str, Any]]) -> str:
                        if fp.get("zero-out") is not None else "–")
             eps = "no privacy" if r["epsilon"] is None else f"{_f(r['epsilon'], 4)} ({r['accountant']})"
             lines.append(f"| {g['label']} | {g['rounds']} | {g['seed']} | {r['row']} | {r['strategy']} | "
-                         f"{_f(r['noise_multiplier'], 4)} | {r['sampling']} | {eps} | {fp_cell} | "
+                         f"{'–' if r['noise_multiplier'] is None else format(r['noise_multiplier'], '.4f')} | {r['sampling']} | {eps} | {fp_cell} | "
                          f"{r['accuracy']:.4f} | {_f(r['seconds_per_round'], 3)} |")
     return "\n".join(lines)

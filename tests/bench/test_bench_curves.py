@@ -281,7 +281,7 @@ def test_flower_rows_are_their_own_curves_and_sit_beside_fedprivacy_at_the_same_
     assert [r["row"] for r in groups[0]["rows"]] == [
         "fedprivacy central", "flower central", "flower server-clip central", "flower none"]
     table = flower_markdown(groups)
-    assert "| fashion iid | 200 | 0 | flower central | ClientSide | 0.895 | fixed cohort 100 of 3000" in table
+    assert "| fashion iid | 200 | 0 | flower central | ClientSide | 0.8950 | fixed cohort 100 of 3000" in table
     assert "60.5 (Flower RdpAccountant) | 58.7; 140.1 | 0.7800 | 9.5 |" in table
     assert "Poisson q = 0.0333 | 3.997 (fedprivacy pld accountant, Poisson) | – | 0.8000 |" in table
     assert "| flower none | FedAvg | – |" in table and "no privacy" in table
