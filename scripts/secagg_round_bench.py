@@ -3,7 +3,11 @@
 Usage: ``python scripts/secagg_round_bench.py --clients 10 --rounds 4 [--model mlp-large]
 [--set 'dataset="fashion-mnist"' ...] --json out.json``.
 Each mode runs the real ServerApp/ClientApp (``server.engine.run_inprocess``, one worker) with the
-same seed; "seconds per round" is the median over rounds 2..R (round 1 carries one-off warm-up).
+same seed; "seconds per round" is the median over the steady rounds 2..R-1 (R >= 4; else 2..R): round 1
+carries one-off warm-up and its own key stages, and on the secure schedules the last round is cheaper (no
+round r+1 key stages ride on its messages: 0.40 against 0.55 CPU s at 100 clients). ``mlp-large`` has
+3,466 parameters at the run config's ``hidden-units = 32``; issue 16's 100k workload is
+``--set hidden-units=288`` (104,842); each row prints and saves its ``dim``.
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
 secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP), both on
 the default actively secure schedule, and ``secure-semi`` / ``distributed-semi`` on the semi-honest one.
@@ -15,7 +19,9 @@ and, load-robust, from CPU seconds per round (this process: the server and every
   digits);
 * secure-aggregation overhead per client, ``(secure - plain) / n`` and ``(distributed - central) / n``
   seconds (``n``: clients per round, the median of ``clients_sampled``), over the crypto floor per client that ``scripts/secagg_bench.py`` measures primitive by
-  primitive (in this process, for the run's n, k, t and model size; goal <= 1.5).
+  primitive (in this process, for the run's n, k, t and model size; goal <= 1.5); beside it the
+  protocol floor and, for distributed DP, the XNoise protocol floor (the protocol floor with XNoise's
+  component sampling and the server's regeneration in place of the floor's one Gaussian vector).
 """
 
 from __future__ import annotations
@@ -65,20 +71,24 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
     from fedprivacy.fl.run import round_seconds
 
     secs = round_seconds(out / mode)
-    steady = secs[1:] or secs
     cpu = [b - a for a, b in zip(marks.at, marks.at[1:], strict=False)]
     exch = [(t, n, s) for t, n, s in res.stats.exchanges]
     return {
-        "mode": mode, "seconds_per_round": statistics.median(steady), "round_seconds": secs,
+        "mode": mode, "run_config": {k: v for k, v in cfg.items() if k != "output-dir"}, "seconds_per_round": statistics.median(_steady(secs)), "round_seconds": secs,
         "accuracy": saved["rounds"][-1]["test_accuracy"], "epsilon": saved["privacy"].get("epsilon"),
         "exchanges_per_round": saved["rounds"][-1].get("secagg_exchanges", 1),
         "exchange_seconds": exch[-8:], "dim": dim,
         "client_cpu_seconds": res.stats.client_cpu_seconds,
-        "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(cpu[1:] or cpu) if cpu else None,
+        "round_cpu_seconds": cpu, "cpu_seconds_per_round": statistics.median(_steady(cpu)) if cpu else None,
         # clients in a round (sampling may take fewer than the population): the per-client divisor; where
         # the run keeps its counts private, from its private participation log (the operator's copy)
         "participants": _median_count(saved["rounds"]) or _median_count(_private_counts(out / mode)),
     }
+
+
+def _steady(per_round: list[float]) -> list[float]:
+    """Rounds 2..R-1 when there are at least 4 (module docstring), else 2..R (or the one round)."""
+    return per_round[1:-1] if len(per_round) >= 4 else (per_round[1:] or per_round)
 
 
 def _private_counts(run_dir: Path) -> list[dict[str, Any]]:
@@ -111,8 +121,10 @@ class _RoundCpu(logging.Handler):
             self.at.append(time.process_time())
 
 
-def _floor(mode: str, *, clients: int, dim: int) -> dict[str, Any]:
-    """``scripts/secagg_bench.py``'s per-client floor for this run's n, k, t and d."""
+def _floor(mode: str, *, clients: int, dim: int, run_config: dict[str, Any] | None = None,
+           population: int | None = None) -> dict[str, Any]:
+    """``scripts/secagg_bench.py``'s per-client floor for this run's n, k, t and d (and, in distributed
+    mode, XNoise's sampling for this run's design: the run's own encoding, as the server sizes it)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_secagg_bench", REPO / "scripts" / "secagg_bench.py")
@@ -121,7 +133,17 @@ def _floor(mode: str, *, clients: int, dim: int) -> dict[str, Any]:
     spec.loader.exec_module(bench)
     args = argparse.Namespace(clients=clients, dim=dim, neighbours=0, bits=32, dropout=0.0,
                               stage="masked", active=False)
-    return bench.measure_floor(mode, bench._params(args), 5)
+    p = bench._params(args)
+    design = None
+    if mode == "distributed" and run_config is not None:
+        from fedprivacy.config import RunConfig
+        from fedprivacy.fl.secure.params import make_encoding
+        from server.engine.appspec import resolve_run_config
+
+        rc = RunConfig.from_mapping(resolve_run_config(run_config, app_dir=REPO))
+        enc = make_encoding(rc, population=population or clients, dim=dim, threshold=p["threshold"])
+        design = enc.ddp().design(roster=clients)
+    return bench.measure_floor(mode, p, 5, design=design)
 
 
 def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
@@ -142,7 +164,8 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
             # distributed by default) reports none: every mode samples alike, so take another row's
             known = next((r["participants"] for r in rows if r.get("participants")), None)
             n = int(round(by[secure].get("participants") or known or clients))
-            floor = _floor(kind, clients=n, dim=by[secure]["dim"])
+            floor = _floor(kind, clients=n, dim=by[secure]["dim"], run_config=by[secure].get("run_config"),
+                           population=clients)
             per_client = (sec[secure] - sec[base]) / n
             out[secure] = {"participants_per_round": n, "overhead_per_client_seconds": per_client,
                            "floor_per_client_seconds": floor["floor"],
@@ -155,6 +178,13 @@ def goals(rows: list[dict[str, Any]], *, clients: int) -> dict[str, Any]:
                 out[secure]["overhead_per_client_cpu_seconds"] = per_client_cpu
                 out[secure]["overhead_cpu_over_floor (load-robust)"] = per_client_cpu / floor["floor"]
                 out[secure]["overhead_cpu_over_protocol_floor"] = per_client_cpu / floor["protocol_floor"]
+            if "xnoise_protocol_floor" in floor:  # beside the others, never instead of them
+                xfloor = floor["xnoise_protocol_floor"]
+                out[secure]["xnoise_protocol_floor_per_client_seconds"] = xfloor
+                out[secure]["xnoise_sampling_floor"] = floor["xnoise"]
+                out[secure]["overhead_over_xnoise_protocol_floor"] = per_client / xfloor
+                if c_secure and c_base:
+                    out[secure]["overhead_cpu_over_xnoise_protocol_floor"] = per_client_cpu / xfloor
     return out
 
 
@@ -181,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             row = run_mode(mode, clients=args.clients, rounds=args.rounds, model=args.model, out=Path(tmp),
                            extra=extra)
             rows.append(row)
-            print(f"{mode:12s} {row['seconds_per_round']:.3f} s/round  "
+            print(f"{mode:12s} d={row['dim']}  {row['seconds_per_round']:.3f} s/round  "
                   f"{row['cpu_seconds_per_round'] or float('nan'):.3f} CPU s/round  accuracy {row['accuracy']:.4f}  "
                   f"ε {row['epsilon']}  exchanges/round {row['exchanges_per_round']}", flush=True)
     base = next((r["seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
     base_cpu = next((r["cpu_seconds_per_round"] for r in rows if r["mode"] == "plain"), None)
     summary = {"clients": args.clients, "rounds": args.rounds, "model": args.model, "overrides": extra,
+               "steady_rounds": "2..R-1 (R >= 4), else 2..R",
                "load_at_start": load_start, "load_at_end": os.getloadavg(), "rows": rows,
                "ratio_to_plain": {r["mode"]: (r["seconds_per_round"] / base if base else None) for r in rows},
                "cpu_ratio_to_plain": {r["mode"]: (r["cpu_seconds_per_round"] / base_cpu
