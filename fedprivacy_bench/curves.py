@@ -591,7 +591,7 @@ def _tradeoff_panel(ax: Any, order: Sequence[Mapping[str, Any]], xs: Sequence[fl
     ax.axhline(chance, color="black", lw=0.8, ls=":", label="chance")
     if metric != "auc":
         ax.set_yscale("log")
-        ax.set_ylim(floor * 0.8, 1.0)
+        ax.set_ylim(bottom=floor * 0.8)
     ax.set_title(f"{level} level: {dict((m, t) for m, _, _, t in _FPRS)[metric]}", fontsize=9)
 
 
@@ -652,10 +652,11 @@ def plot_membership_tradeoff(settings: Sequence[Mapping[str, Any]], path: Path,
 def _tested_cell(row: Mapping[str, Any], key: str) -> str:
     """``value [95% CI] p`` of one figure, with the false positives a TPR rests on and whether it is resolved."""
     value = row.get(key, row.get(_ALIAS.get(key, ""), float("nan")))
+    d = 4 if key == "tpr_at_fpr_0.001" else 3  # a TPR near 0.1% needs the fourth decimal
     if f"{key}_ci95" not in row:
-        return f"{value:.3f}"
+        return f"{value:.{d}f}"
     lo, hi = row[f"{key}_ci95"]
-    cell = f"{value:.3f} [{lo:.3f}, {hi:.3f}] p {row[f'{key}_p_value']:.3f}"
+    cell = f"{value:.{d}f} [{lo:.{d}f}, {hi:.{d}f}] p {row[f'{key}_p_value']:.3f}"
     if key == "auc":
         return cell
     allowed = row[f"{key}_false_positives_allowed"]

@@ -233,6 +233,7 @@ def test_tested_tables_state_intervals_p_values_and_what_is_not_resolved(tmp_pat
     lo, hi = user["auc_ci95"]
     assert f"| loss | user | {user['auc']:.3f} [{lo:.3f}, {hi:.3f}] p {user['auc_p_value']:.3f} |" in text
     assert user["nonmembers"] == 120 and "(1 FP)" in text and "(not resolved: 0 FP)" in text
+    assert f"| {user['tpr_at_fpr_0.001']:.4f} [" in text  # TPR near 0.1%: four decimals
     # example level: 1200 non-member pairs, 1 FP at 0.1%
     assert rows["loss", "example"]["tpr_at_fpr_0.001_false_positives_allowed"] == 1
     assert "| 1200/1200 | 0.00083 |" in text
