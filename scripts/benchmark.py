@@ -373,11 +373,11 @@ SETUP_SCOPE: list[str] = [
     "with one worker and the distributed one 24–46 minutes; each session had ~1h50 of a 2-core machine "
     "shared with ~4–6 helpers): local DP at other ε or seeds; on the Dirichlet(0.5) setup "
     "`fedavgm-dir600`, seeds 1 and 2, central ε = 1, 2, 8, distributed and local DP; and "
-    "Flower's DP strategies at the same σ: the "
-    "Flower apps here run FedAvg on Ray (the recipe's FedAvgM server step is not wired into them, and "
-    "Flower's DP wrapper adds its noise after the wrapped strategy's step, so it would not be the same "
-    "algorithm), and a Ray run of this setup needs both cores for an estimated 20–40 minutes (Ray added "
-    "~3 s per round per 100 clients in the full sweep), which the session did not have.",
+    "Flower's DP strategies at the same σ on the FedAvgM setups: Flower's DP wrapper adds its noise after "
+    "the wrapped strategy's step, and around FedAvgM the released models then carry noise correlated over "
+    "rounds, which a T-fold Gaussian ε overstates by far (docs/DESIGN.md, \"Flower's DP wrappers around a "
+    "server optimizer\"; Flower's own accountant refuses FedAvgM). Session 7 compares them on the FedAvg "
+    "setup `fedavg-c300` instead, on the in-process engine (its entry on this page).",
 ]
 
 
