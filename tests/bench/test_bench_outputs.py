@@ -277,3 +277,27 @@ def test_holdout_rows_train_on_48k_images_at_the_same_q_and_sigma_and_keep_the_r
     out = heldout.held_out_split()
     assert len(out) == 12_000 and np.array_equal(out.x, full_train.x[heldout.TRAINED:])
     assert len(load_partition(task.data_spec_for(held), 2399, 2400)) == 20
+
+
+def test_flower_rows_of_a_setup_run_flowers_apps_at_central_sigma_on_the_inprocess_engine(monkeypatch) -> None:
+    """--flower: Flower rows beside fedprivacy's in one invocation, same data, model, seed and σ (the σ of
+    central ε for the setup's q and T); refused on a setup whose server step Flower's apps do not run."""
+    bench = _script()
+    asked = _fake_calibration(monkeypatch, bench)
+    specs = bench.setup_sweep("fedavg-c300", rounds=120, modes=("central",), epsilons=(4.0,),
+                              flower=("central", "none", "central-server"))
+    assert [(s.framework, s.engine, s.mode, s.option("flower_clipping")) for s in specs] == [
+        ("fedprivacy", "inprocess", "central", None), ("flower", "inprocess", "central", None),
+        ("flower", "inprocess", "none", None), ("flower", "inprocess", "central", "server")]
+    central, flower, none, server = specs
+    assert flower.noise_multiplier == server.noise_multiplier == central.noise_multiplier == 0.25
+    assert none.noise_multiplier == 0.0 and set(asked) == {(4.0, 0.1, 120)}
+    assert {(s.num_clients, s.clients_per_round, s.server_optimizer, s.server_learning_rate, s.seed,
+             s.label) for s in specs} == {(3000, 300, "fedavg", 1.0, 0, "fashion iid fedavg-c300")}
+    assert len({s.key() for s in specs}) == 4  # distinct log/model names
+    assert bench.FLOWER_NOTE in bench.setup_notes("fedavg-c300", specs)
+    with pytest.raises(ValueError, match="Flower's FedAvg"):
+        bench.setup_sweep("fedavgm-c300", flower=("central",))
+    with pytest.raises(ValueError, match="flower rows must be among"):
+        bench.setup_sweep("fedavg-c300", flower=("local",))
+    assert bench.main(["--setup", "fedavgm-c300", "--flower", "central"]) == 2
