@@ -2,6 +2,7 @@
 
 Usage: python scripts/gradient_leakage.py [--dataset digits|fashion-mnist] [--data-dir DIR]
        [--attacks A,B,...] [--images N] [--json PATH] [--png PATH] [--quick] [--seed S] [--threads T]
+       python scripts/gradient_leakage.py --render PATH   (the markdown table of a saved --json)
 
 An honest-but-curious server sees one client's update (one image: an 8x8 digit from sklearn's bundled
 set by default, or a 28x28 image of the official Fashion-MNIST test set with ``--dataset fashion-mnist``,
@@ -13,6 +14,7 @@ RandomSource (research mode, NOT private) so runs repeat.
 docs/ATTACKS.md's Fashion-MNIST table is this script's output:
   nice -n 5 python scripts/gradient_leakage.py --dataset fashion-mnist --threads 1 \\
       --json docs/gradient_leakage_fashion.json --png docs/img/gradient_leakage_fashion_grid.png
+  python scripts/gradient_leakage.py --render docs/gradient_leakage_fashion.json
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=_positive, default=None,
                         help="target images per setting (default: digits 2, fashion-mnist 8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--render", type=Path, default=None,
+                        help="print the markdown table of a saved --json file (docs/ATTACKS.md) and exit")
     # 1 thread: the victim has ~8k parameters, intra-op parallelism does not help, and on a shared
     # 2-core machine 2 torch threads spin against each other (measured: 8x the CPU time, 5x the wall time).
     parser.add_argument("--threads", type=_positive, default=1)
@@ -163,8 +167,23 @@ def _machine() -> dict[str, object]:
             "torch": torch.__version__}
 
 
+def _render(path: Path) -> int:
+    from fedprivacy.attacks.gradient_leakage import leakage_markdown
+
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: --render {path}: not a saved --json file ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 2
+    print(leakage_markdown(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.render is not None:
+        return _render(args.render)
     torch.set_num_threads(args.threads)
 
     from fedprivacy.attacks.gradient_leakage import (

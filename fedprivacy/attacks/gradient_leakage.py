@@ -62,6 +62,7 @@ __all__ = [
     "infer_labels",
     "inverting_gradients_attack",
     "LEAKAGE_DATASETS",
+    "leakage_markdown",
     "leakage_pool",
     "register_attack",
     "run_attack",
@@ -806,3 +807,35 @@ def baseline_psnr(pool_images: np.ndarray, targets: Sequence[int]) -> float:
     images = _square_images(pool_images)
     mean = images.mean(axis=0)
     return float(np.mean([psnr(images[t], mean) for t in targets]))
+
+
+_ATTACK_TITLES = {"dlg": "DLG", "idlg": "iDLG", "inverting-gradients": "Inverting Gradients",
+                  "analytic": "analytic (MLP)"}
+
+
+def leakage_markdown(rows: Sequence[dict[str, object]]) -> str:
+    """The docs' table of :func:`evaluate_leakage` rows: one line per defence (in run order) with the
+    noise multiplier one client's update carries, ``PSNR / SSIM`` per attack (``exact`` at the metric's
+    200 dB cap, ``*`` when the row's ``converged`` is False) and the label accuracy per attack."""
+    attacks = list(dict.fromkeys(str(r["attack"]) for r in rows))
+    defences = list(dict.fromkeys(str(r["defence"]) for r in rows))
+    by = {(str(r["attack"]), str(r["defence"])): r for r in rows}
+
+    def cell(row: dict[str, object] | None) -> str:
+        if row is None:
+            return "–"
+        value = float(row["psnr"])  # type: ignore[arg-type]
+        psnr_text = "exact" if value >= 199.9 else f"{value:.1f}"
+        star = "" if row.get("converged", True) else "*"
+        return f"{psnr_text}{star} / {float(row['ssim']):.2f}".replace("-", "−")  # type: ignore[arg-type]
+
+    titles = [_ATTACK_TITLES.get(a, a) for a in attacks]
+    lines = [f"| defence (server sees) | σ per client | {' | '.join(titles)} | labels "
+             f"{' / '.join(t.split(' (')[0] for t in titles)} |", "|---" * (len(attacks) + 3) + "|"]
+    for d in defences:
+        first = next(by[(a, d)] for a in attacks if (a, d) in by)
+        labels = " / ".join(f"{float(by[(a, d)]['label_accuracy']):.2f}" if (a, d) in by else "–"  # type: ignore[arg-type]
+                            for a in attacks)
+        lines.append(f"| `{d}` | {float(first['noise_multiplier']):.3g} | "  # type: ignore[arg-type]
+                     f"{' | '.join(cell(by.get((a, d))) for a in attacks)} | {labels} |")
+    return "\n".join(lines)

@@ -105,3 +105,32 @@ def test_script_missing_data_dir_exits_2_with_one_line(tmp_path, capsys) -> None
 
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "data-dir" in err and "apt-get install" in err
+
+
+def test_docs_fashion_table_is_the_saved_json_rendered(capsys) -> None:
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "docs" / "gradient_leakage_fashion.json").read_text())
+
+    rc = _script_main()(["--render", str(root / "docs" / "gradient_leakage_fashion.json")])
+
+    table = capsys.readouterr().out.strip()
+    assert rc == 0 and table in (root / "docs" / "ATTACKS.md").read_text()
+    assert saved["dataset"] == "fashion-mnist" and not saved["quick"] and len(saved["targets"]) == 8
+    by = {(r["attack"], r["defence"]): r for r in saved["rows"]}
+    # the committed run's converged attacks recover the noise-free image and lose it on one share
+    assert by[("idlg", "none")]["psnr"] > 60 and by[("analytic", "clip")]["psnr"] > 150
+    for share in ("distributed-dp-share(n=10,sigma=0.1)", "distributed-dp-share(n=10,sigma=1)"):
+        assert all(by[(a, share)]["psnr"] < saved["baseline_psnr"] for a in ("dlg", "idlg", "analytic"))
+
+
+def test_render_rejects_a_file_that_is_not_a_saved_run(tmp_path, capsys) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+
+    rc = _script_main()(["--render", str(bad)])
+
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--render" in err
