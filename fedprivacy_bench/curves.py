@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["curve_points", "plot_curves", "headline_setups", "curves_markdown", "is_curve_row", "plot_membership",
+__all__ = ["adjacency", "curve_points", "plot_curves", "headline_setups", "curves_markdown", "is_curve_row", "plot_membership",
            "plot_membership_tradeoff", "membership_tested_markdown",
            "membership_markdown", "membership_experiments", "experiment_title", "distributed_pairs",
            "distributed_markdown", "distributed_goal", "curve_framework", "flower_comparisons",
@@ -38,6 +38,20 @@ def curve_framework(row: Row) -> str:
     if row.get("framework") == "flower" and extra.get("flower_clipping") == "server":
         return "flower server-clip"
     return str(row["framework"])
+
+
+def adjacency(point: Mapping[str, Any]) -> str:
+    """The neighbouring relation a point's ε holds under, as each framework states it: Flower's
+    RdpAccountant charges sensitivity C without amplification, a zero-out claim
+    (server/flower_accountant.py); fedprivacy's central DP with Poisson sampling, add/remove; its local
+    rows are calibrated under replace-one without amplification (the server sees who takes part);
+    distributed DP claims zero-out for both audiences (docs/DISTRIBUTED_DP.md)."""
+    if point["mode"] == "none":
+        return "–"
+    if str(point["framework"]).startswith("flower"):
+        return "zero-out"
+    return {"central": "add/remove", "local": "replace-one", "distributed": "zero-out"}.get(
+        str(point["mode"]), "see the run's privacy report")
 
 
 def curve_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
@@ -156,6 +170,8 @@ def plot_curves(points: Sequence[Mapping[str, Any]], outdir: Path, *,
                 continue
             x = [_x(p) for p in pts]
             audience = ", ε against observers" if pts[0].get("epsilon_observers") is not None else ""
+            if str(framework).startswith("flower"):
+                audience = ", ε: Flower's RDP, zero-out, no amplification"
             counts = sorted({len(p["seeds"]) for p in pts})
             seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
             ys = [p["accuracy"] for p in pts]
@@ -194,18 +210,23 @@ def curves_markdown(points: Sequence[Mapping[str, Any]]) -> str:
     if not points:
         return ""
     lines = [
-        "| setup | framework | mode | target ε | ε reached | σ | q | T | δ | accountant | "
+        "| setup | framework | mode | target ε | ε reached | σ | q | T | δ | adjacency | accountant | "
         "test acc (mean) | min–max | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         reached = _f(p["epsilon"])
         if p.get("epsilon_observers") is not None:
             reached = f"{reached} (server), {_f(p['epsilon_observers'])} (observers)"
+        target, sampling = _f(p["target_epsilon"]), _f(p["sample_rate"], 3)
+        if str(p["framework"]).startswith("flower"):
+            # Flower targets no ε (its σ is fedprivacy's for that target) and draws a fixed cohort
+            target = "–" if p["target_epsilon"] is None else f"σ of fedprivacy's ε={target}"
+            sampling = f"cohort {p['clients_per_round']}/{p['num_clients']}"
         lines.append(
-            f"| {p['label']} | {p['framework']} | {p['mode']} | {_f(p['target_epsilon'])} | "
+            f"| {p['label']} | {p['framework']} | {p['mode']} | {target} | "
             f"{reached} | {_f(p['noise_multiplier'], 4) if p['mode'] != 'none' else '–'} | "
-            f"{_f(p['sample_rate'], 3)} | {p['rounds']} | {_f(p['delta'])} | {p['accountant']} | "
+            f"{sampling} | {p['rounds']} | {_f(p['delta'])} | {adjacency(p)} | {p['accountant']} | "
             f"{p['accuracy']:.3f} | {p['accuracy_min']:.3f}–{p['accuracy_max']:.3f} | "
             f"{','.join(map(str, p['seeds']))} |")
     return "\n".join(lines)

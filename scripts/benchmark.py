@@ -375,7 +375,7 @@ SETUP_SCOPE: list[str] = [
     "`fedavgm-dir600`, seeds 1 and 2, central ε = 1, 2, 8, distributed and local DP; and "
     "Flower's DP strategies at the same σ on the FedAvgM setups: Flower's DP wrapper adds its noise after "
     "the wrapped strategy's step, and around FedAvgM the released models then carry noise correlated over "
-    "rounds, which a T-fold Gaussian ε overstates by far (docs/DESIGN.md, \"Flower's DP wrappers around a "
+    "rounds, for which a T-fold Gaussian ε understates the privacy loss by far (docs/DESIGN.md, \"Flower's DP wrappers around a "
     "server optimizer\"; Flower's own accountant refuses FedAvgM). Session 7 compares them on the FedAvg "
     "setup `fedavg-c300` instead, on the in-process engine (its entry on this page).",
 ]

@@ -45,7 +45,7 @@ def test_points_pool_seeds_and_keep_what_the_claim_needs(tmp_path: Path) -> None
     assert abs(central["epsilon"] - 4.0) < 1e-12
     assert (central["noise_multiplier"], central["rounds"], central["delta"]) == (0.895, 200, 1e-5)
     table = curves_markdown(points)
-    assert "| fashion iid | fedprivacy | central | 4 | 4 | 0.895 | 0.0333 | 200 | 1e-05 |" in table
+    assert "| fashion iid | fedprivacy | central | 4 | 4 | 0.895 | 0.0333 | 200 | 1e-05 | add/remove |" in table
     assert "0.840–0.860 | 0,1,2 |" in table
     path = plot_curves(points, tmp_path)
     assert path is not None and path.stat().st_size > 10_000
@@ -286,6 +286,33 @@ def test_flower_rows_are_their_own_curves_and_sit_beside_fedprivacy_at_the_same_
     assert "60.5 (Flower RdpAccountant) | 58.7; 140.1 | 0.7800 | 9.5 |" in table
     assert "Poisson q = 0.0333 | 3.997 (fedprivacy pld accountant, Poisson) | – | 0.8000 |" in table
     assert "| flower none | FedAvg | – |" in table and "no privacy" in table
+    # the curve table names each point's relation; Flower's point targets no ε and draws a fixed cohort
+    curve_table = curves_markdown(points)
+    assert "| 0.0333 | 200 | 1e-05 | add/remove | fedprivacy pld" in curve_table
+    assert ("| flower | central | σ of fedprivacy's ε=4 | 60.5 | 0.895 | cohort 100/3000 | 200 | 1e-05 | "
+            "zero-out | Flower RdpAccountant |") in curve_table
+    # the figure's legend qualifies Flower's ε, which holds under zero-out only
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    seen: list[str] = []
+    real_legend = plt.Axes.legend
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        legend = real_legend(self, *args, **kwargs)
+        seen.extend(t.get_text() for t in legend.get_texts())
+        return legend
+
+    plt.Axes.legend = spy  # type: ignore[method-assign]
+    try:
+        plot_curves(points, tmp_path)
+    finally:
+        plt.Axes.legend = real_legend  # type: ignore[method-assign]
+    flower_labels = [t for t in seen if t.startswith("flower") and "central" in t]
+    assert flower_labels and all("Flower's RDP, zero-out, no amplification" in t for t in flower_labels)
+    assert not any("zero-out" in t for t in seen if t.startswith("fedprivacy central"))
 
 
 def test_the_headline_shows_the_judged_setups_zoomed_with_a_diverged_run_on_the_edge(tmp_path: Path) -> None:
