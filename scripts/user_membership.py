@@ -77,13 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statistics", action="store_true",
                         help="95%% cluster-bootstrap intervals and within-model permutation p-values per row")
     parser.add_argument("--per-example-variance", action="store_true",
-                        help="also LiRA with a per-example variance (needs many shadows, e.g. --models 17+)")
+                        help="also LiRA with a per-example variance (needs many shadows: --models 25+)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from fedprivacy.attacks.lira_eval import EXVAR_MIN_MODELS
+
     try:
         settings = _settings(args.epsilons)
-        if args.per_example_variance and args.models < 17:
-            raise ValueError(f"--models must be >= 17 with --per-example-variance (16 shadows), got {args.models}")
+        if args.per_example_variance and args.models < EXVAR_MIN_MODELS:
+            raise ValueError(f"--models must be >= {EXVAR_MIN_MODELS} with --per-example-variance "
+                             f"({EXVAR_MIN_MODELS - 1} shadows), got {args.models}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprivacy.attacks.lira_eval import ATTACKS, EXVAR_ATTACKS, membership_table
+from fedprivacy.attacks.lira_eval import ATTACKS, EXVAR_ATTACKS, EXVAR_MIN_MODELS, membership_table
 from fedprivacy.attacks.membership import (
     FederatedTargetConfig,
     _logits,
@@ -36,7 +36,6 @@ from fedprivacy.attacks.membership import (
 
 __all__ = ["EXVAR_MIN_MODELS", "dp_roc_ceiling", "user_membership_experiment", "user_pool"]
 
-EXVAR_MIN_MODELS = 17  # LiRA's per-example variance: 16 shadows, ~8 IN and ~8 OUT per candidate
 
 
 def user_pool(num_examples: int, *, clients: int, per_client: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,8 +98,8 @@ def _check_models(models: int, attacks: Sequence[str]) -> None:
     if models < 3:
         raise ValueError(f"models must be >= 3 (a target plus IN and OUT shadows), got {models}")
     if models < EXVAR_MIN_MODELS and set(attacks) & set(EXVAR_ATTACKS):
-        raise ValueError(f"models must be >= {EXVAR_MIN_MODELS} for a per-example variance (16 shadows, "
-                         f"~8 IN and OUT per candidate), got {models}")
+        raise ValueError(f"models must be >= {EXVAR_MIN_MODELS} for a per-example variance "
+                         f"({EXVAR_MIN_MODELS - 1} shadows, about half IN and half OUT per candidate), got {models}")
 
 
 def _random_halves(*, models: int, clients: int, seed: int) -> np.ndarray:

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from fedprivacy.attacks.lira_eval import (
+    EXVAR_MIN_MODELS,
     leave_one_out_scores,
     membership_table,
     pooled,
@@ -98,7 +99,7 @@ def test_a_per_example_variance_finds_the_quiet_candidates_a_global_one_misses()
     # variance flags nearly all quiet members at 1% FPR (oracle: 0.5 * Phi(4 - z_0.98) = 0.49); the
     # global variance ranks a quiet member's +1 below a loud non-member's noise.
     rng = np.random.default_rng(5)
-    k, n = 24, 3000
+    k, n = 25, 3000
     member = np.stack([rng.permutation(n) < n // 2 for _ in range(k)])
     spread = np.where(rng.random(n) < 0.5, 0.25, 2.0)
     phi = rng.normal(0.0, 3.0, n) + 1.0 * member + spread * rng.normal(0.0, 1.0, (k, n))
@@ -109,23 +110,31 @@ def test_a_per_example_variance_finds_the_quiet_candidates_a_global_one_misses()
         assert 0.3 < tpr_at_fpr(*own, fpr=0.01) < 0.5
         assert tpr_at_fpr(*fixed, fpr=0.01) < 0.05
         assert tpr_at_fpr(*own, fpr=0.001) > 5 * tpr_at_fpr(*fixed, fpr=0.001)
-        assert own[0].size + own[1].size == k * n  # 23 shadows: every pair has >= 2 on each side
+        assert own[0].size + own[1].size == k * n  # 24 shadows: every pair has >= 2 on each side
 
 
-def test_a_per_example_variance_needs_two_shadows_on_each_side() -> None:
-    phi = np.arange(12.0).reshape(4, 3)
-    member = np.array([[True, False, True], [False, True, True], [True, False, False], [False, True, False]])
+def test_a_per_example_variance_needs_two_shadows_on_each_side_and_enough_models() -> None:
+    k = EXVAR_MIN_MODELS
+    phi = np.arange(k * 3.0).reshape(k, 3)
+    member = np.zeros((k, 3), bool)
+    member[0, 0] = True  # candidate 0: IN for model 0 only
+    member[:2, 1] = True  # candidate 1: IN for models 0 and 1
+    member[2:, 2] = True  # candidate 2: OUT for models 0 and 1 only
 
     fixed = leave_one_out_scores(phi, member, attack="lira-online")
     own = leave_one_out_scores(phi, member, attack="lira-online-exvar")
     offline = leave_one_out_scores(phi, member, attack="lira-offline-exvar")
 
-    # candidates 0 and 1: each target's 3 shadows split 2/1 or 1/2, so one side has a single shadow
-    assert np.isfinite(fixed[:, :2]).all() and np.isnan(own[:, :2]).all()
-    # candidate 2 is IN for models 0-1: targets 0-1 see 1 IN shadow, targets 2-3 only 1 OUT
-    assert np.isnan(own[:, 2]).all()
-    # offline needs two OUT shadows only: candidate 0 under model 0 (OUT shadows 1 and 3) is scored
-    assert np.isfinite(offline[0, 0]) and np.isnan(offline[1, 0])
+    # candidate 0: every target sees at most one IN shadow (model 0): no per-example IN spread
+    assert np.isnan(own[:, 0]).all() and np.isfinite(fixed[1:, 0]).all()
+    # candidate 1: targets 0-1 see one IN shadow, the others two
+    assert np.isnan(own[:2, 1]).all() and np.isfinite(own[2:, 1]).all()
+    # offline needs two OUT shadows only: candidate 2 under target 0 has one (model 1), under target 2 two
+    assert np.isnan(offline[0, 2]) and np.isfinite(offline[2, 2]) and np.isfinite(offline[:, 0]).all()
+    # fewer models than EXVAR_MIN_MODELS: refused where the scores are made, the fixed variance is not
+    with pytest.raises(ValueError, match=f"at least {EXVAR_MIN_MODELS} models"):
+        leave_one_out_scores(phi[:-1], member[:-1], attack="lira-offline-exvar")
+    assert np.isfinite(leave_one_out_scores(phi[:-1], member[:-1], attack="lira-offline")[:, 0]).all()
 
 
 def test_bad_inputs_are_refused() -> None:
