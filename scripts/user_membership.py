@@ -16,7 +16,7 @@ relabel within each model (the experiment's own randomization: each model's memb
 so "at chance" is a test (``at_chance_5pct``), not a reading. ``--server-optimizer fedavgm`` applies
 server momentum to the released mean update (post-processing: σ and ε are unchanged).
 ``--per-example-variance`` adds LiRA online/offline with each candidate's own IN/OUT variance
-(``lira-online-exvar`` / ``lira-offline-exvar``; Carlini et al. 2022 Sec. IV), meaningful from ~16 shadows.
+(``lira-online-exvar`` / ``lira-offline-exvar``; Carlini et al. 2022 Sec. IV); it needs 25+ models (24 shadows).
 """
 
 from __future__ import annotations
