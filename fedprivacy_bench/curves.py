@@ -660,8 +660,9 @@ def plot_membership_tradeoff(settings: Sequence[Mapping[str, Any]], path: Path,
         ax.set_xticks(ticks + ([inf_x] if inf_x is not None else []),
                       [f"{t:.3g}" for t in ticks] + (["no DP"] if inf_x is not None else []))
         ax.set_xticks([], minor=True)
-    acc_ax.legend(fontsize=8)
-    axes[1].legend(fontsize=7)
+    handles, labels = axes[1].get_legend_handles_labels()  # the attack panels' key, in the free space
+    acc_ax.add_artist(acc_ax.legend(fontsize=8, loc="upper left"))
+    acc_ax.legend(handles, labels, fontsize=8, loc="lower right", title="right panels", title_fontsize=8)
     fig.suptitle(f"Utility vs membership inference against ε: {experiment_title(order)}", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
