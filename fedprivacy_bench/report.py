@@ -452,7 +452,9 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "accountant reports (distributed DP at the ε against observers of the released models; "
                   "its ε against the server is in the tables below). A run that did not learn sits on the "
                   "lower edge, labelled with its accuracy. Every σ, q, T and accountant is in the tables.",
-                  "", f"![accuracy against ε](img/{HEADLINE_PLOT})"]
+                  "", f"![accuracy against ε](img/{HEADLINE_PLOT})", "",
+                  "What membership inference finds against ε, beside the attacked models' accuracy: "
+                  "[ATTACKS.md](ATTACKS.md) opens with that figure and its command."]
         plot_list = [q for q in plot_list if Path(q).name != HEADLINE_PLOT]
     lines += part_lines
     if scope:
