@@ -46,6 +46,7 @@ TABLE_COLUMNS = (
 # The first figure of the page: the setups the goals are judged on (curves.headline_setups).
 HEADLINE_PLOT = "bench_fashion_headline.png"
 
+
 def _group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     # Fashion-MNIST curve rows of different lengths are different setups (sigma is calibrated per T);
     # the speed rows compare capped runs with their full-length non-DP row (the `rounds` ratio).

@@ -37,7 +37,6 @@ from fedprivacy.attacks.membership import (
 __all__ = ["EXVAR_MIN_MODELS", "dp_roc_ceiling", "user_membership_experiment", "user_pool"]
 
 
-
 def user_pool(num_examples: int, *, clients: int, per_client: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The candidate clients: ``clients`` disjoint random groups of ``per_client`` example indices.
 
