@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["clip_arrays", "clip_l2", "flatten", "l2_norm", "unflatten"]
+__all__ = ["clip_arrays", "clip_l2", "clip_narrow_as_float64", "flatten", "l2_norm", "unflatten"]
 
 
 def _check_clip_norm(clip_norm: float) -> float:
@@ -153,6 +153,64 @@ def clip_arrays(
     if total <= c:
         return [a.astype(_out_dtype(a), copy=True) for a in arrs], total
     return _scale_to(arrs, c / total, c), total
+
+
+_NARROW = frozenset((np.dtype(np.float16), np.dtype(np.float32)))
+
+
+def _narrow_norm(wide: np.ndarray) -> float:
+    """:func:`l2_norm` of a float64 array whose entries are float16/float32 values times a factor in
+    (0, 1]: no square can overflow (|x| < 3.5e38, x² < 1.2e77), so no ``errstate`` (~2 µs a call) and
+    no rescaling; the same pairwise sum of the same squares, so the same float. NaN when an entry is
+    NaN or ±Inf (the caller refuses that)."""
+    s = float(np.add.reduce(np.square(wide.ravel())))
+    return math.sqrt(s) if math.isfinite(s) else math.nan
+
+
+def clip_narrow_as_float64(
+    arrays: Sequence[np.ndarray], *, clip_norm: float
+) -> tuple[list[np.ndarray], float] | None:
+    """``clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=clip_norm)`` bit for
+    bit, for float16/float32 arrays (a server re-clipping replies, :mod:`fedprivacy.fl.aggregation`),
+    in fewer passes: one float64 copy, whose norm needs no overflow guard; None when an entry is NaN
+    or ±Inf (``clip_arrays`` raises ValueError there) or the sum of squares is not finite.
+
+    Same guarantee as :func:`clip_arrays`: the float64 result has ``||x||_2 <= C``.
+
+    Raises:
+        ValueError: bad ``clip_norm``.
+        TypeError: an array is not a float16/float32 numpy array.
+    """
+    c = _check_clip_norm(clip_norm)
+    wide: list[np.ndarray] = []
+    norms: list[float] = []
+    for i, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray) or a.dtype not in _NARROW:
+            raise TypeError(f"arrays[{i}] must be a float16/float32 numpy array, got "
+                            f"{getattr(a, 'dtype', type(a).__name__)}")
+        w = np.asarray(a, dtype=np.float64)
+        n = _narrow_norm(w)
+        if not math.isfinite(n):
+            return None
+        wide.append(w)
+        norms.append(n)
+    total = _hypot_all(norms)
+    if total <= c:
+        return wide, total
+    return _scale_narrow(wide, c / total, c), total
+
+
+def _scale_narrow(wide: list[np.ndarray], factor: float, bound: float) -> list[np.ndarray]:
+    """:func:`_scale_to` of float64 arrays of narrow values with ``factor <= 1`` (same products, same
+    nudges: float64's eps), their norms by :func:`_narrow_norm`."""
+    f = factor
+    eps = float(np.finfo(np.float64).eps)
+    for _ in range(64):
+        out = [w * f for w in wide]
+        if _hypot_all([_narrow_norm(o) for o in out]) <= bound:
+            return out
+        f *= 1.0 - 4.0 * eps
+    raise ArithmeticError("could not scale below the clip norm")  # pragma: no cover
 
 
 def flatten(arrays: Sequence[np.ndarray], *, dtype: np.dtype | type | None = None) -> np.ndarray:

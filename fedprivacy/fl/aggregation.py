@@ -70,6 +70,27 @@ def clip_to_norm(arrays: Sequence[np.ndarray], *, clip_norm: float) -> list[np.n
     return [np.asarray(a, dtype=np.float64) for a in clipped]
 
 
+_NARROW = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _clipped_narrow(delta: Sequence[np.ndarray], like: Sequence[np.ndarray], *,
+                    clip_norm: float) -> list[np.ndarray] | None:
+    """What :func:`non_finite_reason` then :func:`clip_to_norm` give for an update of float32/float16
+    arrays of ``like``'s shapes (a client's reply), bit for bit, in one float64 copy and one pass
+    (:func:`fedprivacy.dp.clipping.clip_narrow_as_float64`: its finite sum of squares is the NaN/Inf
+    check); None for anything else (another dtype or shape, a NaN or Inf, ``clip_norm`` 0), which
+    takes those two functions themselves."""
+    from fedprivacy.dp.clipping import clip_narrow_as_float64
+
+    if clip_norm <= 0 or len(delta) != len(like):
+        return None
+    for a, b in zip(delta, like, strict=True):
+        if type(a) is not np.ndarray or a.dtype not in _NARROW or a.shape != np.shape(b):
+            return None
+    out = clip_narrow_as_float64(delta, clip_norm=clip_norm)
+    return None if out is None else out[0]
+
+
 class PlainAggregator:
     """Sum (optionally clipped and noised) updates in the clear, divide by a fixed denominator.
 
@@ -109,15 +130,17 @@ class PlainAggregator:
                 dropped[pid] = "duplicate reply from this partition"
                 continue
             seen.add(pid)
-            reason = non_finite_reason(update.delta, like)
-            if reason is not None:
-                dropped[pid] = reason
-                continue
-            delta = (
-                clip_to_norm(update.delta, clip_norm=self.clip_norm)
-                if self.clip_norm > 0
-                else [np.asarray(a, dtype=np.float64) for a in update.delta]
-            )
+            delta = _clipped_narrow(update.delta, like, clip_norm=self.clip_norm)
+            if delta is None:  # not float16/float32 of the right shapes, or not finite: the checks below
+                reason = non_finite_reason(update.delta, like)
+                if reason is not None:
+                    dropped[pid] = reason
+                    continue
+                delta = (
+                    clip_to_norm(update.delta, clip_norm=self.clip_norm)
+                    if self.clip_norm > 0
+                    else [np.asarray(a, dtype=np.float64) for a in update.delta]
+                )
             for acc, d in zip(total, delta, strict=True):
                 acc += d
             aggregated.append(pid)

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedprivacy.dp.clipping import clip_arrays, clip_l2, flatten, l2_norm, unflatten
+from fedprivacy.dp.clipping import (
+    clip_arrays,
+    clip_l2,
+    clip_narrow_as_float64,
+    flatten,
+    l2_norm,
+    unflatten,
+)
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, width=64)
 vectors = hnp.arrays(
@@ -138,3 +145,68 @@ def test_flatten_unflatten_round_trip() -> None:
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="vec has 7 entries, but like needs 8"):
         unflatten(v[:7], like)
+
+
+# ---- clip_narrow_as_float64: clip_arrays of float64 copies, bit for bit (the server's re-clip, issue 16)
+narrow_lists = st.lists(
+    st.sampled_from([np.float32, np.float16]).flatmap(lambda dt: hnp.arrays(
+        dt, hnp.array_shapes(min_dims=1, max_dims=2, max_side=30),
+        elements=st.floats(-6e4, 6e4, allow_nan=False, allow_infinity=False, width=16 if dt is np.float16 else 32))),
+    min_size=0, max_size=5)
+
+
+def _client_clipped(arrays: list[np.ndarray], c: float) -> list[np.ndarray]:
+    """What a client sends: clipped in float64, then cast back (the cast may land just above C)."""
+    clipped, _ = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=c)
+    return [w.astype(a.dtype) for w, a in zip(clipped, arrays, strict=True)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(xs=narrow_lists, c=clip_norms, pre_clip=st.booleans())
+def test_clip_narrow_as_float64_is_clip_arrays_of_float64_copies_bit_for_bit(
+        xs: list[np.ndarray], c: float, pre_clip: bool) -> None:
+    # Arrange: raw arrays, or a client's clipped-then-cast reply (norm at C up to the cast's rounding)
+    arrays = _client_clipped(xs, c) if pre_clip else xs
+    ref, ref_norm = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=c)
+    # Act
+    out = clip_narrow_as_float64(arrays, clip_norm=c)
+    # Assert
+    assert out is not None
+    got, norm = out
+    assert norm == ref_norm
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == np.float64 and g.shape == r.shape
+        np.testing.assert_array_equal(g, r)
+    assert clip_arrays(got, clip_norm=c)[1] <= c
+
+
+def test_clip_narrow_as_float64_takes_the_rescale_path_like_clip_arrays() -> None:
+    # a float32 cast that lands above C: the server must scale it down exactly as clip_arrays does
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(200):
+        arrays = _client_clipped([rng.normal(size=(7, 5)).astype(np.float32) * 10, rng.normal(size=5).astype(np.float32)], 1.0)
+        ref, ref_norm = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=1.0)
+        got, norm = clip_narrow_as_float64(arrays, clip_norm=1.0) or ([], -1.0)
+        hits += ref_norm > 1.0
+        assert norm == ref_norm
+        for g, r in zip(got, ref, strict=True):
+            np.testing.assert_array_equal(g, r)
+    assert 20 < hits < 180  # both paths were taken
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_clip_narrow_as_float64_returns_none_on_nan_or_inf(bad: float) -> None:
+    a = np.ones(4, np.float32)
+    a[2] = bad
+    assert clip_narrow_as_float64([np.ones(3, np.float32), a], clip_norm=1.0) is None
+
+
+def test_clip_narrow_as_float64_refuses_wide_or_foreign_arrays() -> None:
+    with pytest.raises(TypeError, match=r"arrays\[1\]"):
+        clip_narrow_as_float64([np.ones(2, np.float32), np.ones(2)], clip_norm=1.0)
+    with pytest.raises(TypeError, match=r"arrays\[0\]"):
+        clip_narrow_as_float64([[1.0, 2.0]], clip_norm=1.0)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="clip_norm"):
+        clip_narrow_as_float64([np.ones(2, np.float32)], clip_norm=0.0)

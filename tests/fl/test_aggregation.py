@@ -115,3 +115,59 @@ def test_noiseless_mean_norm_is_at_most_m_c_over_denominator(vals: list, c: floa
                                                                  rng=RandomSource.seeded(0))
     norm = float(np.linalg.norm(res.mean_update[0].astype(np.float64)))
     assert norm <= len(vals) * c / denom * (1 + 1e-5)
+
+
+def _reference_aggregate(updates: list[ClientUpdate], like: list[np.ndarray], *, clip_norm: float,
+                         denominator: float) -> tuple[tuple[np.ndarray, ...], dict[int, str]]:
+    """The rule in the module docstring, written out with the generic checks (no fast path)."""
+    from fedprivacy.fl.aggregation import clip_to_norm, non_finite_reason
+
+    total = [np.zeros(a.shape, np.float64) for a in like]
+    dropped: dict[int, str] = {}
+    for u in sorted(updates, key=lambda u: u.partition_id):
+        reason = non_finite_reason(u.delta, like)
+        if reason is not None:
+            dropped[u.partition_id] = reason
+            continue
+        for acc, d in zip(total, clip_to_norm(u.delta, clip_norm=clip_norm), strict=True):
+            acc += d
+    return tuple((acc / denominator).astype(ref.dtype) for acc, ref in zip(total, like, strict=True)), dropped
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), c=st.floats(0.05, 5.0), n=st.integers(1, 12))
+def test_aggregate_equals_the_generic_checks_bit_for_bit(seed: int, c: float, n: int) -> None:
+    # Arrange: client-clipped float32 replies (their cast may land just above C), raw ones, a float64
+    # one, a float16 one, a NaN one and a wrong-shaped one
+    from fedprivacy.dp.clipping import clip_arrays
+
+    rng = np.random.default_rng(seed)
+    like = [np.zeros((5, 3), np.float32), np.zeros(3, np.float32)]
+    ups = []
+    for pid in range(n):
+        raw = [rng.normal(scale=rng.uniform(0.01, 3.0), size=a.shape) for a in like]
+        kind = pid % 6
+        if kind == 0:
+            delta = tuple(a.astype(np.float32) for a in raw)
+        elif kind == 1:
+            clipped, _ = clip_arrays(raw, clip_norm=c)
+            delta = tuple(a.astype(np.float32) for a in clipped)
+        elif kind == 2:
+            delta = tuple(raw)
+        elif kind == 3:
+            delta = tuple(a.astype(np.float16) for a in raw)
+        elif kind == 4:
+            delta = tuple(a.astype(np.float32) for a in raw)
+            delta[1][0] = np.nan
+        else:
+            delta = (np.zeros((3, 5), np.float32), np.zeros(3, np.float32))
+        ups.append(ClientUpdate(partition_id=pid, delta=delta))
+    # Act
+    res = PlainAggregator(clip_norm=c, noise_std=0.0).aggregate(ups, like=like, denominator=float(n),
+                                                                 rng=RandomSource.seeded(0))
+    # Assert
+    mean, dropped = _reference_aggregate(ups, like, clip_norm=c, denominator=float(n))
+    assert res.dropped == dropped
+    for got, ref in zip(res.mean_update, mean, strict=True):
+        assert got.dtype == ref.dtype
+        np.testing.assert_array_equal(got, ref)
