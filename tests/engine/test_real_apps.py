@@ -80,6 +80,23 @@ def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) ->
     assert gc.get_freeze_count() == 0
 
 
+def test_distributed_secure_round_same_with_one_or_two_workers(tmp_path: Path) -> None:
+    # Arrange: distributed DP over the actively secure schedule; with 2 workers each node's session
+    # (keys, shares, its round log) lives in a forked worker during a call and comes back as its state
+    cfg = {"privacy": "distributed", "secagg": True, "accountant": "rdp", "client-timeout": 120.0}
+    # Act
+    one = run_inprocess(run_config=_config(tmp_path, "d1", **cfg), num_supernodes=8, workers=1,
+                        app_dir=REPO_DIR)
+    two = run_inprocess(run_config=_config(tmp_path, "d2", **cfg), num_supernodes=8, workers=2,
+                        app_dir=REPO_DIR)
+    # Assert: the same released sums (accuracy, loss) and ε, every stage delivered to all 8 nodes
+    rows = _rows(one.results_path)
+    assert [r["round"] for r in rows] == [1, 2] and 0 < rows[0]["epsilon"] < rows[1]["epsilon"]
+    assert rows == _rows(two.results_path)
+    assert one.stats.by_type == two.stats.by_type
+    assert two.stats.by_type["train.secagg_masked"] == 16 and two.stats.errors == 0
+
+
 def test_dropout_and_crash_do_not_stop_the_round(tmp_path: Path) -> None:
     plan = FaultPlan(
         rules=(
