@@ -9,7 +9,7 @@ average the client's fresh noise away).
 
 from __future__ import annotations
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 
 from fedprivacy.secagg.protocol import RoundLog
 from fedprivacy_flwr import codec
@@ -20,8 +20,9 @@ _LOG = "secagg-rounds"  # (name kept from the secagg-only log: existing node sta
 
 
 def load(context: Context) -> RoundLog:
-    record = context.state.config_records.get(_LOG)
-    return RoundLog.from_state(dict(record)) if record is not None else RoundLog()
+    # a plain lookup, not ``state.config_records`` (a fresh typed view of every record per access)
+    record = codec.optional_record(context.state, _LOG, ConfigRecord)
+    return RoundLog.from_state(record) if record is not None else RoundLog()
 
 
 def save(context: Context, log: RoundLog) -> None:

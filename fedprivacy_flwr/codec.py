@@ -47,8 +47,8 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
 
 
 @functools.lru_cache(maxsize=512)
-def _layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...], bytes, int] | None:
-    """(dtype, shape, ``np.save`` header, element count) of a record's declared dtype and shape, or None
+def _layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...], bytes, int, int] | None:
+    """(dtype, shape, ``np.save`` header, element count, payload length) of a record's declared dtype and shape, or None
     when they are not a plain C-ordered numpy array this codec reads itself (then Flower's path)."""
     try:
         dt = np.dtype(dtype)
@@ -57,7 +57,9 @@ def _layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ..
         return None
     if dt.hasobject or dt.fields is not None or not dims:
         return None
-    return dt, dims, _npy_header(dt.str, dims), int(np.prod(dims, dtype=np.int64))
+    header = _npy_header(dt.str, dims)
+    count = int(np.prod(dims, dtype=np.int64))
+    return dt, dims, header, count, len(header) + count * dt.itemsize
 
 
 def _new_array(*, dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
@@ -131,17 +133,21 @@ def _filled(cls: type[_Filled], fields: Mapping[str, Any], exact: frozenset[type
 def _to_array(a: np.ndarray) -> Array:
     """``Array.from_numpy_ndarray(a)``, byte for byte, without ``np.save``'s per-call work."""
     a = np.ascontiguousarray(a)
-    if a.dtype.hasobject or a.dtype.fields is not None or a.ndim == 0:
+    plan = _encoding(a.dtype, a.shape)  # a numpy shape is a tuple of ints
+    if plan is None:
         return Array.from_numpy_ndarray(a)
-    shape = tuple(int(d) for d in a.shape)
-    data = b"".join((_npy_header(a.dtype.str, shape), a.data))  # one copy of the payload
-    return _new_array(dtype=_dtype_name(a.dtype), shape=shape, data=data)
+    header, name = plan
+    data = b"".join((header, a.data))  # one copy of the payload
+    return _new_array(dtype=name, shape=a.shape, data=data)
 
 
-@functools.lru_cache(maxsize=64)
-def _dtype_name(dtype: np.dtype) -> str:
-    """``str(dtype)`` (what Flower records as an Array's dtype; ~2 µs uncached)."""
-    return str(dtype)
+@functools.lru_cache(maxsize=512)
+def _encoding(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str] | None:
+    """(``np.save`` header, ``str(dtype)``: what Flower records as an Array's dtype, ~2 µs uncached) of
+    a C-ordered array, or None for what this codec leaves to Flower (object or structured dtypes, 0-d)."""
+    if dtype.hasobject or dtype.fields is not None or len(shape) == 0:
+        return None
+    return _npy_header(dtype.str, shape), str(dtype)
 
 
 def _from_array(arr: Array) -> np.ndarray:
@@ -157,9 +163,9 @@ def _from_array(arr: Array) -> np.ndarray:
         layout = None
     if layout is None:
         return arr.numpy()
-    dtype, shape, header, count = layout
+    dtype, shape, header, count, length = layout
     data = arr.data
-    if len(data) != len(header) + count * dtype.itemsize or data[: len(header)] != header:
+    if type(data) is not bytes or len(data) != length or not data.startswith(header):
         return arr.numpy()
     return np.frombuffer(data, dtype=dtype, count=count, offset=len(header)).reshape(shape)
 
@@ -223,7 +229,7 @@ def record_of(content: RecordDict, name: str, kind: type[_RecordT]) -> _RecordT:
 
 
 def decode_train(msg: Message) -> tuple[RoundInstructions, list[np.ndarray]]:
-    return (RoundInstructions.from_record(dict(record_of(msg.content, "config", ConfigRecord))),
+    return (RoundInstructions.from_record(dict(record_of(msg.content, "config", ConfigRecord).items())),
             record_to_arrays(record_of(msg.content, "arrays", ArrayRecord)))
 
 
@@ -245,7 +251,8 @@ def metrics_record(update: ClientUpdate) -> MetricRecord:
 def update_metadata(content: RecordDict, partition_id: int, *,
                     delta: tuple[np.ndarray, ...] = ()) -> ClientUpdate:
     """The inverse of :func:`metrics_record` (plus ``delta``, when the reply carries one in the clear)."""
-    metrics: Mapping[str, Any] = dict(optional_record(content, "metrics", MetricRecord) or {})
+    record = optional_record(content, "metrics", MetricRecord)
+    metrics: Mapping[str, Any] = {} if record is None else dict(record.items())
     extra = {k.replace("-", "_"): float(v) for k, v in metrics.items()
              if k not in ("num-examples", "train-loss")}
     n = metrics.get("num-examples")

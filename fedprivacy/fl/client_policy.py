@@ -415,6 +415,8 @@ class ClientPolicy:
                                 "aggregation stages; refused")
         self.check_mode(instructions.privacy)
         changes: dict[str, Any] = {"seed": self.seed(instructions.seed)}
+        if instructions.privacy != "local" and changes["seed"] == instructions.seed:
+            return instructions  # nothing to change (frozen: the same instructions, without a replace)
         if instructions.privacy == "local":
             z = self.local_noise_multiplier(clip_norm=instructions.clip_norm,
                                             requested_std=instructions.local_noise_std)
@@ -426,6 +428,9 @@ class ClientPolicy:
         import dataclasses
 
         metrics = {k: v for k, v in update.metrics.items() if k.replace("_", "-") in self.disclose}
+        if (len(metrics) == len(update.metrics) and (update.num_examples is None or "num-examples" in self.disclose)
+                and (update.train_loss is None or "train-loss" in self.disclose)):
+            return update  # everything in it may leave (frozen: the same update, without a replace)
         return dataclasses.replace(
             update, metrics=metrics,
             num_examples=update.num_examples if "num-examples" in self.disclose else None,

@@ -23,3 +23,28 @@ def test_the_policy_is_the_one_of_the_client_keys_and_shared_by_nodes_with_the_s
     assert c == ClientPolicy.resolve({"client-privacy-modes": "none"}, {}) and c != a
     assert _policy_of.cache_info().misses == 2
     _policy_of.cache_clear()
+
+
+def test_another_order_of_the_same_client_keys_resolves_the_same_floor(monkeypatch) -> None:
+    # the cache key keeps the node config's order (no sort per message): another order may miss the
+    # cache, but never resolves another floor
+    monkeypatch.delenv("FEDPRIVACY_CLIENT_POLICY", raising=False)
+    _policy_of.cache_clear()
+    floor = [("client-privacy-modes", "none,central"), ("client-min-noise-multiplier", 0.5)]
+    a = _policy(_context({"partition-id": 0, "num-partitions": 10, **dict(floor)}))
+    b = _policy(_context({"partition-id": 0, "num-partitions": 10, **dict(floor[::-1])}))
+    assert a == b == ClientPolicy.resolve(dict(floor), {})
+    _policy_of.cache_clear()
+
+
+def test_the_run_config_is_parsed_once_per_run_config() -> None:
+    from clients.client_app import _config, _node
+
+    _config.cache_clear()
+    run_config = {"num-server-rounds": 3, "privacy": "none", "seed": 1}
+    ctx = [Context(run_id=1, node_id=7, node_config={"partition-id": i, "num-partitions": 4}, state=RecordDict(),
+                   run_config=dict(run_config)) for i in range(3)]
+    cfgs = [_node(c)[0] for c in ctx]
+    assert cfgs[0] is cfgs[1] is cfgs[2] and _config.cache_info().misses == 1
+    assert [_node(c)[1:] for c in ctx] == [(0, 4), (1, 4), (2, 4)]
+    _config.cache_clear()

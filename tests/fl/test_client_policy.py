@@ -224,3 +224,40 @@ def test_an_encoding_whose_discrete_slack_is_not_negligible_is_refused_before_an
     # an operator may lift the per-round cap; the total's cap then still bounds the sum (test_client_budget.py)
     lifted = ClientPolicy(max_slack_per_round=10.0)
     assert _secure_cost(lifted, *deviating)[1][0] > 1.0
+
+
+_ALL_METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
+
+
+@pytest.mark.parametrize("disclose", [(), ("num-examples",), ("train-loss", "dpsgd-steps"), _ALL_METRICS])
+@pytest.mark.parametrize("fields", [
+    dict(num_examples=None, train_loss=None, metrics={}),
+    dict(num_examples=12, train_loss=0.4, metrics={}),
+    dict(num_examples=12, train_loss=None, metrics={"dpsgd_steps": 3.0, "dpsgd_sample_rate": 0.1}),
+])
+def test_filter_update_keeps_exactly_the_disclosed_metadata(disclose, fields) -> None:
+    from fedprivacy.fl.types import ClientUpdate
+
+    update = ClientUpdate(partition_id=2, delta=(np.ones(3, np.float32),), **fields)
+    out = ClientPolicy(modes=("none",), disclose=disclose).filter_update(update)
+    assert out.delta is update.delta and out.partition_id == 2
+    assert out.num_examples == (fields["num_examples"] if "num-examples" in disclose else None)
+    assert out.train_loss == (fields["train_loss"] if "train-loss" in disclose else None)
+    assert out.metrics == {k: v for k, v in fields["metrics"].items() if k.replace("_", "-") in disclose}
+
+
+@pytest.mark.parametrize("privacy, seed, allow_seeded", [
+    ("none", 3, True), ("none", -1, False), ("none", -7, False), ("central", 5, True), ("local", 2, True),
+    ("local", -1, False)])
+def test_apply_returns_the_instructions_with_only_the_floor_applied(privacy, seed, allow_seeded) -> None:
+    from fedprivacy.fl.types import RoundInstructions
+
+    instr = RoundInstructions(round=4, privacy=privacy, clip_norm=1.0,
+                              local_noise_std=0.5 if privacy == "local" else 0.0, learning_rate=0.1,
+                              local_epochs=1, batch_size=8, num_classes=3, seed=seed)
+    policy = ClientPolicy(modes=(privacy,), allow_seeded=allow_seeded, min_noise_multiplier=2.0)
+    out = policy.apply(instr)
+    want = {"seed": seed if seed >= 0 else -1}
+    if privacy == "local":
+        want["local_noise_std"] = 2.0  # the client's floor z = 2 on C = 1, above the 0.5 asked
+    assert out == dataclasses.replace(instr, **want)
