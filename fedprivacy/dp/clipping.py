@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["clip_arrays", "clip_l2", "clip_narrow_as_float64", "flatten", "l2_norm", "unflatten"]
+__all__ = ["clip_arrays", "clip_l2", "clip_narrow_flat", "flatten", "l2_norm", "unflatten"]
 
 
 def _check_clip_norm(clip_norm: float) -> float:
@@ -158,59 +158,61 @@ def clip_arrays(
 _NARROW = frozenset((np.dtype(np.float16), np.dtype(np.float32)))
 
 
-def _narrow_norm(wide: np.ndarray) -> float:
-    """:func:`l2_norm` of a float64 array whose entries are float16/float32 values times a factor in
-    (0, 1]: no square can overflow (|x| < 3.5e38, x² < 1.2e77), so no ``errstate`` (~2 µs a call) and
-    no rescaling; the same pairwise sum of the same squares, so the same float. NaN when an entry is
-    NaN or ±Inf (the caller refuses that)."""
-    s = float(np.add.reduce(np.square(wide.ravel())))
-    return math.sqrt(s) if math.isfinite(s) else math.nan
+def clip_narrow_flat(arrays: Sequence[np.ndarray], *, clip_norm: float) -> tuple[np.ndarray, float] | None:
+    """``clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=clip_norm)``, its
+    arrays raveled and concatenated into one float64 vector, bit for bit, for float16/float32 arrays (a
+    server re-clipping replies, :mod:`fedprivacy.fl.aggregation`), in a handful of passes over one
+    vector instead of several per array; None when an entry is NaN or ±Inf (``clip_arrays`` raises
+    ValueError there).
 
+    Bit for bit: the same float64 values (a widening cast is exact), each array's norm the same
+    pairwise sum of the same squares over its own contiguous run (a slice of the vector instead of a
+    separate array; numpy's pairwise sum depends only on the run's values and length), the same
+    :func:`_hypot_all`, the same scale factor and nudges. No overflow guard is needed: squares of
+    float32 values (< 3.5e38) are < 1.2e77, so a non-finite sum means a NaN or ±Inf entry.
 
-def clip_narrow_as_float64(
-    arrays: Sequence[np.ndarray], *, clip_norm: float
-) -> tuple[list[np.ndarray], float] | None:
-    """``clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=clip_norm)`` bit for
-    bit, for float16/float32 arrays (a server re-clipping replies, :mod:`fedprivacy.fl.aggregation`),
-    in fewer passes: one float64 copy, whose norm needs no overflow guard; None when an entry is NaN
-    or ±Inf (``clip_arrays`` raises ValueError there) or the sum of squares is not finite.
-
-    Same guarantee as :func:`clip_arrays`: the float64 result has ``||x||_2 <= C``.
+    Same guarantee as :func:`clip_arrays`: the result has ``||x||_2 <= C`` in float64.
 
     Raises:
         ValueError: bad ``clip_norm``.
         TypeError: an array is not a float16/float32 numpy array.
     """
     c = _check_clip_norm(clip_norm)
-    wide: list[np.ndarray] = []
-    norms: list[float] = []
+    bounds = [0]
     for i, a in enumerate(arrays):
         if not isinstance(a, np.ndarray) or a.dtype not in _NARROW:
             raise TypeError(f"arrays[{i}] must be a float16/float32 numpy array, got "
                             f"{getattr(a, 'dtype', type(a).__name__)}")
-        w = np.asarray(a, dtype=np.float64)
-        n = _narrow_norm(w)
-        if not math.isfinite(n):
-            return None
-        wide.append(w)
-        norms.append(n)
+        bounds.append(bounds[-1] + a.size)
+    flat = (np.concatenate([a.ravel() for a in arrays], dtype=np.float64) if len(arrays)
+            else np.zeros(0, dtype=np.float64))
+    norms = _run_norms(flat, bounds)
+    if norms is None:
+        return None
     total = _hypot_all(norms)
     if total <= c:
-        return wide, total
-    return _scale_narrow(wide, c / total, c), total
-
-
-def _scale_narrow(wide: list[np.ndarray], factor: float, bound: float) -> list[np.ndarray]:
-    """:func:`_scale_to` of float64 arrays of narrow values with ``factor <= 1`` (same products, same
-    nudges: float64's eps), their norms by :func:`_narrow_norm`."""
-    f = factor
+        return flat, total
+    f = c / total  # _scale_to, on the vector: the same products, the same nudges (float64's eps)
     eps = float(np.finfo(np.float64).eps)
     for _ in range(64):
-        out = [w * f for w in wide]
-        if _hypot_all([_narrow_norm(o) for o in out]) <= bound:
-            return out
+        out = flat * f
+        if _hypot_all(_run_norms(out, bounds) or [math.inf]) <= c:
+            return out, total
         f *= 1.0 - 4.0 * eps
     raise ArithmeticError("could not scale below the clip norm")  # pragma: no cover
+
+
+def _run_norms(flat: np.ndarray, bounds: Sequence[int]) -> list[float] | None:
+    """:func:`l2_norm` of each run ``flat[bounds[i]:bounds[i + 1]]`` of a float64 vector of float16/
+    float32 values (times a factor <= 1: no square overflows); None if a sum is not finite."""
+    squares = np.square(flat)
+    norms: list[float] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        s = float(np.add.reduce(squares[lo:hi]))
+        if not math.isfinite(s):
+            return None
+        norms.append(math.sqrt(s))
+    return norms
 
 
 def flatten(arrays: Sequence[np.ndarray], *, dtype: np.dtype | type | None = None) -> np.ndarray:

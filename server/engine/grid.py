@@ -35,10 +35,10 @@ from :mod:`server.engine._flwr_private`.
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import ERROR, WARNING
@@ -191,34 +191,35 @@ class InProcessGrid(Grid):
         """Accept instruction Messages; return the ids of the valid ones."""
         ids: list[str] = []
         now_mono = time.monotonic()
-        for msg in messages:
-            set_message_id(msg, str(uuid.uuid4()))
+        batch = list(messages)
+        new_ids = _uuid4s(len(batch))
+        for msg, msg_id in zip(batch, new_ids, strict=True):
+            set_message_id(msg, msg_id)
+            md = msg.metadata  # a property: read once
             errors = validate_message(msg, is_reply_message=False)
-            if msg.metadata.run_id != self._run.run_id:
-                errors.append(f"invalid run id {msg.metadata.run_id}")
-            if msg.metadata.dst_node_id not in self._partition_of:
-                errors.append(f"invalid destination node id {msg.metadata.dst_node_id}")
+            if md.run_id != self._run.run_id:
+                errors.append(f"invalid run id {md.run_id}")
+            if md.dst_node_id not in self._partition_of:
+                errors.append(f"invalid destination node id {md.dst_node_id}")
             if errors:
                 log(ERROR, "Message refused by the in-process engine: %s", errors)
                 continue
-            partition_id = self._partition_of[msg.metadata.dst_node_id]
+            partition_id = self._partition_of[md.dst_node_id]
+            mtype = md.message_type
             decision = (
                 self._faults.decide(
-                    message_type=msg.metadata.message_type,
-                    group_id=msg.metadata.group_id,
+                    message_type=mtype,
+                    group_id=md.group_id,
                     partition_id=partition_id,
                 )
                 if self._faults is not None
                 else None
             )
             with self._lock:
-                self._pending[msg.metadata.message_id] = _Pending(
-                    message=msg, decision=decision, pushed_at=now_mono
-                )
+                self._pending[msg_id] = _Pending(message=msg, decision=decision, pushed_at=now_mono)
                 self.stats.messages += 1
-                mtype = msg.metadata.message_type
                 self.stats.by_type[mtype] = self.stats.by_type.get(mtype, 0) + 1
-            ids.append(msg.metadata.message_id)
+            ids.append(msg_id)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -351,15 +352,16 @@ class InProcessGrid(Grid):
         reply = outcome.reply
         if reply is None:
             return
-        set_message_id(reply, str(uuid.uuid4()))
+        set_message_id(reply, _uuid4s(1)[0])
         errors = [
             e
             for e in validate_message(reply, is_reply_message=True)
             if e != "Message TTL has expired"  # handled on delivery, as the SuperLink does
         ]
-        if reply.metadata.reply_to_message_id != msg_id:
+        md = reply.metadata
+        if md.reply_to_message_id != msg_id:
             errors.append("reply_to_message_id does not match the instruction")
-        if reply.metadata.src_node_id != node_id:
+        if md.src_node_id != node_id:
             errors.append("src_node_id of the reply is not the destination of the instruction")
         if errors:
             log(ERROR, "Reply from node %s refused: %s", node_id, errors)
@@ -372,7 +374,8 @@ class InProcessGrid(Grid):
     def _collect(self, ids: list[str], *, cutoff: float | None = None) -> list[Message]:
         """Return (and forget) replies for ``ids`` that arrived by ``cutoff``, in push order."""
         out: list[Message] = []
-        current = now().timestamp()
+        stamp = now()  # the moment the ServerApp receives this batch
+        current, delivered_at = stamp.timestamp(), stamp.isoformat()
         with self._lock:
             for msg_id in ids:
                 if msg_id in self._dropped:
@@ -396,14 +399,29 @@ class InProcessGrid(Grid):
                     self.stats.late += 1  # visible to a later pull, not to this wait
                     continue
                 del self._ready[msg_id]
-                if reply.metadata.created_at + reply.metadata.ttl < current:
+                md = reply.metadata
+                if md.created_at + md.ttl < current:
                     reply = create_message_error_unavailable_res_message(
                         ins.metadata, "msg_unavail"
                     )
-                reply.metadata.delivered_at = now().isoformat()
+                reply.metadata.delivered_at = delivered_at
                 self.stats.replies += 1
                 out.append(reply)
         return out
+
+
+def _uuid4s(n: int) -> list[str]:
+    """``n`` ids as ``str(uuid.uuid4())`` makes them (16 bytes of ``os.urandom`` each, version 4, RFC 4122
+    variant, the canonical 8-4-4-4-12 hex form), from one ``os.urandom`` call: ~1 µs an id instead of
+    ~2.5 (``uuid.UUID``'s argument checks and int arithmetic)."""
+    raw = bytearray(os.urandom(16 * n))
+    out: list[str] = []
+    for i in range(0, 16 * n, 16):
+        raw[i + 6] = (raw[i + 6] & 0x0F) | 0x40  # version 4
+        raw[i + 8] = (raw[i + 8] & 0x3F) | 0x80  # variant RFC 4122
+        h = raw[i:i + 16].hex()
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
 
 
 def _make_node_ids(n: int, seed: int | None) -> list[int]:

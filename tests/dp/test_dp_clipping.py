@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from fedprivacy.dp.clipping import (
     clip_arrays,
     clip_l2,
-    clip_narrow_as_float64,
+    clip_narrow_flat,
     flatten,
     l2_norm,
     unflatten,
@@ -147,7 +147,7 @@ def test_flatten_unflatten_round_trip() -> None:
         unflatten(v[:7], like)
 
 
-# ---- clip_narrow_as_float64: clip_arrays of float64 copies, bit for bit (the server's re-clip, issue 16)
+# ---- clip_narrow_flat: clip_arrays of float64 copies, raveled and joined, bit for bit (issue 16)
 narrow_lists = st.lists(
     st.sampled_from([np.float32, np.float16]).flatmap(lambda dt: hnp.arrays(
         dt, hnp.array_shapes(min_dims=1, max_dims=2, max_side=30),
@@ -161,52 +161,55 @@ def _client_clipped(arrays: list[np.ndarray], c: float) -> list[np.ndarray]:
     return [w.astype(a.dtype) for w, a in zip(clipped, arrays, strict=True)]
 
 
+def _assert_flat_is_clip_arrays(arrays: list[np.ndarray], c: float) -> float:
+    ref, ref_norm = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=c)
+    out = clip_narrow_flat(arrays, clip_norm=c)
+    assert out is not None
+    flat, norm = out
+    assert norm == ref_norm
+    assert flat.dtype == np.float64 and flat.ndim == 1
+    np.testing.assert_array_equal(flat, np.concatenate([r.ravel() for r in ref]) if ref else np.zeros(0))
+    assert clip_arrays(ref, clip_norm=c)[1] <= c  # the guarantee, on the arrays the vector joins
+    return float(ref_norm)
+
+
 @settings(max_examples=300, deadline=None)
 @given(xs=narrow_lists, c=clip_norms, pre_clip=st.booleans())
-def test_clip_narrow_as_float64_is_clip_arrays_of_float64_copies_bit_for_bit(
+def test_clip_narrow_flat_is_clip_arrays_of_float64_copies_bit_for_bit(
         xs: list[np.ndarray], c: float, pre_clip: bool) -> None:
-    # Arrange: raw arrays, or a client's clipped-then-cast reply (norm at C up to the cast's rounding)
-    arrays = _client_clipped(xs, c) if pre_clip else xs
-    ref, ref_norm = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=c)
-    # Act
-    out = clip_narrow_as_float64(arrays, clip_norm=c)
-    # Assert
-    assert out is not None
-    got, norm = out
-    assert norm == ref_norm
-    assert len(got) == len(ref)
-    for g, r in zip(got, ref, strict=True):
-        assert g.dtype == np.float64 and g.shape == r.shape
-        np.testing.assert_array_equal(g, r)
-    assert clip_arrays(got, clip_norm=c)[1] <= c
+    # raw arrays, or a client's clipped-then-cast reply (norm at C up to the cast's rounding)
+    _assert_flat_is_clip_arrays(_client_clipped(xs, c) if pre_clip else xs, c)
 
 
-def test_clip_narrow_as_float64_takes_the_rescale_path_like_clip_arrays() -> None:
-    # a float32 cast that lands above C: the server must scale it down exactly as clip_arrays does
+def test_clip_narrow_flat_takes_the_rescale_path_like_clip_arrays_on_model_sized_arrays() -> None:
+    # a 10k-parameter MLP's shapes (the first run is longer than numpy's pairwise block and 8192):
+    # the float32 cast of a clipped update lands above C about half the time; both paths bit for bit
     rng = np.random.default_rng(3)
-    hits = 0
-    for _ in range(200):
-        arrays = _client_clipped([rng.normal(size=(7, 5)).astype(np.float32) * 10, rng.normal(size=5).astype(np.float32)], 1.0)
-        ref, ref_norm = clip_arrays([np.asarray(a, dtype=np.float64) for a in arrays], clip_norm=1.0)
-        got, norm = clip_narrow_as_float64(arrays, clip_norm=1.0) or ([], -1.0)
-        hits += ref_norm > 1.0
-        assert norm == ref_norm
-        for g, r in zip(got, ref, strict=True):
-            np.testing.assert_array_equal(g, r)
-    assert 20 < hits < 180  # both paths were taken
+    shapes = [(128, 64), (128,), (10, 128), (10,), (3, 5000)]
+    above = 0
+    for _ in range(60):
+        raw = [rng.normal(scale=rng.uniform(0.01, 1.0), size=s).astype(np.float32) for s in shapes]
+        above += _assert_flat_is_clip_arrays(_client_clipped(raw, 1.0), 1.0) > 1.0
+        _assert_flat_is_clip_arrays(raw, 0.5)
+    assert 5 < above < 55  # both paths were taken
+
+
+def test_clip_narrow_flat_reads_non_contiguous_arrays_in_c_order() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4).T  # Fortran-ordered view
+    _assert_flat_is_clip_arrays([a, np.ones(2, np.float32)], 3.0)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_clip_narrow_as_float64_returns_none_on_nan_or_inf(bad: float) -> None:
+def test_clip_narrow_flat_returns_none_on_nan_or_inf(bad: float) -> None:
     a = np.ones(4, np.float32)
     a[2] = bad
-    assert clip_narrow_as_float64([np.ones(3, np.float32), a], clip_norm=1.0) is None
+    assert clip_narrow_flat([np.ones(3, np.float32), a], clip_norm=1.0) is None
 
 
-def test_clip_narrow_as_float64_refuses_wide_or_foreign_arrays() -> None:
+def test_clip_narrow_flat_refuses_wide_or_foreign_arrays() -> None:
     with pytest.raises(TypeError, match=r"arrays\[1\]"):
-        clip_narrow_as_float64([np.ones(2, np.float32), np.ones(2)], clip_norm=1.0)
+        clip_narrow_flat([np.ones(2, np.float32), np.ones(2)], clip_norm=1.0)
     with pytest.raises(TypeError, match=r"arrays\[0\]"):
-        clip_narrow_as_float64([[1.0, 2.0]], clip_norm=1.0)  # type: ignore[list-item]
+        clip_narrow_flat([[1.0, 2.0]], clip_norm=1.0)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="clip_norm"):
-        clip_narrow_as_float64([np.ones(2, np.float32)], clip_norm=0.0)
+        clip_narrow_flat([np.ones(2, np.float32)], clip_norm=0.0)

@@ -270,3 +270,20 @@ def test_engine_log_line_does_not_disclose_the_message_count(toyapp_dir: Path) -
     engine = [line for line in lines if line.startswith("in-process engine:")]
     assert len(engine) == 1 and "4 supernodes" in engine[0]
     assert "messages" not in engine[0]
+
+
+def test_message_ids_are_canonical_random_uuid4s() -> None:
+    # the engine's own uuid4 strings (one os.urandom call per batch): what str(uuid.uuid4()) gives
+    from server.engine.grid import _uuid4s
+
+    ids = _uuid4s(5000)
+    parsed = [uuid.UUID(i) for i in ids]
+    assert all(str(u) == i and u.version == 4 and u.variant == uuid.RFC_4122 for u, i in zip(parsed, ids, strict=True))
+    assert len(set(ids)) == len(ids) and _uuid4s(0) == []
+    # every non-fixed bit varies (122 random bits): none stuck at 0 or 1 over 5000 ids
+    ored = anded = parsed[0].int
+    for u in parsed[1:]:
+        ored |= u.int
+        anded &= u.int
+    fixed = (0xF << 76) | (0x3 << 62)
+    assert ored | fixed == (1 << 128) - 1 and anded & ~fixed == 0
