@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import io
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -229,8 +230,53 @@ def record_of(content: RecordDict, name: str, kind: type[_RecordT]) -> _RecordT:
 
 
 def decode_train(msg: Message) -> tuple[RoundInstructions, list[np.ndarray]]:
-    return (RoundInstructions.from_record(dict(record_of(msg.content, "config", ConfigRecord).items())),
-            record_to_arrays(record_of(msg.content, "arrays", ArrayRecord)))
+    """The instructions and the global weights (read-only views of the message's bytes) of a train message.
+
+    A round's messages share one ``config`` and one ``arrays`` record (:func:`train_message`; in one
+    process, or within one pickled chunk of the engine's pool): when both records hold exactly the
+    objects the last call decoded (identity of every key, value and array field, each of an immutable
+    type), the last decoded instructions and read-only views are returned again (a new list), which is
+    what decoding them again gives: ~5 µs a message instead of ~11 for a 4-array model.
+    """
+    global _LAST_TRAIN
+    config = record_of(msg.content, "config", ConfigRecord)
+    arrays = record_of(msg.content, "arrays", ArrayRecord)
+    config_parts, array_parts = _parts(config), _array_parts(arrays)
+    last = _LAST_TRAIN
+    if (last is not None and config_parts is not None and array_parts is not None
+            and _same_objects(config_parts, last[0]) and _same_objects(array_parts, last[1])):
+        return last[2], list(last[3])
+    instr = RoundInstructions.from_record(dict(config.items()))
+    weights = record_to_arrays(arrays)
+    if config_parts is not None and array_parts is not None and not any(w.flags.writeable for w in weights):
+        _LAST_TRAIN = (config_parts, array_parts, instr, tuple(weights))  # shared views: read-only ones only
+    return instr, weights
+
+
+# (config parts, array parts, instructions, weights) of the last train message decoded
+_LAST_TRAIN: tuple[tuple, tuple, RoundInstructions, tuple[np.ndarray, ...]] | None = None
+_IMMUTABLE_SCALARS = frozenset((int, float, str, bytes, bool))
+
+
+def _parts(record: ConfigRecord) -> tuple | None:
+    """The record's keys and values in order, or None when a value is of a mutable type."""
+    parts = tuple(x for kv in record.items() for x in kv)
+    return parts if all(type(v) in _IMMUTABLE_SCALARS for v in parts[1::2]) else None
+
+
+def _array_parts(record: ArrayRecord) -> tuple | None:
+    """The record's keys, Arrays and their four fields in order, or None when a field is mutable."""
+    parts: list[Any] = []
+    for k, a in record.items():
+        shape, data = a.shape, a.data
+        if type(shape) is not tuple or type(data) is not bytes:
+            return None
+        parts += (k, a, a.dtype, shape, a.stype, data)
+    return tuple(parts)
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def metrics_record(update: ClientUpdate) -> MetricRecord:

@@ -75,3 +75,37 @@ def test_one_metrics_encoder_for_plain_and_secagg_replies_drops_non_finite_losse
     from clients import secagg_handlers
 
     assert "codec.metrics_record(" in inspect.getsource(secagg_handlers.masked)
+
+
+def test_a_rounds_shared_records_decode_once_and_any_change_decodes_again() -> None:
+    # Arrange: a round's messages share one config and one arrays record (train_message)
+    from flwr.app import Array, ConfigRecord
+
+    weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([0.5, -1.0], np.float32)]
+    arrays = codec.arrays_to_record(weights)
+    config = codec.instructions_record(_instr("central"))
+    msgs = [codec.train_message(n, _instr("central"), arrays, config=config) for n in (1, 2)]
+    # Act
+    i1, w1 = codec.decode_train(msgs[0])
+    i2, w2 = codec.decode_train(msgs[1])
+    # Assert: the same decoded objects (read-only views), a fresh list each time
+    assert i2 is i1 and w2 is not w1 and all(a is b for a, b in zip(w1, w2, strict=True))
+    assert not any(w.flags.writeable for w in w2)
+
+    # a value replaced in the shared config record: decoded again
+    config["seed"] = 5
+    i3, _ = codec.decode_train(msgs[1])
+    assert i3.seed == 5 and i3 is not i1
+    # an array's bytes replaced: decoded again
+    arrays["1"] = codec.arrays_to_record([np.array([7.0, 8.0], np.float32)])["0"]
+    _, w4 = codec.decode_train(msgs[1])
+    np.testing.assert_array_equal(w4[1], [7.0, 8.0])
+    # an Array field reassigned in place (same Array object): decoded again
+    arr: Array = arrays["1"]
+    arr.data = codec.arrays_to_record([np.array([9.0, 1.0], np.float32)])["0"].data
+    _, w5 = codec.decode_train(msgs[1])
+    np.testing.assert_array_equal(w5[1], [9.0, 1.0])
+    # a record with a mutable value (a list) is never memoised: decoded afresh every time
+    listy = ConfigRecord({**dict(config.items()), "extra": [1, 2]})
+    m = codec.train_message(3, _instr("central"), arrays, config=listy)
+    assert codec.decode_train(m)[0] is not codec.decode_train(m)[0]
