@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -168,20 +169,18 @@ def _from_array(arr: Array) -> np.ndarray:
     data = arr.data
     if type(data) is not bytes or len(data) != length or not data.startswith(header):
         return arr.numpy()
-    return np.frombuffer(data, dtype=dtype, count=count, offset=len(header)).reshape(shape)
+    # one constructor call (frombuffer + reshape made two): a read-only C-ordered view of the payload
+    return np.ndarray(shape, dtype, buffer=data, offset=len(header))
 
 
 def arrays_to_record(arrays: Sequence[np.ndarray]) -> ArrayRecord:
     """The arrays as an ``ArrayRecord`` keyed ``"0", "1", ...`` (what ``from_numpy_ndarrays`` builds)."""
     record = ArrayRecord()
     data = {str(i): _to_array(np.asarray(a)) for i, a in enumerate(arrays)}
-    if all(type(v) is Array for v in data.values()):  # what ArrayRecord.__setitem__ checks and leaves
-        record.__dict__["_data"].update(data)
-        if data:
-            record.__dict__["_is_dirty"] = True
-        return record
-    for k, v in data.items():  # pragma: no cover - _to_array builds Arrays
-        record[k] = v
+    # every value is an Array (_to_array builds nothing else): what ArrayRecord.__setitem__ checks
+    record.__dict__["_data"].update(data)
+    if data:
+        record.__dict__["_is_dirty"] = True
     return record
 
 
@@ -287,7 +286,7 @@ def metrics_record(update: ClientUpdate) -> MetricRecord:
     metrics: dict[str, Any] = {}
     if update.num_examples is not None:
         metrics["num-examples"] = int(update.num_examples)
-    if update.train_loss is not None and np.isfinite(update.train_loss):
+    if update.train_loss is not None and math.isfinite(update.train_loss):
         metrics["train-loss"] = float(update.train_loss)
     for key, value in update.metrics.items():
         metrics[key.replace("_", "-")] = float(value)
