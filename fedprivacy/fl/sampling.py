@@ -26,7 +26,7 @@ def poisson_sample(population: Sequence[int], *, sample_rate: float, rng: Random
     """Each id joins independently with probability ``sample_rate``; returns the ids sorted."""
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
-    ids = sorted(int(p) for p in population)
+    ids = sorted(map(int, population))
     if len(set(ids)) != len(ids):
         raise ValueError("population must not contain duplicate ids")
     if not ids:
@@ -37,7 +37,7 @@ def poisson_sample(population: Sequence[int], *, sample_rate: float, rng: Random
 
 def fixed_cohort_sample(population: Sequence[int], *, cohort_size: int, rng: RandomSource) -> list[int]:
     """``cohort_size`` ids uniformly without replacement; returns them sorted."""
-    ids = sorted(int(p) for p in population)
+    ids = sorted(map(int, population))
     if len(set(ids)) != len(ids):
         raise ValueError("population must not contain duplicate ids")
     if not 1 <= cohort_size <= len(ids):

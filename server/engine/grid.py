@@ -148,6 +148,7 @@ class InProcessGrid(Grid):
         self._inflight: set[str] = set()  # handed to the executor, no outcome yet
         # replies waiting to be pulled: (reply, arrival time (monotonic), instruction)
         self._ready: dict[str, tuple[Message, float, Message]] = {}
+        self._reply_ids: list[str] = []  # uuid4 strings not yet given to a reply
         self._app = client_app
         self._executor: SerialExecutor | PoolExecutor = (
             SerialExecutor(client_app)
@@ -352,7 +353,11 @@ class InProcessGrid(Grid):
         reply = outcome.reply
         if reply is None:
             return
-        set_message_id(reply, _uuid4s(1)[0])
+        with self._lock:
+            if not self._reply_ids:  # ids for replies, made in batches (one os.urandom call each)
+                self._reply_ids = _uuid4s(256)
+            reply_id = self._reply_ids.pop()
+        set_message_id(reply, reply_id)
         errors = [
             e
             for e in validate_message(reply, is_reply_message=True)
