@@ -13,11 +13,11 @@ unchanged; NaN or Inf raises ``ValueError`` naming the offending argument.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["clip_arrays", "clip_l2", "clip_narrow_flat", "flatten", "l2_norm", "unflatten"]
+__all__ = ["NARROW_FLOATS", "clip_arrays", "clip_l2", "clip_narrow_flat", "flatten", "l2_norm", "unflatten"]
 
 
 def _check_clip_norm(clip_norm: float) -> float:
@@ -76,14 +76,16 @@ def _out_dtype(x: np.ndarray) -> np.dtype:
     return x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
 
 
-def _scale_to(arrays: Sequence[np.ndarray], factor: float, bound: float) -> list[np.ndarray]:
-    """Scale every array by ``factor`` (rounded to its dtype) so their joint norm stays <= bound."""
+def _scale_to(arrays: Sequence[np.ndarray], factor: float, bound: float, *,
+              total_norm: Callable[[list[np.ndarray]], float] = _total_norm) -> list[np.ndarray]:
+    """Scale every array by ``factor`` (rounded to its dtype) so their joint norm, as ``total_norm``
+    measures it, stays <= bound."""
     f = factor
     for _ in range(64):
         out = [
             (np.asarray(a, dtype=np.float64) * f).astype(_out_dtype(a), copy=False) for a in arrays
         ]
-        if _total_norm(out) <= bound:
+        if total_norm(out) <= bound:
             return out
         eps = max(float(np.finfo(_out_dtype(a)).eps) for a in arrays)
         f *= 1.0 - 4.0 * eps
@@ -155,7 +157,8 @@ def clip_arrays(
     return _scale_to(arrs, c / total, c), total
 
 
-_NARROW = frozenset((np.dtype(np.float16), np.dtype(np.float32)))
+#: The float dtypes whose float64 copies :func:`clip_narrow_flat` clips (no square of them overflows).
+NARROW_FLOATS = frozenset((np.dtype(np.float16), np.dtype(np.float32)))
 
 
 def clip_narrow_flat(arrays: Sequence[np.ndarray], *, clip_norm: float) -> tuple[np.ndarray, float] | None:
@@ -180,7 +183,7 @@ def clip_narrow_flat(arrays: Sequence[np.ndarray], *, clip_norm: float) -> tuple
     c = _check_clip_norm(clip_norm)
     bounds = [0]
     for i, a in enumerate(arrays):
-        if not isinstance(a, np.ndarray) or a.dtype not in _NARROW:
+        if not isinstance(a, np.ndarray) or a.dtype not in NARROW_FLOATS:
             raise TypeError(f"arrays[{i}] must be a float16/float32 numpy array, got "
                             f"{getattr(a, 'dtype', type(a).__name__)}")
         bounds.append(bounds[-1] + a.size)
@@ -192,14 +195,11 @@ def clip_narrow_flat(arrays: Sequence[np.ndarray], *, clip_norm: float) -> tuple
     total = _hypot_all(norms)
     if total <= c:
         return flat, total
-    f = c / total  # _scale_to, on the vector: the same products, the same nudges (float64's eps)
-    eps = float(np.finfo(np.float64).eps)
-    for _ in range(64):
-        out = flat * f
-        if _hypot_all(_run_norms(out, bounds) or [math.inf]) <= c:
-            return out, total
-        f *= 1.0 - 4.0 * eps
-    raise ArithmeticError("could not scale below the clip norm")  # pragma: no cover
+    # the vector scaled as clip_arrays scales the arrays it joins: the same products and nudges (float64's
+    # eps), the joint norm taken run by run
+    (out,) = _scale_to([flat], c / total, c,
+                       total_norm=lambda scaled: _hypot_all(_run_norms(scaled[0], bounds) or [math.inf]))
+    return out, total
 
 
 def _run_norms(flat: np.ndarray, bounds: Sequence[int]) -> list[float] | None:

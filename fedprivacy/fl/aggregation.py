@@ -70,9 +70,6 @@ def clip_to_norm(arrays: Sequence[np.ndarray], *, clip_norm: float) -> list[np.n
     return [np.asarray(a, dtype=np.float64) for a in clipped]
 
 
-_NARROW = (np.dtype(np.float32), np.dtype(np.float16))
-
-
 def _clipped_narrow(delta: Sequence[np.ndarray], like: Sequence[np.ndarray], *,
                     clip_norm: float) -> np.ndarray | None:
     """What :func:`non_finite_reason` then :func:`clip_to_norm` give for an update of float32/float16
@@ -80,12 +77,12 @@ def _clipped_narrow(delta: Sequence[np.ndarray], like: Sequence[np.ndarray], *,
     few passes over that vector (:func:`fedprivacy.dp.clipping.clip_narrow_flat`: its finite sums of
     squares are the NaN/Inf check); None for anything else (another dtype or shape, a NaN or Inf,
     ``clip_norm`` 0), which takes those two functions themselves."""
-    from fedprivacy.dp.clipping import clip_narrow_flat
+    from fedprivacy.dp.clipping import NARROW_FLOATS, clip_narrow_flat
 
     if clip_norm <= 0 or len(delta) != len(like):
         return None
     for a, b in zip(delta, like, strict=True):
-        if type(a) is not np.ndarray or a.dtype not in _NARROW or a.shape != np.shape(b):
+        if type(a) is not np.ndarray or a.dtype not in NARROW_FLOATS or a.shape != np.shape(b):
             return None
     out = clip_narrow_flat(delta, clip_norm=clip_norm)
     return None if out is None else out[0]
