@@ -29,6 +29,7 @@ and, load-robust, from CPU seconds per round (this process: the server and every
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -52,21 +53,27 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
+@functools.cache
+def _sibling(name: str) -> Any:
+    """``scripts/<name>.py`` as a module (scripts are not a package), loaded once per process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_{name}", REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def setup_config(name: str, *, epsilon: float, setup_rounds: int | None) -> tuple[dict[str, Any], int]:
     """(run config, population) of ``scripts/benchmark.py --setup NAME``'s central row at target ``epsilon``
     (its data, partitioner, model, local training, clip, Poisson q, server step, seed 0, and the σ
     calibrated for ``setup_rounds`` rounds, the setup's own T by default): the real-data workload of
     issue 13's curve, run here for a few rounds per mode. A mode changes only ``privacy`` and ``secagg``
     (the rows' accountant stays the setup's PLD)."""
-    import importlib.util
-
     from fedprivacy_bench.fedprivacy_runner import run_config_for
 
-    spec = importlib.util.spec_from_file_location("_benchmark", REPO / "scripts" / "benchmark.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    row = bench.setup_sweep(name, rounds=setup_rounds, epsilons=(epsilon,), modes=("central",))[0]
+    row = _sibling("benchmark").setup_sweep(name, rounds=setup_rounds, epsilons=(epsilon,), modes=("central",))[0]
     cfg = run_config_for(row, output_dir="")
     for key in ("output-dir", "run-name", "num-server-rounds", "eval-every", "privacy", "secagg"):
         cfg.pop(key)
@@ -155,12 +162,7 @@ def _floor(mode: str, *, clients: int, dim: int, run_config: dict[str, Any] | No
            population: int | None = None) -> dict[str, Any]:
     """``scripts/secagg_bench.py``'s per-client floor for this run's n, k, t and d (and, in distributed
     mode, XNoise's sampling for this run's design: the run's own encoding, as the server sizes it)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_secagg_bench", REPO / "scripts" / "secagg_bench.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _sibling("secagg_bench")
     args = argparse.Namespace(clients=clients, dim=dim, neighbours=0, bits=32, dropout=0.0,
                               stage="masked", active=False)
     p = bench._params(args)
