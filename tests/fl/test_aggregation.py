@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -170,4 +172,28 @@ def test_aggregate_equals_the_generic_checks_bit_for_bit(seed: int, c: float, n:
     assert res.dropped == dropped
     for got, ref in zip(res.mean_update, mean, strict=True):
         assert got.dtype == ref.dtype
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_client_sending_the_largest_finite_floats_is_clipped_to_c_like_the_generic_path(dtype: type) -> None:
+    # Arrange: a deviating client fills its reply with its dtype's extremes (the fast path's "no square
+    # overflows in float64" at its edge), beside an honest one; 20k entries: past numpy's pairwise block
+    big = np.finfo(dtype).max
+    like = [np.zeros(20_000, dtype), np.zeros(3, dtype)]
+    attacker = ClientUpdate(partition_id=0, delta=(np.full(20_000, big, dtype),
+                                                   np.array([-big, big, -big], dtype)))
+    honest = ClientUpdate(partition_id=1, delta=(np.full(20_000, 1e-3, dtype), np.zeros(3, dtype)))
+    c = 0.5
+    # Act
+    res = PlainAggregator(clip_norm=c, noise_std=0.0).aggregate([attacker, honest], like=like, denominator=2.0,
+                                                                 rng=RandomSource.seeded(0))
+    # Assert: nobody dropped, the attacker's share of the sum is at most C, and bit for bit the generic checks
+    assert res.dropped == {} and tuple(res.aggregated) == (0, 1)
+    alone = PlainAggregator(clip_norm=c, noise_std=0.0).aggregate([attacker], like=like, denominator=1.0,
+                                                                   rng=RandomSource.seeded(0))
+    assert math.sqrt(sum(float(np.sum(np.square(a.astype(np.float64)))) for a in alone.mean_update)) <= c * (1 + 1e-3)
+    mean, dropped = _reference_aggregate([attacker, honest], like, clip_norm=c, denominator=2.0)
+    assert dropped == {}
+    for got, ref in zip(res.mean_update, mean, strict=True):
         np.testing.assert_array_equal(got, ref)
