@@ -19,7 +19,8 @@ from flwr.clientapp import ClientApp
 from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
-from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy
+from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy, PolicyRefusal
+from fedprivacy.fl.modes import get_mode
 from fedprivacy_flwr import codec
 
 app = ClientApp()
@@ -98,15 +99,20 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training, Δ clipped (and noised in local mode); see :mod:`fedprivacy.fl.client`."""
+    """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`."""
     cfg, pid, total = _node(context)
     policy = _policy(context)
     instr, weights = codec.decode_train(msg)
-    instr = policy.apply(instr)  # its own mode floor, seed rule and (local mode) its own noise
+    dim = sum(int(w.size) for w in weights)
+    try:
+        mode = get_mode(instr.privacy)  # this process's registry: the meaning of the name the server sent
+    except ValueError as exc:
+        raise PolicyRefusal(f"server asks for privacy {instr.privacy!r}: {exc}") from None
+    instr = policy.apply(instr, dim=dim, mode=mode)  # its own mode floor, seed rule and its own noise
     log = round_log.load(context)
     log.admit(instr.round)  # once per round, rounds in order (ProtocolViolation otherwise)
     round_log.save(context, log)
-    rho = policy.round_rho(instr)  # its cumulative budget: refused before training if it cannot pay
+    rho = policy.round_rho(instr, dim=dim)  # its cumulative budget: refused before training if it cannot pay
     budget_log.check(context, policy, rho, round=instr.round, mode=instr.privacy)
     update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
     reply = codec.train_reply(msg, policy.filter_update(update))

@@ -45,7 +45,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedprivacy.errors import ConfigError
 
@@ -53,6 +53,9 @@ from fedprivacy.errors import ConfigError
 from fedprivacy.ml.datasets.fashion_mnist import FashionMnistOptions
 from fedprivacy.ml.datasets.synthetic import SyntheticOptions
 from fedprivacy.ml.partition import PARTITIONERS, DataSpec
+
+if TYPE_CHECKING:
+    from fedprivacy.fl.modes.base import PrivacyMode
 
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
@@ -438,8 +441,18 @@ class RunConfig:
         return max(self.seed, 0)
 
     @property
+    def mode(self) -> PrivacyMode:
+        """The privacy mode object ``privacy`` names (:mod:`fedprivacy.fl.modes`, the one registry)."""
+        from fedprivacy.fl.modes import get_mode
+
+        return get_mode(self.privacy)
+
+    @property
     def is_dp(self) -> bool:
-        return self.privacy != "none"
+        """Whether the mode adds noise and claims an ε (its mechanisms say so, not its name)."""
+        from fedprivacy.fl.modes import is_private
+
+        return is_private(self.mode)
 
     @property
     def hf_name(self) -> str | None:
@@ -474,14 +487,7 @@ class RunConfig:
 
     # ------------------------------------------------------------------ validation
     def _check_adaptive_clip(self) -> None:
-        """Adaptive clipping's rules across keys (issue 17)."""
-        if self.adaptive_clip and self.privacy not in ("central", "none", "distributed"):
-            raise ValueError(
-                f"adaptive-clip=true is implemented for privacy='central', 'distributed' and 'none', got "
-                f"{self.privacy!r} (local mode has no private count of the clipped updates)")
-        if self.adaptive_clip and self.secagg and self.privacy != "distributed":
-            raise ValueError("adaptive-clip=true with secagg=true needs privacy='distributed' (the count "
-                             "bit travels inside secure aggregation with its own discrete noise)")
+        """Adaptive clipping's rules across keys (the mode's own are in its ``check``)."""
         if self.adaptive_clip and self.clip_norm <= 0:
             raise ValueError(f"clip-norm (the initial clip norm) must be > 0 when adaptive-clip=true, "
                              f"got {self.clip_norm}")
@@ -492,18 +498,8 @@ class RunConfig:
                 f"clip-norm must be > 0 when privacy={self.privacy!r} (the sensitivity), got "
                 f"{self.clip_norm}; set e.g. clip-norm=0.5, or privacy='none' for no DP"
             )
-        if self.privacy in ("central", "local") and self.noise_multiplier == 0 and self.target_epsilon == 0:
-            raise ValueError(
-                f"noise-multiplier must be > 0 (or target-epsilon > 0 to calibrate it) when "
-                f"privacy={self.privacy!r}, got {self.noise_multiplier}; set e.g. noise-multiplier=1.0"
-            )
-        if self.privacy == "distributed" and not self.secagg:
-            raise ValueError("secagg must be true when privacy='distributed' (the noise is only hidden by "
-                             "secure aggregation); set secagg=true, or privacy='central' secagg=false")
+        self.mode.check(self)
         self._check_secagg()
-        if self.privacy == "none" and self.target_epsilon > 0:
-            raise ValueError(f"target-epsilon must be 0 when privacy='none' (nothing is accounted), got "
-                             f"{self.target_epsilon:g}; set target-epsilon=0 or choose a DP privacy mode")
         if self.sampling == "fixed":
             if self.cohort_size < 1:
                 raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}; "
@@ -518,29 +514,10 @@ class RunConfig:
             raise ValueError("run-name must be set when resume=true (the run folder to continue), got ''; "
                              "set run-name to the folder under output-dir, or resume=false")
 
-
     def _check_secagg(self) -> None:
-        """secagg combinations (owner: secagg integration, ``fedprivacy/fl/secure.py``)."""
-        if self.privacy == "distributed":
-            if self.accountant not in ("pld", "rdp"):
-                raise ValueError(
-                    f"accountant must be 'pld' or 'rdp' when privacy='distributed' (each round is "
-                    f"accounted as its dominating Gaussian, fedprivacy.accounting.distributed), got "
-                    f"{self.accountant!r}")
-            if self.noise_multiplier == 0 and self.target_epsilon == 0:
-                raise ValueError(
-                    "noise-multiplier must be > 0 when privacy='distributed', or 0 with "
-                    "target-epsilon > 0 to calibrate it for privacy-audience, got 0")
+        """secagg combinations every mode shares (a mode refuses secagg in its own ``check``)."""
         if not self.secagg:
             return
-        if self.privacy == "central":
-            raise ValueError(
-                "secagg=true with privacy='central' is refused: the server would unmask the un-noised "
-                "sum before adding its noise; set secagg=false for central DP, or privacy='distributed' "
-                "(clients add discrete Gaussian noise, the server only ever sees a noised sum)")
-        if self.privacy == "local":
-            raise ValueError("secagg=true with privacy='local' is not supported; set secagg=false for local "
-                             "DP, or privacy='distributed'")
         if self.clip_norm <= 0:
             raise ValueError(f"clip-norm must be > 0 when secagg=true (fixed-point range), got {self.clip_norm}")
         if self.sampling == "fixed" and self.cohort_size < 3:

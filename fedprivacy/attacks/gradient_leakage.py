@@ -204,9 +204,12 @@ def apply_defence(
         raise ValueError(f"noise_std must be >= 0, got {noise_std}")
     if noise_std > 0 and rng is None:
         raise ValueError("rng is required when noise_std > 0")
-    return privatize_update(update, privacy="local" if noise_std > 0 else "none",
-                            clip_norm=clip_norm or 0.0, local_noise_std=noise_std,
-                            rng=rng if rng is not None else RandomSource.secure())
+    clipped = privatize_update(update, clip_norm=clip_norm or 0.0, mechanism=None, noise_multiplier=0.0,
+                               private=False, rng=rng if rng is not None else RandomSource.secure())
+    if noise_std == 0:
+        return clipped
+    assert rng is not None
+    return [a + rng.normal(std=noise_std, size=a.shape) for a in clipped]
 
 
 def encoded_share(
@@ -229,7 +232,8 @@ def encoded_share(
     from fedprivacy.fl.client import privatize_update
     from fedprivacy.secagg.encoding import largest_scale_encoding
 
-    clipped = privatize_update(update, privacy="none", clip_norm=clip_norm, local_noise_std=0.0, rng=rng)
+    clipped = privatize_update(update, clip_norm=clip_norm, mechanism=None, noise_multiplier=0.0, private=False,
+                               rng=rng)
     flat = flatten(clipped, dtype=np.float64)
     enc = largest_scale_encoding(kind="ddgauss", dim=int(flat.size), clip_norm=clip_norm,
                                  modulus_bits=32, population=threshold, noise_multiplier=noise_multiplier,

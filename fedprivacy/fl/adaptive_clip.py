@@ -157,8 +157,9 @@ class AdaptiveSecureRound(_QuantileState, SecureRound):
 
     def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
                  spec: AdaptiveClipSpec, log: Any = print) -> None:
-        if cfg.privacy != "distributed" or not spec.count_noise_std > 0:
-            raise ValueError("AdaptiveSecureRound needs privacy='distributed' and count_noise_std > 0")
+        if not cfg.mode.secure_noise or not spec.count_noise_std > 0:
+            raise ValueError("AdaptiveSecureRound needs a mode whose noise is added in secure aggregation "
+                             "(privacy='distributed') and count_noise_std > 0")
         super().__init__(cfg, transport, population=population, log=log)
         self.spec = spec
         self.estimator = _estimator(spec)

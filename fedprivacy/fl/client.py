@@ -2,11 +2,11 @@
 
 1. start from the global weights, train locally (:func:`fedprivacy.ml.train_local`, optionally DP-SGD);
 2. Δ = w_local − w_global, clipped to global L2 norm ``C`` (:func:`fedprivacy.dp.clip_arrays`);
-3. in ``local`` mode add N(0, (σC)²) per coordinate itself, from its own :class:`RandomSource`
-   (McMahan et al. 2018, Alg. 1, with the noise moved to the client);
-4. reply with Δ and, only when the server is trusted with them (privacy ``none``/``central``), the number
-   of examples, the training loss and DP-SGD step counts. Raw update norms are never sent: they are not
-   covered by ε.
+3. add the noise of the client mechanism the instructions name (:mod:`fedprivacy.fl.mechanisms`,
+   resolved in this process's registry), from its own :class:`RandomSource`;
+4. reply with Δ and, only when it adds no noise of its own (the server sees the update as it is), the
+   number of examples, the training loss and DP-SGD step counts. Raw update norms are never sent: they
+   are not covered by ε.
 
 Randomness: ``RandomSource.seeded(seed).child("client", partition_id, round)`` in research mode, a fresh
 secure source otherwise; the torch seed of local training is drawn from it.
@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedprivacy.fl.mechanisms import get_client_mechanism
 from fedprivacy.fl.task import LocalResult
 from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.mechanisms import ClientMechanism
 
 
 LocalTrainer = Callable[[Sequence[np.ndarray], int], LocalResult]
@@ -43,30 +45,29 @@ def client_rng(*, seed: int, partition_id: int, round: int) -> RandomSource:
 def privatize_update(
     delta: Sequence[np.ndarray],
     *,
-    privacy: str,
     clip_norm: float,
-    local_noise_std: float,
+    mechanism: ClientMechanism | None,
+    noise_multiplier: float,
+    private: bool,
     rng: RandomSource,
 ) -> list[np.ndarray]:
-    """Clip Δ to global L2 norm ``clip_norm`` (if > 0) and, in ``local`` mode, add N(0, std²).
+    """Clip Δ to global L2 norm ``clip_norm`` (if > 0) and add ``mechanism``'s noise (if any).
 
-    Gaussian mechanism on the clipped update (Dwork & Roth 2014, Thm. A.1): any two clipped updates are
-    at most ``2C`` apart, which is the sensitivity the local-mode accounting uses.
+    Clipping bounds any two released updates to ``2C`` apart, the sensitivity the mechanism's event
+    accounts for.
 
-    A non-finite Δ (local training diverged on this client's data) is a data-dependent event. In the
-    modes whose server is the adversary (``local``, ``distributed``) an error reply or a dropout
-    would disclose it outside ε, so Δ is replaced by zeros, a valid clipped update, and released with
-    the same noise: the reply then has the law of a client whose update is 0 (review3 V6's residue).
-    So in ``central`` mode too, where a failure would reach the published console and stop reason
-    (review4 W5). The client logs that locally; nothing in the reply says so. Without privacy
-    (``none``) it raises ValueError instead, so that the run reports the divergence.
+    A non-finite Δ (local training diverged on this client's data) is a data-dependent event. Where the
+    round is private or the client adds noise, an error reply or a dropout would disclose it outside ε,
+    so Δ is replaced by zeros, a valid clipped update, and released with the same noise: the reply then
+    has the law of a client whose update is 0. The client logs that locally; nothing in the reply says
+    so. Without privacy it raises ValueError instead, so that the run reports the divergence.
 
     Returns float64 arrays.
     """
     from fedprivacy.dp.clipping import clip_arrays
 
     arrays = [np.asarray(a, dtype=np.float64) for a in delta]
-    if privacy in ("local", "distributed", "central") and not all(np.all(np.isfinite(a)) for a in arrays):
+    if (private or mechanism is not None) and not all(np.all(np.isfinite(a)) for a in arrays):
         logging.getLogger(__name__).warning(
             "this client's local update is not finite (training diverged): releasing a zero update "
             "with the mode's noise, so that the reply does not depend on it")
@@ -76,10 +77,12 @@ def privatize_update(
         arrays = [np.asarray(a, dtype=np.float64) for a in clipped]
     elif not all(np.all(np.isfinite(a)) for a in arrays):
         raise ValueError("update contains NaN/Inf values")
-    if privacy == "local":
-        if local_noise_std <= 0:
-            raise ValueError(f"local_noise_std must be > 0 in local mode, got {local_noise_std}")
-        arrays = [a + rng.normal(std=local_noise_std, size=a.shape) for a in arrays]
+    if mechanism is not None:
+        if not clip_norm > 0:
+            raise ValueError(f"client mechanism {mechanism.name!r} needs a clip norm > 0, got {clip_norm}")
+        arrays = [np.asarray(a, dtype=np.float64)
+                  for a in mechanism.privatize(arrays, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                                               rng=rng)]
     return arrays
 
 
@@ -101,9 +104,13 @@ def client_update(
     result = train(weights, int(rng.child("train").integers(0, 2**31 - 1)))
     delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
              for w, g in zip(result.weights, weights, strict=True)]
-    released = privatize_update(delta, privacy=instructions.privacy, clip_norm=instructions.clip_norm,
-                                local_noise_std=instructions.local_noise_std, rng=rng.child("noise"))
-    trusted = instructions.privacy in ("none", "central")
+    mechanism = get_client_mechanism(instructions.client_mechanism)
+    # a secure-only mechanism's noise goes into the encoded vector (fedprivacy.fl.secure.client), not here
+    adds = None if mechanism is None or getattr(mechanism, "secure_only", False) else mechanism
+    released = privatize_update(delta, clip_norm=instructions.clip_norm, mechanism=adds,
+                                noise_multiplier=instructions.noise_multiplier, private=instructions.private,
+                                rng=rng.child("noise"))
+    trusted = mechanism is None  # the server sees this update as it is: its metadata adds little
     metrics: dict[str, float] = {}
     if trusted and result.dpsgd_steps is not None:
         metrics = {"dpsgd_steps": float(result.dpsgd_steps),
@@ -113,7 +120,7 @@ def client_update(
         delta=tuple(a.astype(np.float32) for a in released),
         num_examples=result.num_examples if trusted else None,
         # with DP-SGD the example-level claim covers the noised update only: the un-noised training loss
-        # is not sent beside it (review3 V2's residue)
+        # is not sent beside it
         train_loss=result.loss if trusted and result.dpsgd_steps is None else None,
         metrics=metrics,
     )

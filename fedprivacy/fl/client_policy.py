@@ -13,9 +13,11 @@ server counts as that client's dropout.
 Per-round privacy loss, as zCDP ρ of this client's contribution (Bun & Steinke 2016, Prop. 1.6: a
 Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-zCDP):
 
-* ``local``: the client adds ``N(0, (z C)²)`` to its clipped update (sensitivity ``2C`` between any two
-  clipped updates, the relation the local accounting uses): ``ρ = 2/z²``. The client adds *its own*
-  noise: ``z = max(requested, min_noise_multiplier)``; a request for less noise is not obeyed.
+* a client mechanism (``local``: the Gaussian; any registered one, :mod:`fedprivacy.fl.mechanisms`): the
+  ρ of the mechanism's own accounting event under replace-one adjacency of the clipped update
+  (:func:`fedprivacy.fl.mechanisms.zcdp_rho`; the Gaussian's ``N(0, (z C)²)`` gives ``ρ = 2/z²``). The
+  client adds *its own* noise, raised until one round costs at most what a Gaussian of
+  ``min_noise_multiplier`` would and at most ``max_rho_per_round``; a request for less is not obeyed.
 * ``distributed``: from the complete encoding the server sent (C, scale, modulus bits, padded dimension,
   t_min, σ, colluders; checked at the share stage, before any secret leaves the client) and the roster
   size, the dominating Gaussian of the worst released sum
@@ -27,10 +29,10 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   in ρ), and the count's own multiplier ``σ/k_b = 2σ_b`` must be at least ``min_noise_multiplier``: a
   server cannot make the client send its bit with less noise than its floor.
 
-Cumulative budget (review2 R2): the client also sums the ρ of every round it releases and refuses a
+Cumulative budget: the client also sums the ρ of every round it releases and refuses a
 round that would take the total above ``client-max-rho-total`` (across runs with
 ``client-budget-path``): :mod:`fedprivacy.fl.client_budget`; zCDP composes additively (Bun & Steinke
-2016, Lemma 2.3). A ``central``/``none`` round costs ``ρ = ∞`` there.
+2016, Lemma 2.3). A round whose update leaves without the client's noise costs ``ρ = ∞`` there.
 
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
 
@@ -51,10 +53,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from fedprivacy.fl.mechanisms import GaussianNoise, UnknownMechanism, get_client_mechanism, zcdp_rho
+
 if TYPE_CHECKING:
     from fedprivacy.accounting.distributed import DistributedRelease
     from fedprivacy.config import RunConfig
     from fedprivacy.fl.client_budget import BudgetCharge, ClientBudget
+    from fedprivacy.fl.mechanisms import ClientMechanism
     from fedprivacy.fl.types import ClientUpdate, RoundInstructions
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
@@ -64,7 +69,6 @@ __all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
 #: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
 
-MODES = ("none", "central", "local", "distributed")
 #: a distributed round's sampler-truncation term (total variation) the client accepts, and their total (honest
 #: encodings: ~4e-69 a round at 10⁶ coordinates); the total keeps e^ε ΣG ≤ 1e-6 δ for every ε ≤ 96 at δ ≥ 1e-12
 MAX_TV_PER_ROUND = 1e-64
@@ -107,8 +111,8 @@ class ClientPolicy:
     """A client's privacy floor. The defaults are what a client with no configuration accepts.
 
     Attributes:
-        modes: privacy modes it takes part in; by default only those where the server never sees its
-            update un-noised (``local``, ``distributed``).
+        modes: names of the privacy modes it takes part in; by default only those where the server never
+            sees its update un-noised (``local``, ``distributed``).
         min_noise_multiplier: the smallest ``z`` it accepts (``local``: of its own noise; ``distributed``:
             the target ``z`` of the encoding; what a round really costs is capped by ρ below).
         max_rho_per_round: the largest zCDP ρ of one round it will spend.
@@ -149,9 +153,8 @@ class ClientPolicy:
     disclose: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for m in self.modes:
-            if m not in MODES:
-                raise ValueError(f"modes must be among {MODES}, got {m!r}")
+        if not all(isinstance(m, str) and m for m in self.modes):
+            raise ValueError(f"modes must be non-empty names, got {self.modes!r}")
         if not (math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier >= 0):
             raise ValueError(f"min_noise_multiplier must be >= 0, got {self.min_noise_multiplier}")
         if not self.max_rho_per_round > 0:
@@ -230,11 +233,11 @@ class ClientPolicy:
         sides): its privacy mode and noise multiplier, no cap on ρ beyond what that run spends, its
         seed, and the metrics that mode discloses. Never use it for clients the user does not run.
 
-        With ``secagg = true`` nothing is disclosed beside the masked vector, whatever the mode: the
+        Whether the server is trusted is the mode's own word (``cfg.mode.trusted_server``). With ``secagg = true`` nothing is disclosed beside the masked vector, whatever the mode: the
         server is the adversary secure aggregation is run against, and a client's number of examples and
-        un-noised training loss (a membership signal) would reach it in the clear (review5 X3)."""
-        trusted = cfg.privacy in ("none", "central") and not cfg.secagg
-        noisy = cfg.privacy in ("local", "distributed")
+        un-noised training loss (a membership signal) would reach it in the clear."""
+        trusted = cfg.mode.trusted_server and not cfg.secagg
+        noisy = not cfg.mode.trusted_server
         return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
                    max_rho_per_round=math.inf, max_rho_total=math.inf, max_slack_per_round=math.inf,
                    max_slack_total=math.inf, neighbouring=cfg.neighbouring,
@@ -276,21 +279,44 @@ class ClientPolicy:
             raise PolicyRefusal(f"{what}: one round would cost rho = {rho:.4g} > {self.max_rho_per_round:g} "
                                 f"(node config client-max-rho-per-round)")
 
-    def local_noise_multiplier(self, *, clip_norm: float, requested_std: float) -> float:
-        """The ``z`` of the noise this client adds itself in ``local`` mode (never below its floor)."""
-        self.check_mode("local")
+    def client_noise_multiplier(self, mechanism: ClientMechanism, *, clip_norm: float, requested: float,
+                                dim: int | None = None) -> float:
+        """The ``z`` of the noise this client adds itself with ``mechanism`` (never below its floor).
+
+        Its floor: one round costs at most ``max_rho_per_round`` and at most what a Gaussian of
+        ``min_noise_multiplier`` costs (replace-one, ``2/z_min²``). Below that the client raises ``z``
+        itself (the smallest power-of-two multiple of the request that meets it, then bisection) rather
+        than refuse; a mechanism whose ρ it cannot bound is refused.
+        """
         if not clip_norm > 0:
-            raise PolicyRefusal(f"local mode needs a clip norm > 0, got {clip_norm}")
-        # its own floor: at least min_noise_multiplier, and enough that one round stays within
-        # max_rho_per_round (rho = 2/z^2): the client adds the noise itself rather than refuse
-        z = max(requested_std / clip_norm, self.min_noise_multiplier, math.sqrt(2.0 / self.max_rho_per_round))
-        if z <= 0:
-            raise PolicyRefusal("local mode with no noise (client-min-noise-multiplier is 0 and the "
-                                "server asks for none)")
-        # local accounting: sensitivity 2C between two clipped updates, so rho = (2C)^2 / (2 (zC)^2)
-        rho = 2.0 / (z * z)
-        self._check_rho(rho, f"local noise z = {z:.4g}")
-        return z
+            raise PolicyRefusal(f"client mechanism {mechanism.name!r} needs a clip norm > 0, got {clip_norm}")
+        cap = min(self.max_rho_per_round, self._gaussian_rho(self.min_noise_multiplier))
+        rho = self._mechanism_rho(mechanism, requested, dim)
+        if rho <= cap:
+            return requested
+        if not math.isfinite(self._mechanism_rho(mechanism, 1e6 * max(requested, 1.0), dim)):
+            raise PolicyRefusal(f"client mechanism {mechanism.name!r}: this client cannot bound its privacy "
+                                "loss (no zCDP bound for its event); refused")
+        # Gaussian: closed form; other mechanisms: bisection on the monotone rho(z)
+        if isinstance(mechanism, GaussianNoise):
+            return max(requested, self.min_noise_multiplier, math.sqrt(2.0 / self.max_rho_per_round))
+        lo, hi = max(requested, 1e-12), max(requested, 1e-12)
+        while self._mechanism_rho(mechanism, hi, dim) > cap:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if self._mechanism_rho(mechanism, mid, dim) > cap else (lo, mid)
+        return hi
+
+    @staticmethod
+    def _gaussian_rho(z: float) -> float:
+        return math.inf if z <= 0 else 2.0 / (z * z)
+
+    @staticmethod
+    def _mechanism_rho(mechanism: ClientMechanism, z: float, dim: int | None) -> float:
+        if not z > 0:
+            return math.inf
+        return zcdp_rho(mechanism.event(noise_multiplier=z, dim=dim), neighbouring="replace-one")
 
     def check_secagg(self, setup: SetupRequest) -> None:
         """The secure-aggregation setup: schedule and colluders."""
@@ -363,23 +389,25 @@ class ClientPolicy:
         except ValueError as exc:  # no bound, no participation
             raise PolicyRefusal(f"distributed encoding cannot be accounted: {exc}") from None
 
-    def round_rho(self, instructions: RoundInstructions) -> float:
+    def round_rho(self, instructions: RoundInstructions, *, dim: int | None = None) -> float:
         """The zCDP ρ of a plain-path round's reply under :meth:`apply`'s instructions, for the
         client's total (:mod:`fedprivacy.fl.client_budget`).
 
-        ``local``: its own noise ``z = local_noise_std / clip_norm`` on a clipped update (sensitivity
-        ``2C``): ``ρ = 2/z²`` (Bun & Steinke 2016, Prop. 1.6), as the per-round cap computes it.
-        ``central``/``none``: the update leaves without the client's noise, ``ρ = ∞``. A seeded round
-        (``seed >= 0``, only where ``client-allow-seeded``): the server that sent the seed can regenerate
-        the noise and subtract it, ``ρ = ∞`` too (review6 Y3: it recovered the clipped update to 1.2e-7
-        while the file recorded ρ = 2).
+        With a client mechanism: the ρ of its own event (:func:`fedprivacy.fl.mechanisms.zcdp_rho`,
+        replace-one on the clipped update; the Gaussian's ``2/z²``). Without one the update leaves
+        without the client's noise: ``ρ = ∞``. A seeded round (``seed >= 0``, only where
+        ``client-allow-seeded``): the server that sent the seed can regenerate the noise and subtract
+        it, ``ρ = ∞`` too.
         """
-        if instructions.privacy != "local" or instructions.seed >= 0:
+        if instructions.seed >= 0 or not instructions.clip_norm > 0:
             return math.inf
-        if not (instructions.clip_norm > 0 and instructions.local_noise_std > 0):
+        try:
+            mechanism = get_client_mechanism(instructions.client_mechanism)
+        except UnknownMechanism:
             return math.inf
-        z = instructions.local_noise_std / instructions.clip_norm
-        return 2.0 / (z * z)
+        if mechanism is None or getattr(mechanism, "secure_only", False):
+            return math.inf
+        return self._mechanism_rho(mechanism, instructions.noise_multiplier, dim)
 
     def budget(self, *, charges: Sequence[BudgetCharge] = ()) -> ClientBudget:
         """This client's :class:`fedprivacy.fl.client_budget.ClientBudget` (its file, or ``charges``
@@ -395,32 +423,46 @@ class ClientPolicy:
         return {k: v for k, v in metrics.items() if k in self.disclose}
 
     # ------------------------------------------------------------------ applied to a round
-    def apply(self, instructions: RoundInstructions, *, path: str = "plain") -> RoundInstructions:
-        """The instructions this client follows: its mode floor, its own seed rule, and in ``local``
-        mode its own noise (never below ``min_noise_multiplier``). Raises :class:`PolicyRefusal`.
+    def apply(self, instructions: RoundInstructions, *, path: str = "plain", dim: int | None = None,
+              mode: Any = None) -> RoundInstructions:
+        """The instructions this client follows: its mode floor, its own seed rule, and with a client
+        mechanism its own noise (never below its floor). Raises :class:`PolicyRefusal`.
 
         ``path`` is the message path the instructions came on: ``"plain"`` (the ``train`` message,
-        whose reply is the clipped update itself, noised only in ``local`` mode) or ``"secagg"`` (the
-        masked stage). A ``distributed`` round releases an update only as a masked XNoise-encoded
-        vector, so on the plain path it is refused whatever the floor admits (review2 R1: a server
-        that skips the secagg stages would otherwise read the un-noised update).
+        whose reply is the clipped update with the client mechanism's noise) or ``"secagg"`` (the
+        masked stage). A mechanism that adds its noise only inside secure aggregation (distributed
+        mode's XNoise) is refused on the plain path whatever the floor admits: a server that skips the
+        secure stages would otherwise read the un-noised update. A mechanism this process has not
+        registered is refused, and so is one other than ``mode``'s (the client's own registry entry for
+        the privacy the server names, :class:`fedprivacy.fl.modes.PrivacyMode`): a server cannot run a
+        mode under another mode's mechanism.
         """
         import dataclasses
 
         if path not in ("plain", "secagg"):
             raise ValueError(f"path must be 'plain' or 'secagg', got {path!r}")
-        if path == "plain" and instructions.privacy == "distributed":
-            raise PolicyRefusal("privacy 'distributed' on the plain train path: a distributed-mode "
-                                "update leaves this client only masked and noised through the secure-"
-                                "aggregation stages; refused")
         self.check_mode(instructions.privacy)
+        try:
+            mechanism = get_client_mechanism(instructions.client_mechanism)
+        except UnknownMechanism as exc:
+            raise PolicyRefusal(str(exc)) from None
+        if mode is not None:
+            own = mode.client_mechanism
+            if (own.name if own is not None else "") != instructions.client_mechanism:
+                raise PolicyRefusal(f"server asks for privacy {instructions.privacy!r} with client mechanism "
+                                    f"{instructions.client_mechanism!r}; that mode's is "
+                                    f"{own.name if own is not None else 'none'!r} here; refused")
+        secure_only = mechanism is not None and getattr(mechanism, "secure_only", False)
+        if path == "plain" and secure_only:
+            raise PolicyRefusal(f"privacy {instructions.privacy!r} on the plain train path: its noise "
+                                f"({instructions.client_mechanism}) is added only through the secure-"
+                                "aggregation stages; refused")
         changes: dict[str, Any] = {"seed": self.seed(instructions.seed)}
-        if instructions.privacy != "local" and changes["seed"] == instructions.seed:
+        if mechanism is not None and not secure_only:
+            changes["noise_multiplier"] = self.client_noise_multiplier(
+                mechanism, clip_norm=instructions.clip_norm, requested=instructions.noise_multiplier, dim=dim)
+        if all(getattr(instructions, k) == v for k, v in changes.items()):
             return instructions  # nothing to change (frozen: the same instructions, without a replace)
-        if instructions.privacy == "local":
-            z = self.local_noise_multiplier(clip_norm=instructions.clip_norm,
-                                            requested_std=instructions.local_noise_std)
-            changes["local_noise_std"] = max(instructions.local_noise_std, z * instructions.clip_norm)
         return dataclasses.replace(instructions, **changes)
 
     def filter_update(self, update: ClientUpdate) -> ClientUpdate:

@@ -114,20 +114,15 @@ def sampling_description(cfg: RunConfig, *, population: int, replacement_note: b
 
 
 def sampling_object(cfg: RunConfig, population: int) -> Sampling:
-    """The accountant's sampling for the plain modes (local: none, the server sees who takes part)."""
+    """The accountant's sampling of the clients the server draws (a mode that claims no amplification
+    uses none instead: its own ``sampling``)."""
     from fedprivacy.accounting.events import FixedCohortSampling, NoSampling, PoissonSampling
 
-    if cfg.privacy == "local":
-        return NoSampling()
     if cfg.sampling == "fixed":
         return FixedCohortSampling(cohort=cfg.cohort_size, population=population)
     if cfg.sample_rate >= 1.0:
         return NoSampling()
     return PoissonSampling(rate=cfg.sample_rate)
-
-
-def neighbouring_of(cfg: RunConfig) -> str:
-    return "replace-one" if cfg.privacy == "local" else cfg.neighbouring
 
 
 def make_accountant(cfg: RunConfig, plan: PrivacyPlan) -> Accountant | None:

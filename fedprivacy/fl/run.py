@@ -44,6 +44,7 @@ import numpy as np
 
 from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.callbacks import RunCallback, default_callbacks
+from fedprivacy.fl.mechanisms import check_release
 from fedprivacy.fl.modes import PrivacyMode, Transport, get_mode, plan_privacy
 from fedprivacy.fl.privacy import PrivacyPlan, make_accountant
 from fedprivacy.fl.sampling import fixed_cohort_sample, poisson_sample
@@ -778,6 +779,8 @@ class FederatedRun:
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return None
+        assert self.plan is not None
+        check_release(self.mode, self.plan, outcome)  # less noise than charged: refused, nothing applied
         if self.dpsgd is not None:  # the server holds the replies: what they report beyond the plan
             for pid, steps, rate in self.dpsgd.spend_round(outcome.updates, round=rnd):
                 if self._dpsgd_planned and self.publishes_participation:
@@ -815,7 +818,7 @@ class FederatedRun:
     def _dpsgd_planned(self) -> bool:
         """Whether DP-SGD spends are charged before the instructions leave (:meth:`_plan_dpsgd`)."""
         return (self.dpsgd is not None and self.hooks is not None and self.hooks.dpsgd_schedule is not None
-                and self.cfg.privacy in ("none", "central"))
+                and self.mode.trusted_server)
 
     def _plan_dpsgd(self, rnd: int, cohort: Sequence[int]) -> None:
         """The write-ahead DP-SGD charge of round ``rnd``: every sampled client's planned spend is on
@@ -884,9 +887,12 @@ class FederatedRun:
     def _instructions(self, rnd: int) -> RoundInstructions:
         cfg, plan, hooks = self.cfg, self.plan, self.hooks
         assert plan is not None and hooks is not None
+        mechanism = self.mode.client_mechanism
         return RoundInstructions(
-            round=rnd, privacy=cfg.privacy, clip_norm=cfg.clip_norm, local_noise_std=plan.local_noise_std,
-            learning_rate=cfg.learning_rate, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+            round=rnd, privacy=cfg.privacy, clip_norm=cfg.clip_norm,
+            client_mechanism=mechanism.name if mechanism is not None else "",
+            noise_multiplier=plan.noise_multiplier if mechanism is not None else 0.0,
+            private=plan.event is not None, learning_rate=cfg.learning_rate, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
             num_classes=hooks.num_classes, seed=cfg.seed)
 
     def charge_before_release(self, rnd: int, outcome: RoundOutcome) -> bool:
@@ -1060,18 +1066,10 @@ class FederatedRun:
 
     @property
     def publishes_participation(self) -> bool:
-        """Whether the published outputs carry per-round client counts (issue 11).
-
-        Not in central mode by default: with client sampling the number of clients in a round is
-        itself a disclosure (at N = 10, q = 0.5 a full cohort has probability ~1e-3, far above δ) that
-        the ε does not cover. The counts then go only to the private server log
-        (:data:`PARTICIPATION_LOG`). ``publish-participation = true`` publishes them, uncovered.
-        """
-        if self.cfg.privacy == "distributed":  # the public's amplified ε needs them private (F2)
-            from fedprivacy.fl.secure.params import counts_private
-
-            return not counts_private(self.cfg)
-        return self.cfg.privacy != "central" or self.cfg.publish_participation
+        """Whether the published outputs carry per-round client counts: the mode's
+        :meth:`~fedprivacy.fl.modes.PrivacyMode.disclosure` decides. Otherwise the counts go only to the
+        private server log (:data:`PARTICIPATION_LOG`)."""
+        return self.mode.disclosure(self.cfg).participation
 
     def _log_participation(self, record: RoundRecord) -> None:
         """Append the round's counts to ``<run dir>/private/participation.jsonl`` (owner-only)."""
@@ -1095,38 +1093,21 @@ class FederatedRun:
     def _published_rows(self) -> list[dict[str, Any]]:
         rows = [r.to_json() for r in self.records]
         if not self.publishes_participation:
-            # central: the train loss is the clients' un-noised losses' mean, not covered by ε (review N2);
-            # the worst client's DP-SGD ε moves with the cohorts (review4 W2): private too; so does the
-            # round's wall time, which follows its cohort size (review3 V7)
+            # the worst client's DP-SGD ε moves with the cohorts: private too; so does the round's wall
+            # time, which follows its cohort size; the mode says whether the un-noised train loss is
             hidden = PARTICIPATION_KEYS + SECURE_COUNT_KEYS + TIMING_KEYS + ("dpsgd_epsilon",) + (
-                UNNOISED_KEYS if self.cfg.privacy == "central" else ())
+                () if self.mode.disclosure(self.cfg).unnoised else UNNOISED_KEYS)
             for row in rows:
                 for key in hidden:
                     row.pop(key, None)
         return rows
 
     def _participation_block(self) -> dict[str, Any]:
-        if self.cfg.privacy == "distributed" and not self.publishes_participation:
-            return {"published": False, "covered_by_epsilon": False,
-                    "private_log": f"private/{PARTICIPATION_LOG}",
-                    "note": "per-round client counts, rosters, survivors, graph degrees, noise levels, "
-                            "abort reasons and wall times (a round's time grows with its cohort) are left "
-                            "out of the published outputs (the public's amplified ε needs them secret); the "
-                            "server keeps them in its private log; the run's total time is published"}
-        if self.cfg.privacy != "central":
-            return {"published": True, "covered_by_epsilon": False,
-                    "note": "who takes part is seen by the server in this mode and not covered by ε"}
-        if self.cfg.publish_participation:
-            return {"published": True, "covered_by_epsilon": False,
-                    "note": "publish-participation=true: per-round client counts and the train loss are in "
-                            "the outputs and are NOT covered by ε (with sampling the counts disclose who "
-                            "took part; the train loss is the mean of the clients' un-noised losses)"}
-        return {"published": False, "covered_by_epsilon": False,
-                "private_log": f"private/{PARTICIPATION_LOG}",
-                "note": "per-round client counts, the train loss (the mean of the clients' un-noised "
-                        "losses) and the rounds' wall times (a round's time grows with its cohort) are left "
-                        "out of the published outputs (ε covers none of them); the server keeps them in "
-                        "its private log; the run's total time is published"}
+        disclosure = self.mode.disclosure(self.cfg)
+        if disclosure.participation:
+            return {"published": True, "covered_by_epsilon": False, "note": disclosure.note}
+        return {"published": False, "covered_by_epsilon": False, "private_log": f"private/{PARTICIPATION_LOG}",
+                "note": disclosure.note}
 
     def _results(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
@@ -1263,7 +1244,7 @@ def resume_checkpoint(cfg: RunConfig, run_dir: Path, *, population: int) -> Chec
         raise ConfigError(f"run-name {cfg.run_name!r}: {run_dir} already holds a run; set resume=true to "
                          "continue it or choose another run-name")
     check_resume(ckpt, cfg, population=population)
-    if cfg.privacy == "distributed" and cfg.privacy_audience == "observers":  # review4 W1 (preflight too)
+    if cfg.mode.secure_noise and cfg.privacy_audience == "observers":  # the public's amplification (preflight too)
         from fedprivacy.fl.modes.distributed import amplification_void
         from fedprivacy.fl.secure.params import public_sampling
 

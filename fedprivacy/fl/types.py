@@ -42,7 +42,14 @@ __all__ = [
     "from_flat_record",
 ]
 
-_SCALARS: dict[Any, Callable[[Any], Any]] = {int: int, float: float, str: str, bytes: bytes}
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected a bool, got {value!r}")
+    return value
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {int: int, float: float, str: str, bytes: bytes, bool: _flag}
 
 
 def from_flat_record(cls: type, record: Mapping[str, Any], *, what: str) -> dict[str, Any]:
@@ -68,12 +75,20 @@ def _field_casts(cls: type) -> dict[str, Callable[[Any], Any]]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoundInstructions:
-    """What the server tells a sampled client (travels as a flat ConfigRecord)."""
+    """What the server tells a sampled client (travels as a flat ConfigRecord).
+
+    ``client_mechanism`` names the noise the client adds to its clipped update (``""``: none), resolved
+    in the client's own registry (:mod:`fedprivacy.fl.mechanisms`), with ``noise_multiplier`` its scale
+    over ``clip_norm``. ``private`` says the round is part of a DP release (its update is then never
+    released as a non-finite value). The client's policy decides what of this it obeys.
+    """
 
     round: int
     privacy: str
     clip_norm: float
-    local_noise_std: float
+    client_mechanism: str
+    noise_multiplier: float
+    private: bool
     learning_rate: float
     local_epochs: int
     batch_size: int
@@ -85,13 +100,11 @@ class RoundInstructions:
             raise ValueError(f"round must be >= 1, got {self.round}")
         if self.clip_norm < 0:
             raise ValueError(f"clip_norm must be >= 0, got {self.clip_norm}")
-        if self.local_noise_std < 0:
-            raise ValueError(f"local_noise_std must be >= 0, got {self.local_noise_std}")
-        if self.privacy == "local" and self.clip_norm <= 0:
-            raise ValueError(f"clip_norm must be > 0 when privacy='local', got {self.clip_norm}")
-        if self.privacy == "local" and self.local_noise_std <= 0:
-            raise ValueError(
-                f"local_noise_std must be > 0 when privacy='local', got {self.local_noise_std}")
+        if not self.noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.client_mechanism and not (self.clip_norm > 0 and self.noise_multiplier > 0):
+            raise ValueError(f"client mechanism {self.client_mechanism!r} needs clip_norm > 0 and "
+                             f"noise_multiplier > 0, got {self.clip_norm} and {self.noise_multiplier}")
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)

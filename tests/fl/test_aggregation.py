@@ -81,8 +81,11 @@ def _mode_round(privacy: str, like: list[np.ndarray], updates: list[ClientUpdate
     mode = get_mode(privacy)
     plan = mode.plan(cfg, population=4, dim=sum(a.size for a in like))
     rnd = mode.round_fn(cfg, plan, Transport(exchange=lambda instr, cohort, w: (updates or [], {})))
-    instr = RoundInstructions(round=1, privacy=privacy, clip_norm=1.0, local_noise_std=plan.local_noise_std,
-                              learning_rate=0.1, local_epochs=1, batch_size=1, num_classes=2, seed=0)
+    client = mode.client_mechanism
+    instr = RoundInstructions(round=1, privacy=privacy, clip_norm=1.0,
+                              client_mechanism=client.name if client is not None else "",
+                              noise_multiplier=plan.noise_multiplier if client is not None else 0.0,
+                              private=plan.event is not None, learning_rate=0.1, local_epochs=1, batch_size=1, num_classes=2, seed=0)
     return rnd(instr, [0, 1, 2, 3], like, RandomSource.seeded(2)).aggregate
 
 

@@ -52,7 +52,7 @@ def weights() -> list[np.ndarray]:
 
 
 def _message(weights: list[np.ndarray], **changes: object):
-    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism="gaussian", noise_multiplier=1.0, private=True, learning_rate=0.1,
                               local_epochs=1, batch_size=32, num_classes=10, seed=-1)
     return codec.train_message(7, dataclasses.replace(instr, **changes), codec.arrays_to_record(weights))
 
@@ -74,7 +74,7 @@ def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_
     answered, refused = [], []
     for rnd in (1, 2, 3, 17, 1000):
         try:
-            train(_message(weights, round=rnd, local_noise_std=1e-9), ctx)
+            train(_message(weights, round=rnd, noise_multiplier=2e-9), ctx)
             answered.append(rnd)
         except PolicyRefusal as exc:
             refused.append((rnd, str(exc)))
@@ -138,7 +138,7 @@ def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget
 def test_a_seeded_round_costs_an_unbounded_rho(tmp_path: Path, weights) -> None:
     # review6 Y3: the server that sent the seed regenerates the client's noise and subtracts it
     policy = ClientPolicy(allow_seeded=True)
-    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism="gaussian", noise_multiplier=1.0, private=True, learning_rate=0.1,
                               local_epochs=1, batch_size=32, num_classes=10, seed=-1)
     assert policy.round_rho(instr) == pytest.approx(2.0)
     assert policy.round_rho(dataclasses.replace(instr, seed=3)) == math.inf
@@ -153,7 +153,7 @@ def test_the_default_floor_has_a_finite_total(weights) -> None:
     # no client-* keys: rho 2 per local round, total 20 -> the 11th round is refused
     ctx = _context()
     for rnd in range(1, 11):
-        train(_message(weights, round=rnd, local_noise_std=1e-9), ctx)
+        train(_message(weights, round=rnd, noise_multiplier=2e-9), ctx)
     with pytest.raises(PolicyRefusal, match="client-max-rho-total"):
         train(_message(weights, round=11), ctx)
     assert ClientPolicy().max_rho_total == 20.0
@@ -164,11 +164,11 @@ def test_central_and_none_rounds_cost_an_unbounded_rho(tmp_path: Path, weights) 
     path = tmp_path / "b.jsonl"
     keys = {"client-privacy-modes": "central,none,local", "client-budget-path": str(path)}
     with pytest.raises(PolicyRefusal, match="unbounded rho"):
-        train(_message(weights, privacy="central"), _context(**keys))
+        train(_message(weights, privacy="central", client_mechanism="", noise_multiplier=0.0), _context(**keys))
     assert _file_charges(path) == []
     # an operator who trusts the server lifts the total; the record then says it is unbounded
     ctx = _context(**keys, **{"client-max-rho-total": "inf"})
-    train(_message(weights, privacy="none", round=1), ctx)
+    train(_message(weights, privacy="none", round=1, client_mechanism="", noise_multiplier=0.0, private=False), ctx)
     train(_message(weights, privacy="local", round=2), ctx)
     assert [c["rho"] for c in _file_charges(path)] == ["inf", 2.0]
     assert ClientBudget(max_rho_total=math.inf, neighbouring="add-remove", path=path).spent == math.inf
@@ -202,7 +202,7 @@ cfg = RunConfig(privacy="local", secagg=False, clip_norm=0.5, noise_multiplier=1
 ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3,
               "client-budget-path": sys.argv[2]}, state=RecordDict(), run_config=cfg.to_mapping())
 w = [np.asarray(a) for a in default_hooks(cfg, population=3).init(0)]
-instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism="gaussian", noise_multiplier=1.0, private=True, learning_rate=0.1,
                           local_epochs=1, batch_size=32, num_classes=10, seed=-1)
 if sys.argv[3] == "training":  # die while training: no reply, and no charge either
     real = client_app.train_client

@@ -37,7 +37,7 @@ def _weights() -> list[np.ndarray]:
 
 
 def _message(**changes: object):
-    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, local_noise_std=0.5, learning_rate=0.1,
+    instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism="gaussian", noise_multiplier=1.0, private=True, learning_rate=0.1,
                               local_epochs=1, batch_size=32, num_classes=10, seed=-1)
     instr = dataclasses.replace(instr, **changes)
     return codec.train_message(7, instr, codec.arrays_to_record(_weights())), instr
@@ -51,12 +51,12 @@ def _released(reply) -> np.ndarray:
 def test_local_mode_noise_is_the_clients_own_when_the_server_asks_for_almost_none() -> None:
     # item 4: the server asks for std 1e-12; with no client-* keys the client's code default applies:
     # z = max(requested, 0.5, sqrt(2 / max_rho = 2)) = 1, so std = z C = 0.5
-    msg, _ = _message(local_noise_std=1e-12)
+    msg, _ = _message(noise_multiplier=2e-12)
     released = _released(train(msg, _context()))
     assert released.size > 2_000
     assert 0.45 < float(np.std(released)) < 0.55  # the update itself is clipped to norm 0.5: tiny per coordinate
     # an operator who asks for more noise gets it
-    msg, _ = _message(local_noise_std=1e-12)
+    msg, _ = _message(noise_multiplier=2e-12)
     released = _released(train(msg, _context(**{"client-min-noise-multiplier": 3.0})))
     assert 1.35 < float(np.std(released)) < 1.65
 
@@ -76,10 +76,10 @@ def test_metrics_are_disclosed_only_when_the_client_allows_it() -> None:
     # item 4: a trusted-server mode the operator allowed (its update leaves un-noised: rho = inf, so
     # the operator also lifts the total), but no metric disclosure configured
     trusted = {"client-privacy-modes": "none", "client-max-rho-total": "inf"}
-    msg, _ = _message(privacy="none")
+    msg, _ = _message(privacy="none", client_mechanism="", noise_multiplier=0.0, private=False)
     update = codec.decode_train_reply(train(msg, _context(**trusted)), 0)
     assert update.num_examples is None and update.train_loss is None
-    msg, _ = _message(privacy="none")
+    msg, _ = _message(privacy="none", client_mechanism="", noise_multiplier=0.0, private=False)
     update = codec.decode_train_reply(train(msg, _context(**trusted, **{"client-disclose": "num-examples"})), 0)
     assert update.num_examples is not None and update.train_loss is None
 
@@ -89,9 +89,14 @@ def test_a_distributed_round_on_the_plain_train_path_is_refused(floor: dict) -> 
     # review2 R1: a server that skips the secagg stages and sends the plain train message with
     # privacy="distributed" would read the clipped update itself (no noise is added on this path);
     # whatever the floor admits, the client refuses before it trains
-    msg, _ = _message(privacy="distributed")
+    msg, _ = _message(privacy="distributed", client_mechanism="xnoise")
     with pytest.raises(PolicyRefusal, match="plain train path"):
         train(msg, _context(**floor))
+    # nor may it relabel the round: distributed's mechanism is xnoise in the client's own registry
+    for mechanism in ("", "gaussian"):
+        msg, _ = _message(privacy="distributed", client_mechanism=mechanism)
+        with pytest.raises(PolicyRefusal, match="that mode's is 'xnoise'"):
+            train(msg, _context(**floor))
     # local mode on the same path still works (the client adds its own noise)
     msg, _ = _message(privacy="local")
     assert _released(train(msg, _context())).size > 2_000

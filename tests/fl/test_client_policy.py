@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedprivacy.fl.client_policy import NODE_CONFIG_KEYS, ClientPolicy, PolicyRefusal
+from fedprivacy.fl.mechanisms import GAUSSIAN
 from fedprivacy.secagg.ddp import DistributedDPConfig
 from fedprivacy.secagg.protocol import SetupRequest
 
@@ -38,11 +39,11 @@ def test_defaults_refuse_modes_where_the_server_sees_raw_updates_and_the_seeded_
 def test_local_mode_adds_the_clients_own_noise_whatever_the_server_asks() -> None:
     policy = ClientPolicy(min_noise_multiplier=0.8, max_rho_per_round=4.0)
     # item 4: the server sends std 1e-12; the client uses its own floor z = 0.8
-    assert policy.local_noise_multiplier(clip_norm=1.0, requested_std=1e-12) == 0.8
-    assert policy.local_noise_multiplier(clip_norm=2.0, requested_std=4.0) == 2.0  # more is fine
+    assert policy.client_noise_multiplier(GAUSSIAN, clip_norm=1.0, requested=1e-12) == 0.8
+    assert policy.client_noise_multiplier(GAUSSIAN, clip_norm=2.0, requested=2.0) == 2.0  # more is fine
     # rho = 2 / z^2 (sensitivity 2C): a cap of 2 needs z >= 1, so the client adds that much itself
-    assert ClientPolicy(min_noise_multiplier=0.8, max_rho_per_round=2.0).local_noise_multiplier(
-        clip_norm=1.0, requested_std=0.0) == 1.0
+    assert ClientPolicy(min_noise_multiplier=0.8, max_rho_per_round=2.0).client_noise_multiplier(
+        GAUSSIAN, clip_norm=1.0, requested=0.0) == 1.0
 
 
 def test_distributed_rho_is_computed_from_the_complete_encoding() -> None:
@@ -105,8 +106,10 @@ def test_node_config_round_trip_and_typo_refusal() -> None:
     assert ClientPolicy.from_node_config(as_str) == policy
     with pytest.raises(ValueError, match="unknown client policy key"):
         ClientPolicy.from_node_config({"client-min-noise-multipler": 2.0})
-    with pytest.raises(ValueError, match="modes must be among"):
-        ClientPolicy.from_node_config({"client-privacy-modes": "distributed,centrel"})
+    # a typo names no mode: that client takes part in none of that name (safe), and says so on refusal
+    typo = ClientPolicy.from_node_config({"client-privacy-modes": "distributed,centrel"})
+    with pytest.raises(PolicyRefusal, match="takes part only in"):
+        typo.check_mode("central")
     assert ClientPolicy.from_node_config({}) == ClientPolicy()
 
 
@@ -253,11 +256,13 @@ def test_apply_returns_the_instructions_with_only_the_floor_applied(privacy, see
     from fedprivacy.fl.types import RoundInstructions
 
     instr = RoundInstructions(round=4, privacy=privacy, clip_norm=1.0,
-                              local_noise_std=0.5 if privacy == "local" else 0.0, learning_rate=0.1,
+                              client_mechanism="gaussian" if privacy == "local" else "",
+                             noise_multiplier=0.5 if privacy == "local" else 0.0, private=privacy != "none",
+                             learning_rate=0.1,
                               local_epochs=1, batch_size=8, num_classes=3, seed=seed)
     policy = ClientPolicy(modes=(privacy,), allow_seeded=allow_seeded, min_noise_multiplier=2.0)
     out = policy.apply(instr)
     want = {"seed": seed if seed >= 0 else -1}
     if privacy == "local":
-        want["local_noise_std"] = 2.0  # the client's floor z = 2 on C = 1, above the 0.5 asked
+        want["noise_multiplier"] = 2.0  # the client's floor z = 2 on C = 1, above the 0.5 asked
     assert out == dataclasses.replace(instr, **want)

@@ -21,7 +21,9 @@ def _run_identity() -> Iterator[None]:
 
 def _instr(privacy: str) -> RoundInstructions:
     return RoundInstructions(round=2, privacy=privacy, clip_norm=1.0,
-                             local_noise_std=0.5 if privacy == "local" else 0.0, learning_rate=0.1,
+                             client_mechanism="gaussian" if privacy == "local" else "",
+                             noise_multiplier=0.5 if privacy == "local" else 0.0, private=privacy != "none",
+                             learning_rate=0.1,
                              local_epochs=1, batch_size=8, num_classes=10, seed=-1)
 
 

@@ -13,7 +13,7 @@ from fedprivacy.ml.models import build_model, get_weights
 def _train(instruction_seed: int, train_seed: int) -> list[np.ndarray]:
     cfg = RunConfig(privacy="central", dpsgd=True, dpsgd_noise_multiplier=1.0, secagg=False,
                     seed=instruction_seed, noise_multiplier=1.0)
-    instr = RoundInstructions(round=1, privacy="central", clip_norm=1.0, local_noise_std=0.0,
+    instr = RoundInstructions(round=1, privacy="central", clip_norm=1.0, client_mechanism="", noise_multiplier=0.0, private=True,
                               learning_rate=0.1, local_epochs=1, batch_size=16, num_classes=10,
                               seed=instruction_seed)
     weights = get_weights(build_model(cfg.model, input_shape=(1, 8, 8), num_classes=10,
@@ -42,7 +42,7 @@ def test_the_servers_planned_dpsgd_spend_is_what_the_client_runs() -> None:
                         local_epochs=epochs, batch_size=batch)
         schedule = default_hooks(cfg, population=10).dpsgd_schedule
         assert schedule is not None
-        instr = RoundInstructions(round=1, privacy="central", clip_norm=1.0, local_noise_std=0.0,
+        instr = RoundInstructions(round=1, privacy="central", clip_norm=1.0, client_mechanism="", noise_multiplier=0.0, private=True,
                                   learning_rate=0.1, local_epochs=epochs, batch_size=batch, num_classes=10,
                                   seed=-1)
         weights = get_weights(build_model(cfg.model, input_shape=(1, 8, 8), num_classes=10,
@@ -61,7 +61,7 @@ def test_a_dpsgd_client_does_not_send_its_un_noised_training_loss() -> None:
     client's un-noised training loss is not sent beside it (a plain-SGD client in mode none sends it)."""
     from fedprivacy.fl.client import train_client
 
-    instr = RoundInstructions(round=1, privacy="none", clip_norm=1.0, local_noise_std=0.0, learning_rate=0.1,
+    instr = RoundInstructions(round=1, privacy="none", clip_norm=1.0, client_mechanism="", noise_multiplier=0.0, private=False, learning_rate=0.1,
                               local_epochs=1, batch_size=16, num_classes=10, seed=-1)
     for dpsgd in (True, False):
         cfg = RunConfig(privacy="none", dpsgd=dpsgd, secagg=False)

@@ -29,8 +29,8 @@ from fedprivacy.fl.aggregation import PlainAggregator
 from fedprivacy.fl.callbacks import RunCallback, default_callbacks
 from fedprivacy.fl.checkpoint import load_checkpoint
 from fedprivacy.fl.client import client_rng, privatize_update
-from fedprivacy.fl.modes.plain import CentralMode
-from fedprivacy.fl.privacy import neighbouring_of, sampling_object
+from fedprivacy.fl.mechanisms import get_client_mechanism
+from fedprivacy.fl.modes.plain import CentralMode, LocalMode
 from fedprivacy.fl.run import read_participation, round_seconds, run_federated
 from fedprivacy.fl.types import ClientUpdate, ModelHooks
 
@@ -62,8 +62,9 @@ def _exchange(poison: set[int] = frozenset(), fail: set[int] = frozenset()):
             if pid in poison:
                 delta = [np.full(4, np.nan), step[4:]]
             else:
-                delta = privatize_update(delta, privacy=instr.privacy, clip_norm=instr.clip_norm,
-                                         local_noise_std=instr.local_noise_std,
+                delta = privatize_update(delta, clip_norm=instr.clip_norm,
+                                         mechanism=get_client_mechanism(instr.client_mechanism),
+                                         noise_multiplier=instr.noise_multiplier, private=instr.private,
                                          rng=client_rng(seed=instr.seed, partition_id=pid, round=instr.round))
             updates.append(ClientUpdate(partition_id=pid, delta=tuple(np.asarray(a, np.float32) for a in delta),
                                         num_examples=10, train_loss=float(np.sum(step**2))))
@@ -241,8 +242,10 @@ def test_a_resume_that_would_recalibrate_the_noise_is_refused(tmp_path: Path, pr
     assert [e.event.mechanism.noise_multiplier for e in journal.accountant.ledger] == [z] * 3
     assert journal.plan is not None and journal.plan["noise_multiplier"] == z
     cfg = _cfg(tmp_path, **kw)
-    ref = epsilon_for(noise_multiplier=z, sampling=sampling_object(cfg, N), steps=3, delta=1e-5,
-                      backend="rdp", neighbouring=neighbouring_of(cfg))
+    mode = cfg.mode
+    assert isinstance(mode, CentralMode | LocalMode)
+    ref = epsilon_for(noise_multiplier=z, sampling=mode.sampling(cfg, N), steps=3, delta=1e-5,
+                      backend="rdp", neighbouring=mode.neighbouring(cfg))
     assert res["privacy"]["epsilon"] == pytest.approx(ref, rel=1e-9) and ref <= 6.0
 
 

@@ -21,6 +21,7 @@ from fedprivacy.dp.adaptive_clipping import update_noise_multiplier
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.fl.adaptive_clip import UNCLIPPED_TOLERANCE
 from fedprivacy.fl.client import client_rng, privatize_update
+from fedprivacy.fl.mechanisms import get_client_mechanism
 from fedprivacy.fl.run import FederatedRun, run_federated
 from fedprivacy.fl.server_opt import FedAvg, make_server_optimizer
 from fedprivacy.fl.server_optimizers import FedAdam, FedAvgM, FedYogi
@@ -49,8 +50,9 @@ def _exchange(seen: list[float] | None = None) -> Any:
         updates = []
         for pid in cohort:
             step = 0.5 * (TARGETS[pid] - flat)
-            delta = privatize_update([step[:4], step[4:]], privacy=instr.privacy, clip_norm=instr.clip_norm,
-                                     local_noise_std=instr.local_noise_std,
+            delta = privatize_update([step[:4], step[4:]], clip_norm=instr.clip_norm,
+                                     mechanism=get_client_mechanism(instr.client_mechanism),
+                                     noise_multiplier=instr.noise_multiplier, private=instr.private,
                                      rng=client_rng(seed=instr.seed, partition_id=pid, round=instr.round))
             updates.append(ClientUpdate(partition_id=pid, delta=tuple(np.asarray(a, np.float32) for a in delta),
                                         num_examples=10, train_loss=float(np.sum(step**2))))

@@ -91,7 +91,9 @@ class DirectTransport:
 
 
 def _instr(round_: int = 1, privacy: str = "none") -> RoundInstructions:
-    return RoundInstructions(round=round_, privacy=privacy, clip_norm=0.5, local_noise_std=0.0,
+    return RoundInstructions(round=round_, privacy=privacy, clip_norm=0.5,
+                             client_mechanism="xnoise" if privacy == "distributed" else "", noise_multiplier=1.0 if privacy == "distributed" else 0.0,
+                             private=privacy != "none",
                              learning_rate=0.1, local_epochs=1, batch_size=32, num_classes=10, seed=-1)
 
 

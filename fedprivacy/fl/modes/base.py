@@ -16,10 +16,35 @@ if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.mechanisms import ClientMechanism, ServerMechanism
     from fedprivacy.fl.privacy import PrivacyPlan
     from fedprivacy.fl.secure.server import SecureTransport
 
-__all__ = ["PrivacyMode", "Transport", "plain_round", "privacy_block", "secure_round"]
+__all__ = ["Disclosure", "PrivacyMode", "Transport", "plain_round", "privacy_block", "secure_round"]
+
+_UNCOVERED = "who takes part is seen by the server in this mode and not covered by ε"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disclosure:
+    """What a run's published outputs may carry beside the ε-covered model and ε.
+
+    Attributes:
+        participation: per-round client counts, the round's secure-aggregation figures and wall times
+            (a round's time grows with its cohort) are published; else they go to the server's private
+            log only.
+        unnoised: the per-round train loss (the mean of the clients' un-noised losses) is published.
+        note: the participation block's sentence for the claim.
+    """
+
+    participation: bool
+    unnoised: bool = True
+    note: str = _UNCOVERED
+
+    @classmethod
+    def published(cls) -> Disclosure:
+        """Everything published, none of it covered by ε (the server sees who takes part anyway)."""
+        return cls(participation=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,14 +61,38 @@ class Transport:
 
 
 class PrivacyMode(Protocol):
-    """One privacy mode: where the noise is added, how a round runs, what the run claims.
+    """One privacy mode: where the noise is added, how a round runs, what the run claims, what may be
+    published. Everything a mode's name means lives here; nothing outside :mod:`fedprivacy.fl.modes`
+    tests the name.
 
     A mode is an object; :mod:`fedprivacy.fl.modes` keeps the built-in ones in one registry
     (``MODES``) that the config's ``privacy`` key is checked against. ``FederatedRun(mode=...)`` takes
-    any object with these three methods, registered or not.
+    any object with these members, registered or not.
+
+    Attributes:
+        name: the ``privacy`` value that selects it.
+        trusted_server: the server may see one client's update without that client's noise.
+        client_mechanism: the noise each client adds to its clipped update (travels by name in the
+            round's instructions), or None.
+        server_mechanism: the noise the trusted server adds to the sum, or None.
+        secure_noise: the noise is added inside secure aggregation (the secure transport checks it).
+            A mode with neither mechanism nor ``secure_noise`` has no DP: its plan charges nothing and it
+            reports no ε (:func:`fedprivacy.fl.mechanisms.check_plan` refuses anything else).
     """
 
     name: str
+    trusted_server: bool
+    client_mechanism: ClientMechanism | None
+    server_mechanism: ServerMechanism | None
+    secure_noise: bool
+
+    def check(self, cfg: RunConfig) -> None:
+        """Refuse a config this mode cannot honour (ConfigError naming the key), before anything starts."""
+        ...
+
+    def disclosure(self, cfg: RunConfig) -> Disclosure:
+        """What the run's published outputs may carry."""
+        ...
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None) -> PrivacyPlan:
         """The plan: denominator, noise, and the worst-case event the budget check uses before a round

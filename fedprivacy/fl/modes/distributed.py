@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedprivacy.accounting.events import Neighbouring, NoSampling, PrivacyEvent
 from fedprivacy.fl.aggregation import Aggregator
-from fedprivacy.fl.modes.base import Transport, privacy_block, secure_round
+from fedprivacy.fl.mechanisms import XNOISE, ClientMechanism, ServerMechanism
+from fedprivacy.fl.modes.base import Disclosure, Transport, privacy_block, secure_round
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
 from fedprivacy.fl.secure.params import (
     completes,
@@ -46,6 +47,11 @@ if TYPE_CHECKING:
     from fedprivacy.secagg.ddp import DistributedDPConfig
 
 __all__ = ["DistributedMode", "distributed_summary"]
+
+_PRIVATE_COUNTS = ("per-round client counts, rosters, survivors, graph degrees, noise levels, abort reasons and "
+                   "wall times (a round's time grows with its cohort) are left out of the published outputs "
+                   "(the public's amplified ε needs them secret); the server keeps them in its private log; "
+                   "the run's total time is published")
 
 
 def _adjacency(cfg: RunConfig) -> str:
@@ -128,6 +134,31 @@ class DistributedMode:
     """Distributed DP under SecAgg+ (needs ``secagg = true``; ``pld`` or ``rdp`` accountant)."""
 
     name = "distributed"
+    trusted_server = False
+    client_mechanism: ClientMechanism | None = XNOISE
+    server_mechanism: ServerMechanism | None = None
+    secure_noise = True
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.secagg:
+            raise ValueError(f"secagg must be true when privacy={self.name!r} (the noise is only hidden by "
+                             "secure aggregation); set secagg=true, or privacy='central' secagg=false")
+        if cfg.accountant not in ("pld", "rdp"):
+            raise ValueError(
+                f"accountant must be 'pld' or 'rdp' when privacy={self.name!r} (each round is "
+                f"accounted as its dominating Gaussian, fedprivacy.accounting.distributed), got "
+                f"{cfg.accountant!r}")
+        if cfg.noise_multiplier == 0 and cfg.target_epsilon == 0:
+            raise ValueError(
+                f"noise-multiplier must be > 0 when privacy={self.name!r}, or 0 with "
+                "target-epsilon > 0 to calibrate it for privacy-audience, got 0")
+
+    def disclosure(self, cfg: RunConfig) -> Disclosure:
+        """When the public's figure claims amplification (clients sampled, exact noise, no colluders)
+        the per-round counts, rosters, survivors and times stay private (:func:`counts_private`)."""
+        if counts_private(cfg):
+            return Disclosure(participation=False, note=_PRIVATE_COUNTS)
+        return Disclosure.published()
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None) -> PrivacyPlan:
         """The plan; ``event`` is the worst case (``t`` survivors) for a ``dim``-parameter model.
@@ -137,8 +168,6 @@ class DistributedMode:
         accounting slack (``target_epsilon - 2H'`` at ``delta (1 - 1e-6) e^-H'``), so that a round the
         budget admits keeps the final figure, slack included, within the target.
         """
-        if cfg.privacy != "distributed":
-            raise ValueError(f"the distributed plan needs privacy='distributed', got {cfg.privacy!r}")
         if dim is None or dim < 1:
             raise ValueError(f"dim (the model's number of parameters) must be >= 1 for "
                              f"privacy='distributed', got {dim}")

@@ -25,24 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.adaptive_clip import AdaptiveClipRound, adaptive_clip_spec
 from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
+from fedprivacy.fl.mechanisms import GAUSSIAN, GAUSSIAN_SUM, ClientMechanism, ServerMechanism
 from fedprivacy.fl.modes.base import (
+    Disclosure,
     Transport,
     exchange_of,
     plain_round,
     privacy_block,
     secure_round,
 )
-from fedprivacy.fl.privacy import (
-    PrivacyPlan,
-    denominator_of,
-    neighbouring_of,
-    sampling_description,
-    sampling_object,
-)
+from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
 from fedprivacy.fl.types import RoundFn, RoundRecord
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import Sampling
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
 
@@ -53,6 +50,21 @@ class NoneMode:
     """No differential privacy: updates clipped (``clip-norm > 0``) and averaged; nothing accounted."""
 
     name = "none"
+    trusted_server = True
+    client_mechanism: ClientMechanism | None = None
+    server_mechanism: ServerMechanism | None = None
+    secure_noise = False
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.target_epsilon > 0:
+            raise ValueError(f"target-epsilon must be 0 when privacy={self.name!r} (nothing is accounted), got "
+                             f"{cfg.target_epsilon:g}; set target-epsilon=0 or choose a DP privacy mode")
+        if cfg.adaptive_clip and cfg.secagg:
+            raise ValueError("adaptive-clip=true with secagg=true needs privacy='distributed' (the count "
+                             "bit travels inside secure aggregation with its own discrete noise)")
+
+    def disclosure(self, cfg: RunConfig) -> Disclosure:
+        return Disclosure.published()
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
         denominator = denominator_of(cfg, population=population)
@@ -85,6 +97,28 @@ class _GaussianMode:
 
     name = ""
     mechanism = ""
+    trusted_server = False
+    client_mechanism: ClientMechanism | None = None
+    server_mechanism: ServerMechanism | None = None
+    secure_noise = False
+    #: the sampling amplifies the ε (the server keeps who takes part secret); else no amplification
+    amplified = True
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.noise_multiplier == 0 and cfg.target_epsilon == 0:
+            raise ValueError(
+                f"noise-multiplier must be > 0 (or target-epsilon > 0 to calibrate it) when "
+                f"privacy={self.name!r}, got {cfg.noise_multiplier}; set e.g. noise-multiplier=1.0")
+
+    def neighbouring(self, cfg: RunConfig) -> str:
+        """The adjacency the claim is about (a client mechanism's clipped inputs: replace-one)."""
+        return cfg.neighbouring if self.amplified else "replace-one"
+
+    def sampling(self, cfg: RunConfig, population: int) -> Sampling:
+        """The sampling the accountant sees (none where the server sees who takes part)."""
+        from fedprivacy.accounting.events import NoSampling
+
+        return sampling_object(cfg, population) if self.amplified else NoSampling()
 
     def _sigma(self, cfg: RunConfig, population: int) -> tuple[float, bool]:
         """σ as configured, or calibrated to the target (then ``True``)."""
@@ -95,30 +129,31 @@ class _GaussianMode:
 
         sigma = calibrate_noise_multiplier(
             target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
-            sampling=sampling_object(cfg, population), steps=cfg.num_server_rounds,
-            backend=cfg.accountant, neighbouring=Neighbouring.parse(neighbouring_of(cfg)))
+            sampling=self.sampling(cfg, population), steps=cfg.num_server_rounds,
+            backend=cfg.accountant, neighbouring=Neighbouring.parse(self.neighbouring(cfg)))
         return float(sigma), True
 
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
-        from fedprivacy.accounting.events import GaussianEvent, Neighbouring, PrivacyEvent
+        from fedprivacy.accounting.events import Neighbouring, PrivacyEvent
 
         sigma, calibrated = self._sigma(cfg, population)
-        event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=sigma),
-                             sampling=sampling_object(cfg, population), count=1)
+        released = (self.server_mechanism.event(noise_multiplier=sigma) if self.server_mechanism is not None
+                    else self._client().event(noise_multiplier=sigma, dim=dim))
+        event = PrivacyEvent(mechanism=released, sampling=self.sampling(cfg, population), count=1)
         desc = sampling_description(cfg, population=population)
-        if self.name == "local":
+        if not self.amplified:
             desc += "; local DP: no amplification (the server sees who takes part)"
         std = sigma * cfg.clip_norm
         plan = PrivacyPlan(
             mode=self.name, population=population, denominator=denominator_of(cfg, population=population),
             clip_norm=cfg.clip_norm, noise_multiplier=sigma, calibrated=calibrated,
-            central_noise_std=std if self.name == "central" else 0.0,
-            local_noise_std=std if self.name == "local" else 0.0,
+            central_noise_std=std if self.server_mechanism is not None else 0.0,
+            local_noise_std=std if self.client_mechanism is not None else 0.0,
             unit="user (all data of one client)",
-            neighbouring=Neighbouring.parse(neighbouring_of(cfg)).value, sampling_description=desc,
+            neighbouring=Neighbouring.parse(self.neighbouring(cfg)).value, sampling_description=desc,
             event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
             mechanism=self.mechanism)
-        if cfg.adaptive_clip and self.name == "central":
+        if cfg.adaptive_clip and self.server_mechanism is not None:
             # Andrew et al. 2021, Thm. 1: the update's multiplier is raised so that it and the noised
             # clipped count together are one Gaussian of multiplier sigma (the event above).
             spec = adaptive_clip_spec(cfg, noise_multiplier=sigma, denominator=plan.denominator)
@@ -127,9 +162,26 @@ class _GaussianMode:
                 mechanism=self.mechanism + " with an adaptive clip norm (Andrew et al. 2021)")
         return plan
 
+    def _client(self) -> ClientMechanism:
+        if self.client_mechanism is None:
+            raise TypeError(f"privacy mode {self.name!r} names neither a client nor a server mechanism")
+        return self.client_mechanism
+
+    def disclosure(self, cfg: RunConfig) -> Disclosure:
+        return Disclosure.published()
+
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
         return privacy_block(cfg, plan, accountant, rng)
+
+
+_CENTRAL_PRIVATE = ("per-round client counts, the train loss (the mean of the clients' un-noised losses) and "
+                    "the rounds' wall times (a round's time grows with its cohort) are left out of the "
+                    "published outputs (ε covers none of them); the server keeps them in its private log; "
+                    "the run's total time is published")
+_CENTRAL_PUBLISHED = ("publish-participation=true: per-round client counts and the train loss are in the outputs "
+                      "and are NOT covered by ε (with sampling the counts disclose who took part; the train loss "
+                      "is the mean of the clients' un-noised losses)")
 
 
 class CentralMode(_GaussianMode):
@@ -137,6 +189,25 @@ class CentralMode(_GaussianMode):
 
     name = "central"
     mechanism = "Gaussian on the sum of clipped updates (server-side noise)"
+    trusted_server = True
+    server_mechanism: ServerMechanism | None = GAUSSIAN_SUM
+
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        if cfg.secagg:
+            raise ValueError(
+                f"secagg=true with privacy={self.name!r} is refused: the server would unmask the un-noised "
+                "sum before adding its noise; set secagg=false for central DP, or privacy='distributed' "
+                "(clients add discrete Gaussian noise, the server only ever sees a noised sum)")
+
+    def disclosure(self, cfg: RunConfig) -> Disclosure:
+        """With client sampling the number of clients in a round is itself a disclosure (at N = 10,
+        q = 0.5 a full cohort has probability ~1e-3, far above δ) that the amplified ε does not
+        cover, and so are the un-noised train loss and the rounds' times; ``publish-participation``
+        publishes them, uncovered."""
+        if cfg.publish_participation:
+            return Disclosure(participation=True, note=_CENTRAL_PUBLISHED)
+        return Disclosure(participation=False, unnoised=False, note=_CENTRAL_PRIVATE)
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
@@ -152,6 +223,18 @@ class LocalMode(_GaussianMode):
 
     name = "local"
     mechanism = "Gaussian on each clipped update (client-side noise)"
+    client_mechanism: ClientMechanism | None = GAUSSIAN
+    amplified = False
+
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        if cfg.adaptive_clip:
+            raise ValueError(
+                f"adaptive-clip=true is implemented for privacy='central', 'distributed' and 'none', got "
+                f"{self.name!r} (local mode has no private count of the clipped updates)")
+        if cfg.secagg:
+            raise ValueError(f"secagg=true with privacy={self.name!r} is not supported; set secagg=false for "
+                             "local DP, or privacy='distributed'")
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:

@@ -38,8 +38,7 @@ def counts_private(cfg: RunConfig) -> bool:
     when the public's figure claims amplification, i.e. clients are sampled, the noise is exact
     (no colluders) and ``publish-participation`` is off."""
     sampled = cfg.sampling == "fixed" or cfg.sample_rate < 1.0
-    return (cfg.privacy == "distributed" and sampled and cfg.secagg_colluders == 0
-            and not cfg.publish_participation)
+    return sampled and cfg.secagg_colluders == 0 and not cfg.publish_participation
 
 
 def completes(cfg: RunConfig, *, population: int) -> Callable[[int], bool]:
@@ -120,8 +119,9 @@ def secagg_parameters(cfg: RunConfig, *, population: int) -> tuple[int, int]:
 
 
 def encoding_kind(cfg: RunConfig) -> str:
-    """``ddgauss`` for privacy ``distributed``, else ``fixed-point``."""
-    return "ddgauss" if cfg.privacy == "distributed" else "fixed-point"
+    """``ddgauss`` where the mode's noise is added in secure aggregation (``distributed``), else
+    ``fixed-point``."""
+    return "ddgauss" if cfg.mode.secure_noise else "fixed-point"
 
 
 def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
@@ -130,7 +130,7 @@ def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
     (:func:`fedprivacy.secagg.encoding.largest_scale_encoding`). Distributed DP always uses exact
     XNoise components (the legacy ``σ²/t`` share is not run: clients refuse it). ``count_noise_std``
     (adaptive clipping, :mod:`fedprivacy.fl.adaptive_clip`): the clipped-count coordinate's noise σ_b."""
-    distributed = cfg.privacy == "distributed"
+    distributed = cfg.mode.secure_noise
     return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
                                   modulus_bits=cfg.secagg_bits, population=population,
                                   noise_multiplier=cfg.noise_multiplier, threshold=threshold,

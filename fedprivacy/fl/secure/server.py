@@ -53,7 +53,6 @@ import numpy as np
 
 from fedprivacy.fl.charging import before_release
 from fedprivacy.fl.secure.params import (
-    counts_private,
     largest_roster,
     make_encoding,
     public_sampling,
@@ -130,8 +129,9 @@ class SecureRound:
 
         if not cfg.secagg:
             raise ValueError("SecureRound needs secagg=true")
-        if cfg.privacy not in ("none", "distributed"):
-            raise ValueError(f"secagg=true supports privacy 'none' or 'distributed', got {cfg.privacy!r}")
+        if cfg.is_dp and not cfg.mode.secure_noise:
+            raise ValueError(f"secagg=true supports a mode without DP or one whose noise is added in secure "
+                             f"aggregation ('none', 'distributed'), got {cfg.privacy!r}")
         self.cfg = cfg
         self.transport = transport
         self.population = population
@@ -273,7 +273,7 @@ class SecureRound:
         ledger's audience (``privacy-audience``: the run's sampling for observers with exact noise,
         none otherwise).
         """
-        if self.cfg.privacy != "distributed":
+        if not self.cfg.mode.secure_noise:
             info = dataclasses.replace(info, max_abs_error=enc.max_abs_error(num_clients=survivors),
                                        noise_std_sum=0.0)
             return None, 0.0, info
@@ -349,7 +349,7 @@ class SecureRound:
         event, noise_std, info = self._event(enc, len(survivors), info)
         failures = progress.failures
         missed = {pid: reason for pid, reason in failures.items() if pid in survivors}  # in the sum; a later stage
-        if missed and counts_private(self.cfg):  # who took part is private (review4 W4, the V6 class)
+        if missed and not self.cfg.mode.disclosure(self.cfg).participation:  # who took part is private
             self.log(f"  round {instr.round}: clients in the sum missed a later stage (ids not published)")
         else:
             for pid, reason in missed.items():
