@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -13,13 +14,21 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
-def privacy_report_md(results: dict[str, Any]) -> str:
-    """A Markdown report stating exactly what the run's ε covers and what it does not."""
+def privacy_report_md(results: dict[str, Any], *, covers: Sequence[str] | None = None) -> str:
+    """A Markdown report stating exactly what the run's ε covers and what it does not.
+
+    ``covers`` is the mode's own section (:attr:`fedprivacy.fl.modes.PrivacyMode.covers`; empty: no
+    DP); by default the registered mode named in the results.
+    """
     p = results["privacy"]
+    if covers is None:
+        from fedprivacy.fl.modes import get_mode
+
+        covers = get_mode(str(p.get("mode"))).covers
+    dp = bool(covers)
     lines = [f"# Privacy report: {results.get('run_name', '')}", ""]
-    lines += _seeded_warning(p)
-    lines += ["## Claim", ""] + _claim(p)
-    dp = p.get("mode") not in (None, "none")
+    lines += _seeded_warning(p, dp)
+    lines += ["## Claim", ""] + _claim(p, dp)
     if results.get("dpsgd"):
         lines += _dpsgd_section(results["dpsgd"])
     if p.get("distributed"):  # ---- secure aggregation with distributed DP (fedprivacy/fl/modes/distributed.py)
@@ -27,15 +36,15 @@ def privacy_report_md(results: dict[str, Any]) -> str:
     if p.get("adaptive_clip"):  # ---- adaptive clipping (fedprivacy/fl/adaptive_clip.py)
         lines += _adaptive_clip_section(p["adaptive_clip"], results.get("rounds", []))
     if dp:  # a run without DP claims nothing: no coverage, trust or accountant boilerplate
-        lines += ["## What ε covers", ""] + _covers(p.get("mode"), _colluders(p)) + _accounting_section(p)
+        lines += ["## What ε covers", ""] + _covers(covers, _colluders(p)) + _accounting_section(p)
     lines += _run_section(results)
     return "\n".join(lines)
 
 
-def _seeded_warning(p: dict[str, Any]) -> list[str]:
+def _seeded_warning(p: dict[str, Any], dp: bool) -> list[str]:
     if p.get("rng_mode") != "seeded":
         return []
-    if p.get("mode") == "none":
+    if not dp:
         return [f"> **Seeded research mode** ({p.get('rng')}): all randomness is reproducible from the "
                 "seed.", ""]
     return [
@@ -46,8 +55,8 @@ def _seeded_warning(p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _claim(p: dict[str, Any]) -> list[str]:
-    if p.get("mode") == "none":
+def _claim(p: dict[str, Any], dp: bool) -> list[str]:
+    if not dp:
         return ["No differential privacy: updates were clipped but not noised. No ε is claimed.", ""]
     return [
         "| | |",
@@ -110,37 +119,6 @@ def _dpsgd_section(d: dict[str, Any]) -> list[str]:
     ]
 
 
-_COVERS: dict[str, list[str]] = {
-    "central": [
-        "- Covers: the sequence of released global models (and anything computed from them, such as "
-        "the test accuracy), against anyone who sees them, for the unit above.",
-        "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
-        "the noise.",
-        "- Does not cover: the train loss (the mean of clients' un-noised losses, a diagnostic kept in "
-        "the server's private log unless publish-participation=true), and timing.",
-        "- Assumes: who took part in each round stays secret from the audience (the ε uses amplification "
-        "by client sampling): the server keeps the cohorts and counts in the run folder's owner-only "
-        "`private/` and `checkpoint/`; anyone who learns them faces the un-amplified Gaussian.",
-    ],
-    "distributed": [
-        "- Covers: the sequence of released global models, against the server and everyone else: "
-        "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
-        "noise (secure aggregation, threshold t).",
-        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that at "
-        "most {colluders} clients collude with it (the ε above is computed for exactly that many "
-        "colluders, whose noise is not counted); see docs/SECAGG.md.",
-        "- Does not cover: who took part or survived in a round, and timing. Amplification by "
-        "client sampling is claimed only in the public's figure (parties that take part in no "
-        "round; participating clients see rosters and survivors), see the audiences table. Aborted "
-        "rounds release nothing and spend nothing.",
-    ],
-    "local": [
-        "- Covers: each client's released update, against the server and everyone else; no trust in "
-        "the server. Clients do not disclose losses or example counts.",
-        "- Worst case: a client that takes part in every round. No amplification by sampling is "
-        "claimed, because the server sees who takes part.",
-    ],
-}
 
 
 def _colluders(p: dict[str, Any]) -> int | None:
@@ -151,8 +129,8 @@ def _colluders(p: dict[str, Any]) -> int | None:
     return None
 
 
-def _covers(mode: str | None, colluders: int | None = None) -> list[str]:
-    lines = _COVERS.get(str(mode), ["- Nothing: no differential privacy in this run."])
+def _covers(covers: Sequence[str], colluders: int | None = None) -> list[str]:
+    lines = list(covers)
     return [line.replace("{colluders}", str(colluders or 0)) for line in lines] + [
         "- Assumes: the listed clip norm is enforced (the server re-clips in central mode), the "
         "accountant's composition theorem, and a secure source of randomness (see Randomness).",

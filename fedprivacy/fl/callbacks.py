@@ -109,7 +109,8 @@ class OutputsCallback(RunCallback):
 
         if run.run_dir is None:
             raise ValueError("OutputsCallback needs a run with a run_dir")
-        write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results))
+        write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results,
+                                                                          covers=run.mode.covers))
 
 
 def default_callbacks(log: Callable[[str], None] = print) -> list[RunCallback]:

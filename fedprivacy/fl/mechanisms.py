@@ -75,7 +75,7 @@ class ServerMechanism(Protocol):
         """The per-coordinate std of the noise on the sum."""
         ...
 
-    def event(self, *, noise_multiplier: float) -> Mechanism:
+    def event(self, *, noise_multiplier: float, clip_norm: float, dim: int | None) -> Mechanism:
         """One release's accounting event (the sum's sensitivity is one clip norm per client)."""
         ...
 
@@ -109,7 +109,7 @@ class GaussianSumNoise:
     def noise_std(self, *, clip_norm: float, noise_multiplier: float) -> float:
         return noise_multiplier * clip_norm
 
-    def event(self, *, noise_multiplier: float) -> Mechanism:
+    def event(self, *, noise_multiplier: float, clip_norm: float, dim: int | None) -> Mechanism:
         from fedprivacy.accounting.events import GaussianEvent
 
         return GaussianEvent(noise_multiplier=noise_multiplier)
@@ -207,7 +207,7 @@ def expected_event(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> Mechanis
     if client is not None:
         return client.event(noise_multiplier=plan.noise_multiplier, dim=dim)
     if server is not None:
-        return server.event(noise_multiplier=plan.noise_multiplier)
+        return server.event(noise_multiplier=plan.noise_multiplier, clip_norm=plan.clip_norm, dim=dim)
     return None
 
 

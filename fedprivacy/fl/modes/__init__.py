@@ -24,7 +24,7 @@ __all__ = ["MODES", "Disclosure", "PrivacyMode", "Transport", "get_mode", "is_pr
            "plan_privacy", "privacy_block", "register_mode"]
 
 #: what a mode must say about itself (None / False where it has none): PrivacyMode's members
-_ATTRIBUTES = ("trusted_server", "client_mechanism", "server_mechanism", "secure_noise")
+_ATTRIBUTES = ("trusted_server", "client_mechanism", "server_mechanism", "secure_noise", "covers")
 _METHODS = ("plan", "round_fn", "summary", "check", "disclosure")
 
 MODES: dict[str, PrivacyMode] = {m.name: m for m in (NoneMode(), CentralMode(), LocalMode(), DistributedMode())}

@@ -76,6 +76,7 @@ class PrivacyMode(Protocol):
             round's instructions), or None.
         server_mechanism: the noise the trusted server adds to the sum, or None.
         secure_noise: the noise is added inside secure aggregation (the secure transport checks it).
+        covers: the privacy report's "What ε covers" lines (empty: no DP, the report claims nothing).
             A mode with neither mechanism nor ``secure_noise`` has no DP: its plan charges nothing and it
             reports no ε (:func:`fedprivacy.fl.mechanisms.check_plan` refuses anything else).
     """
@@ -85,6 +86,7 @@ class PrivacyMode(Protocol):
     client_mechanism: ClientMechanism | None
     server_mechanism: ServerMechanism | None
     secure_noise: bool
+    covers: tuple[str, ...]
 
     def check(self, cfg: RunConfig) -> None:
         """Refuse a config this mode cannot honour (ConfigError naming the key), before anything starts."""

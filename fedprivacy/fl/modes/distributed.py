@@ -135,6 +135,18 @@ class DistributedMode:
 
     name = "distributed"
     trusted_server = False
+    covers: tuple[str, ...] = (
+        "- Covers: the sequence of released global models, against the server and everyone else: "
+         "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
+         "noise (secure aggregation, threshold t).",
+        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that at "
+         "most {colluders} clients collude with it (the ε above is computed for exactly that many "
+         "colluders, whose noise is not counted); see docs/SECAGG.md.",
+        "- Does not cover: who took part or survived in a round, and timing. Amplification by "
+         "client sampling is claimed only in the public's figure (parties that take part in no "
+         "round; participating clients see rosters and survivors), see the audiences table. Aborted "
+         "rounds release nothing and spend nothing.",
+    )
     client_mechanism: ClientMechanism | None = XNOISE
     server_mechanism: ServerMechanism | None = None
     secure_noise = True

@@ -51,6 +51,7 @@ class NoneMode:
 
     name = "none"
     trusted_server = True
+    covers: tuple[str, ...] = ()  # no DP: the report claims nothing
     client_mechanism: ClientMechanism | None = None
     server_mechanism: ServerMechanism | None = None
     secure_noise = False
@@ -137,13 +138,15 @@ class _GaussianMode:
         from fedprivacy.accounting.events import Neighbouring, PrivacyEvent
 
         sigma, calibrated = self._sigma(cfg, population)
-        released = (self.server_mechanism.event(noise_multiplier=sigma) if self.server_mechanism is not None
+        released = (self.server_mechanism.event(noise_multiplier=sigma, clip_norm=cfg.clip_norm, dim=dim)
+                    if self.server_mechanism is not None
                     else self._client().event(noise_multiplier=sigma, dim=dim))
         event = PrivacyEvent(mechanism=released, sampling=self.sampling(cfg, population), count=1)
         desc = sampling_description(cfg, population=population)
         if not self.amplified:
             desc += "; local DP: no amplification (the server sees who takes part)"
-        std = sigma * cfg.clip_norm
+        std = (self.server_mechanism.noise_std(clip_norm=cfg.clip_norm, noise_multiplier=sigma)
+               if self.server_mechanism is not None else sigma * cfg.clip_norm)
         plan = PrivacyPlan(
             mode=self.name, population=population, denominator=denominator_of(cfg, population=population),
             clip_norm=cfg.clip_norm, noise_multiplier=sigma, calibrated=calibrated,
@@ -190,6 +193,17 @@ class CentralMode(_GaussianMode):
     name = "central"
     mechanism = "Gaussian on the sum of clipped updates (server-side noise)"
     trusted_server = True
+    covers: tuple[str, ...] = (
+        "- Covers: the sequence of released global models (and anything computed from them, such as "
+         "the test accuracy), against anyone who sees them, for the unit above.",
+        "- Trusts: the server. It sees each sampled client's clipped, un-noised update before adding "
+         "the noise.",
+        "- Does not cover: the train loss (the mean of clients' un-noised losses, a diagnostic kept in "
+         "the server's private log unless publish-participation=true), and timing.",
+        "- Assumes: who took part in each round stays secret from the audience (the ε uses amplification "
+         "by client sampling): the server keeps the cohorts and counts in the run folder's owner-only "
+         "`private/` and `checkpoint/`; anyone who learns them faces the un-amplified Gaussian.",
+    )
     server_mechanism: ServerMechanism | None = GAUSSIAN_SUM
 
     def check(self, cfg: RunConfig) -> None:
@@ -225,6 +239,12 @@ class LocalMode(_GaussianMode):
     mechanism = "Gaussian on each clipped update (client-side noise)"
     client_mechanism: ClientMechanism | None = GAUSSIAN
     amplified = False
+    covers: tuple[str, ...] = (
+        "- Covers: each client's released update, against the server and everyone else; no trust in "
+         "the server. Clients do not disclose losses or example counts.",
+        "- Worst case: a client that takes part in every round. No amplification by sampling is "
+         "claimed, because the server sees who takes part.",
+    )
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
