@@ -14,17 +14,13 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
-def privacy_report_md(results: dict[str, Any], *, covers: Sequence[str] | None = None) -> str:
+def privacy_report_md(results: dict[str, Any], *, covers: Sequence[str]) -> str:
     """A Markdown report stating exactly what the run's ε covers and what it does not.
 
     ``covers`` is the mode's own section (:attr:`fedprivacy.fl.modes.PrivacyMode.covers`; empty: no
-    DP); by default the registered mode named in the results.
+    DP, the report then claims nothing).
     """
     p = results["privacy"]
-    if covers is None:
-        from fedprivacy.fl.modes import get_mode
-
-        covers = get_mode(str(p.get("mode"))).covers
     dp = bool(covers)
     lines = [f"# Privacy report: {results.get('run_name', '')}", ""]
     lines += _seeded_warning(p, dp)

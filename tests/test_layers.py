@@ -1,11 +1,16 @@
-"""Layering: the library stays free of Flower (STYLE.md, convention 1), and its registries do not depend
-on import order (review D1). One fresh interpreter serves both checks."""
+"""Layering: the library stays free of Flower, its registries do not depend on import order (one fresh
+interpreter serves both checks), and the layers contract names every module of ``fedprivacy.fl``."""
 
 import json
+import pkgutil
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
+
+import fedprivacy.fl
 
 _CODE = (
     "import json, sys, importlib, pkgutil\n"
@@ -29,5 +34,17 @@ def test_importing_fedprivacy_never_loads_flwr(fresh_import: dict) -> None:
 
 
 def test_every_privacy_mode_is_registered_before_any_other_import(fresh_import: dict) -> None:
-    # D1: the distributed plan used to exist only after fedprivacy.fl.secure had been imported
+    # the distributed plan must not depend on fedprivacy.fl.secure having been imported
     assert fresh_import["modes"] == ["none", "central", "local", "distributed"]
+
+
+def test_the_fl_layers_contract_names_every_fl_module() -> None:
+    # Arrange: the contract's layers, each a "|"-separated list of independent modules
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    (contract,) = [c for c in pyproject["tool"]["importlinter"]["contracts"] if c["name"].startswith("fl layers")]
+    named = {m.strip() for layer in contract["layers"] for m in layer.split("|")}
+    # Act
+    present = {f"fedprivacy.fl.{m.name}" for m in pkgutil.iter_modules(fedprivacy.fl.__path__)}
+    # Assert: an unnamed module would be free to import upwards
+    assert present - named == set(), "name these fl modules in pyproject's fl layers contract"
+    assert named - present == set()

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivacy.accounting.accountant import _fsync_dir
-from fedprivacy.fl.client_policy import MAX_TV_TOTAL, PolicyRefusal
+from fedprivacy.fl.client_limits import MAX_TV_TOTAL, PolicyRefusal
 
 __all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget", "total_epsilon"]
 
@@ -133,7 +133,7 @@ class ClientBudget:
         max_rho_total: the largest total ρ the client releases (``client-max-rho-total``; may be inf).
         max_slack_total: the largest total discrete slack of its distributed rounds
             (``client-max-slack-total``; review8 A2); their truncation terms are capped by
-            :data:`fedprivacy.fl.client_policy.MAX_TV_TOTAL`.
+            :data:`fedprivacy.fl.client_limits.MAX_TV_TOTAL`.
         neighbouring: the relation its ρ are computed under (``client-neighbouring``).
         path: the budget file shared by the node's runs (``client-budget-path``); None: ``charges``
             (the node state's record of this run) is the whole ledger.

@@ -53,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from fedprivacy.fl.client_limits import MAX_TV_PER_ROUND, MAX_TV_TOTAL, PolicyRefusal
 from fedprivacy.fl.mechanisms import GaussianNoise, UnknownMechanism, get_client_mechanism, zcdp_rho
 
 if TYPE_CHECKING:
@@ -64,21 +65,13 @@ if TYPE_CHECKING:
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.protocol import SetupRequest
 
-__all__ = ["ENV_VAR", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+__all__ = ["ENV_VAR", "MAX_TV_PER_ROUND", "MAX_TV_TOTAL", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
 
 #: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
 
-#: a distributed round's sampler-truncation term (total variation) the client accepts, and their total (honest
-#: encodings: ~4e-69 a round at 10⁶ coordinates); the total keeps e^ε ΣG ≤ 1e-6 δ for every ε ≤ 96 at δ ≥ 1e-12
-MAX_TV_PER_ROUND = 1e-64
-MAX_TV_TOTAL = 1e-60
 SCHEDULES = ("active", "semi-honest")
 METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
-
-
-class PolicyRefusal(ValueError):
-    """The server asked for something outside this client's own floor."""
 
 
 #: node_config key -> ClientPolicy field

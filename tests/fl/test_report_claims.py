@@ -7,6 +7,7 @@ import copy
 import json
 from pathlib import Path
 
+from fedprivacy.fl.modes import get_mode
 from fedprivacy.report import privacy_report_md
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "golden" / "runs.json").read_text())
@@ -22,7 +23,7 @@ def test_distributed_report_states_the_colluders_its_epsilon_assumes() -> None:
     for audience in results["privacy"]["distributed"]["audiences"].values():
         if isinstance(audience, dict) and "colluders" in audience:
             audience["colluders"] = 2
-    report = privacy_report_md(results)
+    report = privacy_report_md(results, covers=get_mode(results["privacy"]["mode"]).covers)
     assert "| Colluding clients assumed | 2 (" in report
     assert "at most 2 clients collude with it" in report and "corrupted = 0" not in report
 
@@ -31,7 +32,7 @@ def test_central_report_says_participation_is_private_and_charges_came_first() -
     results = _results("central-poisson")
     assert results["privacy"]["participation"]["published"] is False
     results["privacy"]["write_ahead"]["unfinished_rounds"] = [2]
-    report = privacy_report_md(results)
+    report = privacy_report_md(results, covers=get_mode(results["privacy"]["mode"]).covers)
     assert "Participation counts (not published; not covered by ε)" in report
     assert "Rounds [2] were charged and cut off" in report
     assert "Colluding clients assumed" not in report
