@@ -25,9 +25,9 @@ The keys fall into typed frozen sections: :class:`DataConfig`, :class:`ModelConf
 :class:`PrivacyConfig`, :class:`ServerOptConfig`, :class:`SecAggConfig`, :class:`RunOptions`. A section
 holds its keys' library defaults and checks each of its keys alone (choices against the registries:
 data sets, models, privacy modes, accountants, partitioners, server optimizers). :class:`RunConfig` is the
-flat view every run reads (``cfg.clip_norm``): its fields are exactly the sections' fields, it takes their
-defaults from them, builds every section when it is created (so every per-key check runs) and then checks
-the rules that span keys. ``cfg.sections`` gives the typed sections, :meth:`RunConfig.from_sections`
+flat view every run reads (``cfg.clip_norm``): it inherits every section's fields and defaults (a new key
+is one line in its section), builds every section when it is created (so every per-key check runs) and
+then checks the rules that span keys, the privacy mode's own among them (``PrivacyMode.check``). ``cfg.sections`` gives the typed sections, :meth:`RunConfig.from_sections`
 builds a config from them.
 
 Every default is written once. The data section takes its defaults from the data layer
@@ -93,7 +93,7 @@ def _check_fields(section: Any) -> None:
 
 
 # ---------------------------------------------------------------------- the typed sections
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Data set, train/test split and partitioner (defaults: the data layer's ``DataSpec`` and options)."""
 
@@ -122,7 +122,7 @@ class DataConfig:
             raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The model, from the model registry (:func:`fedprivacy.ml.models.register_model`)."""
 
@@ -137,7 +137,7 @@ class ModelConfig:
         _positive_int("hidden-units", self.hidden_units)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Each client's local training, and sample-level DP-SGD on it (``dpsgd``)."""
 
@@ -157,7 +157,7 @@ class TrainConfig:
         _positive("dpsgd-max-grad-norm", self.dpsgd_max_grad_norm)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivacyConfig:
     """User-level DP (DP-FedAvg): the privacy mode, clipping, noise, budget, sampling and accounting.
 
@@ -207,7 +207,7 @@ class PrivacyConfig:
         _non_negative("adaptive-clip-count-std", self.adaptive_clip_count_std)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ServerOptConfig:
     """The server optimizer on the released mean update (post-processing: no privacy cost)."""
 
@@ -232,7 +232,7 @@ class ServerOptConfig:
         _positive("server-tau", self.server_tau)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class SecAggConfig:
     """Secure aggregation (0 = automatic threshold and neighbour count)."""
 
@@ -259,7 +259,7 @@ class SecAggConfig:
             raise ValueError(f"secagg-schedule must be 'active' or 'semi-honest', got {self.secagg_schedule!r}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """Rounds, randomness mode and where the run's outputs go."""
 
@@ -321,75 +321,13 @@ def default(key: str) -> Any:
     raise ValueError(f"unknown run-config key {key!r}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainConfig, ModelConfig, DataConfig):
     """The resolved configuration of one run: the flat view of the typed sections.
 
-    Field names are the snake_case form of the kebab-case run-config keys; each field's default is its
-    section's (module docstring: one source of defaults).
+    Its fields are the sections' own, inherited with their defaults (no second copy to keep in step);
+    field names are the snake_case form of the kebab-case run-config keys.
     """
-
-    # rounds and data
-    num_server_rounds: int = _default(RunOptions, "num_server_rounds")
-    dataset: str = _default(DataConfig, "dataset")
-    partitioner: str = _default(DataConfig, "partitioner")
-    dirichlet_alpha: float = _default(DataConfig, "dirichlet_alpha")
-    classes_per_partition: int = _default(DataConfig, "classes_per_partition")
-    min_partition_size: int = _default(DataConfig, "min_partition_size")
-    data_dir: str = _default(DataConfig, "data_dir")
-    synthetic_alpha: float = _default(DataConfig, "synthetic_alpha")
-    synthetic_beta: float = _default(DataConfig, "synthetic_beta")
-    test_fraction: float = _default(DataConfig, "test_fraction")
-    # model and local training
-    model: str = _default(ModelConfig, "model")
-    hidden_units: int = _default(ModelConfig, "hidden_units")
-    local_epochs: int = _default(TrainConfig, "local_epochs")
-    learning_rate: float = _default(TrainConfig, "learning_rate")
-    batch_size: int = _default(TrainConfig, "batch_size")
-    # user-level DP (DP-FedAvg)
-    privacy: str = _default(PrivacyConfig, "privacy")
-    clip_norm: float = _default(PrivacyConfig, "clip_norm")
-    noise_multiplier: float = _default(PrivacyConfig, "noise_multiplier")
-    target_epsilon: float = _default(PrivacyConfig, "target_epsilon")
-    target_delta: float = _default(PrivacyConfig, "target_delta")
-    sampling: str = _default(PrivacyConfig, "sampling")
-    sample_rate: float = _default(PrivacyConfig, "sample_rate")
-    cohort_size: int = _default(PrivacyConfig, "cohort_size")
-    neighbouring: str = _default(PrivacyConfig, "neighbouring")
-    accountant: str = _default(PrivacyConfig, "accountant")
-    privacy_audience: str = _default(PrivacyConfig, "privacy_audience")
-    # server optimizer on the released mean update (post-processing: no privacy cost)
-    server_optimizer: str = _default(ServerOptConfig, "server_optimizer")
-    server_learning_rate: float = _default(ServerOptConfig, "server_learning_rate")
-    server_momentum: float = _default(ServerOptConfig, "server_momentum")
-    server_beta_1: float = _default(ServerOptConfig, "server_beta_1")
-    server_beta_2: float = _default(ServerOptConfig, "server_beta_2")
-    server_tau: float = _default(ServerOptConfig, "server_tau")
-    # adaptive clipping to a private quantile of the update norms (Andrew et al. 2021)
-    adaptive_clip: bool = _default(PrivacyConfig, "adaptive_clip")
-    adaptive_clip_quantile: float = _default(PrivacyConfig, "adaptive_clip_quantile")
-    adaptive_clip_learning_rate: float = _default(PrivacyConfig, "adaptive_clip_learning_rate")
-    adaptive_clip_count_std: float = _default(PrivacyConfig, "adaptive_clip_count_std")
-    # sample-level DP-SGD on each client
-    dpsgd: bool = _default(TrainConfig, "dpsgd")
-    dpsgd_noise_multiplier: float = _default(TrainConfig, "dpsgd_noise_multiplier")
-    dpsgd_max_grad_norm: float = _default(TrainConfig, "dpsgd_max_grad_norm")
-    # secure aggregation
-    secagg: bool = _default(SecAggConfig, "secagg")
-    secagg_threshold: int = _default(SecAggConfig, "secagg_threshold")
-    secagg_neighbours: int = _default(SecAggConfig, "secagg_neighbours")
-    secagg_bits: int = _default(SecAggConfig, "secagg_bits")
-    secagg_colluders: int = _default(SecAggConfig, "secagg_colluders")
-    secagg_schedule: str = _default(SecAggConfig, "secagg_schedule")
-    # run
-    seed: int = _default(RunOptions, "seed")
-    output_dir: str = _default(RunOptions, "output_dir")
-    run_name: str = _default(RunOptions, "run_name")
-    resume: bool = _default(RunOptions, "resume")
-    client_timeout: float = _default(RunOptions, "client_timeout")
-    max_failed_fraction: float = _default(RunOptions, "max_failed_fraction")
-    publish_participation: bool = _default(RunOptions, "publish_participation")
-    eval_every: int = _default(RunOptions, "eval_every")
 
     def __post_init__(self) -> None:
         self._sections()  # every section: the types and the per-key checks
