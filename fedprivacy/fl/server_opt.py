@@ -4,11 +4,11 @@ A :class:`ServerOptimizer` gets the global weights and the round's released mean
 clipped, noised and averaged: privacy is spent before this step) and returns the next global weights.
 It only post-processes a released value, so it never changes ε (Dwork & Roth 2014, Prop. 2.1).
 :class:`FedAvg` is the default, ``w + Δ̄`` (McMahan et al. 2017); adaptive optimizers such as FedAdam or
-FedYogi (Reddi et al. 2021, Alg. 2) treat ``-Δ̄`` as a pseudo-gradient and keep state, which the run
+FedYogi, FedAdagrad (Reddi et al. 2021, Alg. 2) treat ``-Δ̄`` as a pseudo-gradient and keep state, which the run
 checkpoints through :meth:`ServerOptimizer.state_dict` / :meth:`ServerOptimizer.load_state_dict`.
 
 The ``server-optimizer`` run-config key picks one from :data:`SERVER_OPTIMIZERS` (factories of the run
-config, so hyper-parameters are config keys too); FedAvgM, FedAdam and FedYogi live in
+config, so hyper-parameters are config keys too); FedAvgM, FedAdagrad, FedAdam and FedYogi live in
 :mod:`fedprivacy.fl.server_optimizers`.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fedprivacy.fl.server_optimizers import FedAdam, FedAvgM, FedYogi
+from fedprivacy.fl.server_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
@@ -83,6 +83,10 @@ def _fedadam(cfg: RunConfig) -> ServerOptimizer:
                    tau=cfg.server_tau)
 
 
+def _fedadagrad(cfg: RunConfig) -> ServerOptimizer:
+    return FedAdagrad(learning_rate=_rate(cfg, 0.1), tau=cfg.server_tau)  # no β: Flower fixes β1 = 0
+
+
 def _fedyogi(cfg: RunConfig) -> ServerOptimizer:
     return FedYogi(learning_rate=_rate(cfg, 0.01), beta_1=cfg.server_beta_1, beta_2=cfg.server_beta_2,
                    tau=cfg.server_tau)
@@ -90,7 +94,7 @@ def _fedyogi(cfg: RunConfig) -> ServerOptimizer:
 
 #: ``server-optimizer`` name -> factory of the run config (Flower's defaults when a key is left at 0).
 SERVER_OPTIMIZERS: dict[str, Callable[[RunConfig], ServerOptimizer]] = {
-    "fedavg": _fedavg, "fedavgm": _fedavgm, "fedadam": _fedadam, "fedyogi": _fedyogi,
+    "fedavg": _fedavg, "fedavgm": _fedavgm, "fedadagrad": _fedadagrad, "fedadam": _fedadam, "fedyogi": _fedyogi,
 }
 
 

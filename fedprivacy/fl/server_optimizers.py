@@ -1,11 +1,12 @@
-"""Adaptive server optimizers on the released pseudo-gradient: FedAvgM, FedAdam, FedYogi.
+"""Adaptive server optimizers on the released pseudo-gradient: FedAvgM, FedAdagrad, FedAdam, FedYogi.
 
 Each gets the global weights ``x`` and the round's released mean update ``Δ`` (clipped, noised and
 averaged by the privacy mode before this step) and returns the next global weights. They only
 post-process a released value, so they never change ε (Dwork & Roth 2014, Prop. 2.1), in every privacy
 mode. The rules are those of Flower 1.42's strategies, so a fedprivacy run and a Flower run with the
 same hyper-parameters follow the same trajectory on the same updates (pinned in
-``tests/fl/test_server_optimizers.py`` against ``flwr.serverapp.strategy.{FedAvgM, FedAdam, FedYogi}``):
+``tests/fl/test_server_optimizers.py`` against ``flwr.serverapp.strategy.{FedAvgM, FedAdagrad, FedAdam,
+FedYogi}``):
 
 * **FedAvgM** (Hsu, Qi & Brown 2019): pseudo-gradient ``g = -Δ``, momentum buffer ``v = g`` at the first
   step, then ``v = μ v + g``; ``x ← x - η v``. This is ``torch.optim.SGD(lr=η, momentum=μ)`` (also pinned).
@@ -13,6 +14,8 @@ same hyper-parameters follow the same trajectory on the same updates (pinned in
   ``x ← x + η_t m / (√v + τ)`` with Flower's bias-corrected rate
   ``η_t = η √(1-β2^(t+1)) / (1-β1^(t+1))`` at step t = 1, 2, ... (Kingma & Ba 2015, §2; Flower's
   exponent is t+1, and its τ sits outside the correction, so this is not ``torch.optim.Adam``).
+* **FedAdagrad** (Reddi et al. 2021, Alg. 2): ``m = Δ`` (β1 = 0, fixed, as Flower's), ``v = v + Δ²``,
+  ``x ← x + η m / (√v + τ)``; no second-moment decay, so it has no β.
 * **FedYogi** (Reddi et al. 2021, Alg. 2; Zaheer et al. 2018): as FedAdam but
   ``v ← v - (1-β2) Δ² sign(v - Δ²)`` and the plain rate η.
 
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FedAdam", "FedAvgM", "FedYogi", "decode_arrays", "encode_arrays"]
+__all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "decode_arrays", "encode_arrays"]
 
 
 def encode_arrays(arrays: Sequence[np.ndarray] | None) -> list[str] | None:
@@ -214,3 +217,15 @@ class FedYogi(_AdaptiveOptimizer):
 
     def _second_moment(self, v: np.ndarray, d2: np.ndarray) -> np.ndarray:
         return v - (1.0 - self.beta_2) * d2 * np.sign(v - d2)
+
+
+class FedAdagrad(_AdaptiveOptimizer):
+    """FedAdagrad (module docstring): β1 = 0 and an accumulated second moment. Flower's defaults."""
+
+    name = "fedadagrad"
+
+    def __init__(self, *, learning_rate: float = 0.1, tau: float = 1e-3) -> None:
+        super().__init__(learning_rate=learning_rate, beta_1=0.0, beta_2=0.0, tau=tau)
+
+    def _second_moment(self, v: np.ndarray, d2: np.ndarray) -> np.ndarray:
+        return v + d2

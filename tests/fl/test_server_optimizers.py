@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedprivacy.fl.server_optimizers import FedAdam, FedAvgM, FedYogi, decode_arrays, encode_arrays
+from fedprivacy.fl.server_optimizers import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    decode_arrays,
+    encode_arrays,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = [(4, 3), (3,)]
@@ -99,7 +106,10 @@ def _flower(name: str, **kw: Any) -> Any:
     (lambda: FedYogi(), lambda: _flower("FedYogi")),
     (lambda: FedYogi(learning_rate=0.05, beta_1=0.0, beta_2=0.5, tau=1e-4),
      lambda: _flower("FedYogi", eta=0.05, beta_1=0.0, beta_2=0.5, tau=1e-4)),
-], ids=["fedavgm", "fedavgm-no-momentum", "fedadam", "fedadam-hp", "fedyogi", "fedyogi-hp"])
+    (lambda: FedAdagrad(), lambda: _flower("FedAdagrad")),
+    (lambda: FedAdagrad(learning_rate=0.02, tau=1e-2), lambda: _flower("FedAdagrad", eta=0.02, tau=1e-2)),
+], ids=["fedavgm", "fedavgm-no-momentum", "fedadam", "fedadam-hp", "fedyogi", "fedyogi-hp", "fedadagrad",
+        "fedadagrad-hp"])
 def test_same_trajectory_as_flowers_strategy(ours: Any, theirs: Any) -> None:
     expected = _flower_trajectory(theirs())
 
@@ -128,8 +138,8 @@ def test_fedavgm_is_torch_sgd_with_momentum() -> None:
         np.testing.assert_allclose(p.detach().numpy(), x, rtol=1e-13)
 
 
-@pytest.mark.parametrize("make", [lambda: FedAvgM(), lambda: FedAdam(), lambda: FedYogi()],
-                         ids=["fedavgm", "fedadam", "fedyogi"])
+@pytest.mark.parametrize("make", [lambda: FedAvgM(), lambda: FedAdam(), lambda: FedYogi(), lambda: FedAdagrad()],
+                         ids=["fedavgm", "fedadam", "fedyogi", "fedadagrad"])
 def test_state_round_trips_through_json_and_resumes_bit_for_bit(make: Any) -> None:
     a, b = make(), make()
     w = _initial()
