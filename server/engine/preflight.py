@@ -11,7 +11,7 @@ line that names the key, the rule, the value and the fix:
 * what the number of clients decides (``target-delta`` < 1/N, ``cohort-size`` <= N, a secure
   aggregation cohort of at least 3 with its threshold and degree);
 * a resumption that cannot be honoured: ``resume=true`` with no checkpoint under ``run-name``, or a
-  checkpoint whose population or accounting inputs differ (:func:`fedprivacy.fl.run.resume_checkpoint`).
+  checkpoint whose population or accounting inputs differ (:func:`fedprivacy.fl.resume.resume_checkpoint`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
     cfg = RunConfig.from_mapping(fused)
     if num_supernodes is not None:
         from fedprivacy.fl.privacy import check_population
-        from fedprivacy.fl.run import resume_checkpoint
+        from fedprivacy.fl.resume import resume_checkpoint
 
         check_population(cfg, population=num_supernodes)
         if cfg.secagg:

@@ -634,27 +634,27 @@ def test_with_counts_private_no_published_dpsgd_figure_depends_on_the_cohorts(tm
 def test_ledgers_restored_without_an_attempt_count_publish_no_cohort_independent_bound(tmp_path: Path) -> None:
     # A checkpoint's DP-SGD ledgers from before the journal existed say nothing of how many rounds were
     # planned: a bound over the new rounds only would be below those ledgers, so none is published.
-    from fedprivacy.fl.run import _DpsgdLedger
+    from fedprivacy.fl.dpsgd_ledger import DpsgdLedger
 
     cfg = _cfg(tmp_path, privacy="central", dpsgd=True)
-    old = _DpsgdLedger(cfg)
+    old = DpsgdLedger(cfg)
     for rnd in (1, 2, 3):
         old.spend(0, steps=5, rate=0.1, round=rnd)
-    restored = _DpsgdLedger(cfg)
+    restored = DpsgdLedger(cfg)
     restored.load(old.to_json())
     restored.open_journal(tmp_path / "dpsgd.jsonl")  # a new journal: its snapshot keeps "unknown"
     restored.plan_round([0], lambda pid: (5, 0.1), round=4)
-    replayed = _DpsgdLedger(cfg)
+    replayed = DpsgdLedger(cfg)
     replayed.open_journal(tmp_path / "dpsgd.jsonl")
     for ledger in (restored, replayed):
         assert ledger.attempts is None
         summary = ledger.summary(counts_private=True, schedule=lambda pid: (5, 0.1), population=N)
         assert summary["epsilon"] is None and "not published" in summary["epsilon_basis"]
     # a fresh run's journal counts every planned round, empty cohorts included
-    fresh = _DpsgdLedger(cfg)
+    fresh = DpsgdLedger(cfg)
     fresh.open_journal(tmp_path / "fresh.jsonl")
     fresh.plan_round([], lambda pid: (5, 0.1), round=1)
     fresh.plan_round([3], lambda pid: (5, 0.1), round=2)
-    again = _DpsgdLedger(cfg)
+    again = DpsgdLedger(cfg)
     again.open_journal(tmp_path / "fresh.jsonl")
     assert fresh.attempts == again.attempts == 2

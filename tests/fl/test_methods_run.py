@@ -184,8 +184,8 @@ def test_adaptive_round_adds_the_raised_noise_and_counts_the_right_bits(tmp_path
     run = FederatedRun(cfg, population=N, exchange=_exchange(), hooks=_hooks(), callbacks=[])
     run.start()
     rnd_fn = run._round_fn
-    assert rnd_fn is not None
-    outcome = rnd_fn(run._instructions(1), list(range(N)), run.weights, RandomSource.seeded(1))
+    assert rnd_fn is not None and run.inputs is not None
+    outcome = rnd_fn(run.inputs.instructions(1), list(range(N)), run.weights, RandomSource.seeded(1))
 
     zd = update_noise_multiplier(noise_multiplier=1.0, count_noise_std=4.0)
     assert outcome.aggregate.noise_std == pytest.approx(zd * 2.0)
