@@ -19,7 +19,7 @@ from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
 
 if TYPE_CHECKING:
     from fedprivacy.fl.secure import EncodingSpec
-    from fedprivacy.secagg.protocol import SetupRequest
+    from fedprivacy.secagg.messages import SetupRequest
 
 __all__ = ["charge", "charge_held", "check", "hold", "record_stage", "secagg_cost"]
 

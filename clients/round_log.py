@@ -1,6 +1,6 @@
 """The node's record of the rounds it took part in (issue 10: "refuses to take part in one twice").
 
-One :class:`fedprivacy.secagg.protocol.RoundLog` per run in the node's ``context.state`` (client side
+One :class:`fedprivacy.secagg.session_state.RoundLog` per run in the node's ``context.state`` (client side
 only, never sent to the server), shared by the plain ``train`` path and the secure-aggregation
 advertise stage: a round number is taken part in once, on either path, and round numbers strictly
 increase (review2 R2: a server that sends the same local-mode round again and again would otherwise
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, Context
 
-from fedprivacy.secagg.protocol import RoundLog
+from fedprivacy.secagg.session_state import RoundLog
 from fedprivacy_flwr import codec
 
 __all__ = ["load", "save"]

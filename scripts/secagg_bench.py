@@ -245,7 +245,7 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
     import fedprivacy
     import fedprivacy.secagg.local as local
     from fedprivacy.dp.rng import RandomSource
-    from fedprivacy.secagg.protocol import RoundAborted, SetupRequest
+    from fedprivacy.secagg import RoundAborted, SetupRequest  # exported by every tree
 
     n, t, k = p["clients"], p["threshold"], p["degree"]
     encode, length, _ = _encoder(mode, p)

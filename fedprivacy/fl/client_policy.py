@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from fedprivacy.fl.mechanisms import ClientMechanism
     from fedprivacy.fl.types import ClientUpdate, RoundInstructions
     from fedprivacy.secagg.ddp import DistributedDPConfig
-    from fedprivacy.secagg.protocol import SetupRequest
+    from fedprivacy.secagg.messages import SetupRequest
 
 __all__ = ["ENV_VAR", "MAX_TV_PER_ROUND", "MAX_TV_TOTAL", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
 

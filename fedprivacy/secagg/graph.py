@@ -25,7 +25,7 @@ holders, its ``k`` neighbours and itself, threshold ``t``.
   (who reveal everything) that is ``t - 1 - c`` honest neighbours for ``b_u`` and a disjoint
   ``t - c`` for ``s_u`` out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c) > k - c``. It implies
   ``t > c``, so colluders alone never hold ``t`` shares. For the complete graph (``k = n - 1``) and
-  ``c = 0`` it is ``t > n/2``. The actively secure schedule of :mod:`.protocol` no longer *needs* this
+  ``c = 0`` it is ``t > n/2``. The actively secure schedule (:mod:`.client_session`) no longer *needs* this
   rule (its certified view makes every honest holder give the same kind of share for a peer), but it
   is kept: it is what protects the semi-honest schedule, and it bounds the damage of a broken
   signature assumption.
@@ -63,6 +63,7 @@ __all__ = [
     "is_k_connected",
     "min_safe_threshold",
     "min_signers",
+    "used_graph",
 ]
 
 
@@ -312,3 +313,8 @@ def is_k_connected(nodes: set[int] | frozenset[int], neighbours: Mapping[int, Co
             return False
         earlier.add(v)
     return True
+
+
+def used_graph(peer_sets: Mapping[int, Sequence[int]]) -> dict[int, set[int]]:
+    """Mutual edges among the keys of ``peer_sets`` (both ends masked with each other)."""
+    return {u: {w for w in ps if w in peer_sets and u in peer_sets[w]} for u, ps in peer_sets.items()}

@@ -1,8 +1,8 @@
 """Run one secure-aggregation round in a single process (tests, benchmarks, the in-process engine).
 
-This is the reference driver of the state machines in :mod:`.protocol`: it passes each stage's
-messages between one :class:`ServerSession` and many :class:`ClientSession` objects and lets clients
-drop out before a chosen stage. It does no cryptography of its own. With ``setup.active`` the round has
+This is the reference driver of the state machines of :mod:`.client_session` and
+:mod:`.server_session`: it passes each stage's messages between one :class:`ServerSession` and many
+:class:`ClientSession` objects and lets clients drop out before a chosen stage. It does no cryptography of its own. With ``setup.active`` the round has
 the consistency stage (five stages); without it, the four of the semi-honest schedule.
 """
 
@@ -12,7 +12,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fedprivacy.secagg.protocol import ClientSession, ServerSession, SetupRequest
+from fedprivacy.secagg.client_session import ClientSession
+from fedprivacy.secagg.messages import SetupRequest
+from fedprivacy.secagg.server_session import ServerSession
 
 __all__ = ["STAGES", "run_round"]
 
@@ -30,7 +32,7 @@ def run_round(
 
     If ``transcript`` is a list, every message the server sends or receives is appended to it (what a
     curious server sees). Returns the unmasked sum (uint32 mod 2^b), the server session (``u2``, ``u3``,
-    ``failures``) and the clients. Raises :class:`.protocol.RoundAborted` when too few clients remain.
+    ``failures``) and the clients. Raises :class:`.messages.RoundAborted` when too few clients remain.
     A ``"consistency"`` dropout in the semi-honest schedule acts at the unmask stage.
     """
     drop_before = dict(drop_before or {})

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprivacy.secagg.protocol import (
+from fedprivacy.secagg.messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencyResponse,

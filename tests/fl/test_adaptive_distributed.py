@@ -35,7 +35,7 @@ from fedprivacy.fl.secure.client import check_encoding
 from fedprivacy.fl.secure.params import make_encoding
 from fedprivacy.fl.types import ClipRoundInfo
 from fedprivacy.secagg.encoding import EncodingSpec, largest_scale_encoding
-from fedprivacy.secagg.protocol import SetupRequest
+from fedprivacy.secagg.messages import SetupRequest
 from fedprivacy.secagg.xnoise import ComponentSeeds
 from server.engine import run_inprocess
 

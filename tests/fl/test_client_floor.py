@@ -105,7 +105,7 @@ def test_a_distributed_round_on_the_plain_train_path_is_refused(floor: dict) -> 
 def test_a_client_takes_part_in_a_round_once_on_the_plain_path() -> None:
     # review2 R2: a server that sends local-mode round 1 again and again would average the client's
     # fresh noise away (40 replies: noise std / sqrt(40)); the node's round record refuses a repeat
-    from fedprivacy.secagg.protocol import ProtocolViolation
+    from fedprivacy.secagg.messages import ProtocolViolation
 
     ctx = _context()
     msg, _ = _message(privacy="local", round=1)

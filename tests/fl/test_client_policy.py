@@ -10,7 +10,7 @@ import pytest
 from fedprivacy.fl.client_policy import NODE_CONFIG_KEYS, ClientPolicy, PolicyRefusal
 from fedprivacy.fl.mechanisms import GAUSSIAN
 from fedprivacy.secagg.ddp import DistributedDPConfig
-from fedprivacy.secagg.protocol import SetupRequest
+from fedprivacy.secagg.messages import SetupRequest
 
 
 def _encoding(**kw) -> DistributedDPConfig:

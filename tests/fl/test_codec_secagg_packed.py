@@ -7,7 +7,7 @@ import pytest
 from flwr.app import RecordDict
 
 from fedprivacy.config import RunConfig
-from fedprivacy.secagg.protocol import MaskedInput
+from fedprivacy.secagg.messages import MaskedInput
 from fedprivacy_flwr.secagg_records import from_records, to_records
 
 

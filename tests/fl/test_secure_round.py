@@ -39,7 +39,7 @@ from fedprivacy.fl.secure import (
     secagg_parameters,
 )
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
-from fedprivacy.secagg.protocol import SetupRequest
+from fedprivacy.secagg.messages import SetupRequest
 from server.engine import run_inprocess
 from server.engine.faults import FaultPlan, FaultRule
 

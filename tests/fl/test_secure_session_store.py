@@ -13,7 +13,9 @@ from flwr.app import ConfigRecord, RecordDict
 
 from fedprivacy.fl.secure import ExportedSessionStore
 from fedprivacy.fl.secure import session as sess
-from fedprivacy.secagg.protocol import ClientSession, ServerSession, SetupRequest
+from fedprivacy.secagg.client_session import ClientSession
+from fedprivacy.secagg.messages import SetupRequest
+from fedprivacy.secagg.server_session import ServerSession
 
 _IDS = list(range(7))
 

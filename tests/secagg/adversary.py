@@ -29,6 +29,7 @@ import numpy as np
 
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg import shamir
+from fedprivacy.secagg.client_session import ClientSession
 from fedprivacy.secagg.keys import (
     SealError,
     Secret,
@@ -37,11 +38,8 @@ from fedprivacy.secagg.keys import (
     open_sealed,
     public_from_private,
 )
-from fedprivacy.secagg.prg import apply_masks
-from fedprivacy.secagg.protocol import (
-    _SHARE_SEAL,
+from fedprivacy.secagg.messages import (
     AdvertiseKeys,
-    ClientSession,
     ConsistencyRequest,
     MaskedInput,
     MaskedInputRequest,
@@ -49,6 +47,11 @@ from fedprivacy.secagg.protocol import (
     ShareKeysRequest,
     UnmaskRequest,
     UnmaskResponse,
+)
+from fedprivacy.secagg.prg import apply_masks
+from fedprivacy.secagg.robust import recover_secret
+from fedprivacy.secagg.transcript import (
+    _SHARE_SEAL,
     _context,
     _pair_seed,
     _peers_statement,
@@ -58,7 +61,6 @@ from fedprivacy.secagg.protocol import (
     seed_commitment,
     world_id,
 )
-from fedprivacy.secagg.robust import recover_secret
 from fedprivacy.secagg.xnoise import ComponentSeeds
 
 REFUSALS = (ValueError, TypeError, KeyError)  # ProtocolViolation and SealError are ValueErrors

@@ -18,16 +18,16 @@ from adversary import MaliciousServer, learnable_sums
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fedprivacy.secagg.client_session import ClientSession
 from fedprivacy.secagg.graph import check_safe, effective_degree, min_safe_threshold
-from fedprivacy.secagg.protocol import (
-    ClientSession,
+from fedprivacy.secagg.messages import (
     MaskedInputRequest,
     ProtocolViolation,
-    RoundLog,
-    ServerSession,
     SetupRequest,
     UnmaskRequest,
 )
+from fedprivacy.secagg.server_session import ServerSession
+from fedprivacy.secagg.session_state import RoundLog
 
 
 def _inputs(ids, dim=6, bits=32, seed=0):

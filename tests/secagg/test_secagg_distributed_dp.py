@@ -19,7 +19,7 @@ from fedprivacy.accounting.events import DiscreteGaussianEvent
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.ddp import DistributedDPConfig, decode_sum, encode_update
 from fedprivacy.secagg.local import run_round
-from fedprivacy.secagg.protocol import RoundAborted, SetupRequest
+from fedprivacy.secagg.messages import RoundAborted, SetupRequest
 
 
 def test_tau_closed_form() -> None:

@@ -337,7 +337,8 @@ def _world_id_plain(setup, roster) -> bytes:  # type: ignore[no-untyped-def]
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 2), min_size=1, max_size=40, unique=True), st.randoms(use_true_random=False))
 def test_world_id_is_the_plain_hash(ids: list[int], rnd) -> None:  # type: ignore[no-untyped-def]
-    from fedprivacy.secagg.protocol import SetupRequest, ShareKeysRequest, world_id
+    from fedprivacy.secagg.messages import SetupRequest, ShareKeysRequest
+    from fedprivacy.secagg.transcript import world_id
 
     def key() -> bytes:
         return bytes(rnd.getrandbits(8) for _ in range(rnd.choice([0, 1, 32, 33])))
@@ -355,7 +356,7 @@ def test_world_id_is_the_plain_hash(ids: list[int], rnd) -> None:  # type: ignor
 @given(num=st.integers(1, 10), seed=st.integers(0, 2**32 - 1), data=st.data())
 def test_share_rows_are_the_reencoded_rows_of_an_accepted_encoding(num: int, seed: int, data) -> None:
     from fedprivacy.secagg import shamir
-    from fedprivacy.secagg.protocol import _share_rows
+    from fedprivacy.secagg.transcript import _share_rows
 
     xs = list(range(1, 4))
     secrets_ = [np.random.default_rng(seed + i).bytes(32) for i in range(num)]

@@ -12,23 +12,23 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from fedprivacy.secagg import shamir
+from fedprivacy.secagg.client_session import ClientSession
 from fedprivacy.secagg.graph import harary_neighbours, is_connected, min_signers
 from fedprivacy.secagg.local import STAGES, run_round
-from fedprivacy.secagg.prg import expand_mask
-from fedprivacy.secagg.protocol import (
-    ClientSession,
+from fedprivacy.secagg.messages import (
     ConsistencyRequest,
     MaskedInput,
     MaskedInputRequest,
     ProtocolViolation,
     RoundAborted,
-    RoundLog,
-    ServerSession,
     SetupRequest,
     UnmaskRequest,
     UnmaskResponse,
-    world_id,
 )
+from fedprivacy.secagg.prg import expand_mask
+from fedprivacy.secagg.server_session import ServerSession
+from fedprivacy.secagg.session_state import RoundLog
+from fedprivacy.secagg.transcript import world_id
 
 
 def _inputs(ids, dim, bits, seed=0):

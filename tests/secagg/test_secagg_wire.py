@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedprivacy.secagg.local import run_round
-from fedprivacy.secagg.protocol import MaskedInput, SetupRequest
+from fedprivacy.secagg.messages import MaskedInput, SetupRequest
 from fedprivacy.secagg.wire import MESSAGE_TYPES, decode, encode
 
 

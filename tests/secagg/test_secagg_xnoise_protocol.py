@@ -14,16 +14,11 @@ from hypothesis import strategies as st
 from fedprivacy.accounting.distributed import XNoiseDesign
 from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
+from fedprivacy.secagg.client_session import ClientSession
 from fedprivacy.secagg.local import STAGES
-from fedprivacy.secagg.protocol import (
-    ClientSession,
-    ProtocolViolation,
-    RoundAborted,
-    ServerSession,
-    SetupRequest,
-    UnmaskRequest,
-)
+from fedprivacy.secagg.messages import ProtocolViolation, RoundAborted, SetupRequest, UnmaskRequest
 from fedprivacy.secagg.quantize import to_ring
+from fedprivacy.secagg.server_session import ServerSession
 from fedprivacy.secagg.xnoise import ComponentSeeds, component_noise
 
 DIM, BITS, VAR = 64, 32, 400.0

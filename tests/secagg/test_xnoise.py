@@ -12,7 +12,7 @@ from fedprivacy.accounting.distributed import XNoiseDesign
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.ddp import DistributedDPConfig, decode_sum, encode_update
 from fedprivacy.secagg.local import run_round
-from fedprivacy.secagg.protocol import SetupRequest
+from fedprivacy.secagg.messages import SetupRequest
 from fedprivacy.secagg.xnoise import (
     ComponentSeeds,
     component_noise,

@@ -19,21 +19,21 @@ from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
 from fedprivacy.fl.secure.params import encoding_kind
 from fedprivacy.fl.secure.session import export_session, import_session, recall, remember
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
+from fedprivacy.secagg.client_session import ClientSession
 from fedprivacy.secagg.encoding import EncodingSpec
-from fedprivacy.secagg.protocol import (
+from fedprivacy.secagg.messages import (
     AdvertiseKeys,
-    ClientSession,
     ConsistencyRequest,
     ConsistencyResponse,
     MaskedInput,
     MaskedInputRequest,
-    RoundLog,
     SetupRequest,
     SharedKeys,
     ShareKeysRequest,
     UnmaskRequest,
     UnmaskResponse,
 )
+from fedprivacy.secagg.session_state import RoundLog
 from fedprivacy.secagg.xnoise import ComponentSeeds
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The server side of a DP-FedAvg round under secure aggregation (``secagg = true``).
 
-The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg.protocol` over any transport
+The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg` over any transport
 that implements :class:`SecureTransport` (the Flower Grid in ``server/secagg_exchange.py``, a direct
 function call in tests). Schedule ``secagg-schedule``: ``active`` (the default: secure against a
 server that deviates, with ``secagg-colluders`` colluding clients) has five stages, ``semi-honest``
@@ -66,17 +66,17 @@ from fedprivacy.fl.types import (
     SecureRoundInfo,
 )
 from fedprivacy.secagg.encoding import EncodingSpec, round_degree
-from fedprivacy.secagg.protocol import (
+from fedprivacy.secagg.messages import (
     AdvertiseKeys,
     ConsistencyResponse,
     MaskedInput,
     ProtocolViolation,
     RoundAborted,
-    ServerSession,
     SetupRequest,
     SharedKeys,
     UnmaskResponse,
 )
+from fedprivacy.secagg.server_session import ServerSession
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.distributed import XNoiseDesign

@@ -1,5 +1,5 @@
 """A client's SecAgg session as flat fields for the node's own state (the state machine serialises
-itself: :meth:`fedprivacy.secagg.protocol.ClientSession.to_state` / ``from_state``).
+itself: :meth:`fedprivacy.secagg.client_session.ClientSession.to_state` / ``from_state``).
 
 Two costs of that state are cut here without changing what it holds (issue 16; at 100 clients they were
 ~30% of a distributed round's CPU):
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprivacy.secagg.protocol import ClientSession
+from fedprivacy.secagg.client_session import ClientSession
 
 __all__ = ["BLOB_LISTS", "INT_LISTS", "copy_session", "export_session", "import_session", "recall",
            "remember"]
