@@ -83,7 +83,15 @@ def adaptive_clip_spec(cfg: RunConfig, *, noise_multiplier: float, denominator: 
     """The split for the round multiplier ``noise_multiplier`` (0 without DP); ValueError if impossible."""
     if noise_multiplier > 0:
         sb = cfg.adaptive_clip_count_std or count_noise_std_for(denominator)
-        zd = update_noise_multiplier(noise_multiplier=noise_multiplier, count_noise_std=sb)
+        try:
+            zd = update_noise_multiplier(noise_multiplier=noise_multiplier, count_noise_std=sb)
+        except ValueError as exc:
+            given = ("" if cfg.adaptive_clip_count_std else
+                     f" (its default, expected cohort/20 = {denominator:g}/20)")
+            raise ValueError(
+                f"adaptive-clip-count-std must be > noise-multiplier/2 = {noise_multiplier / 2:g} for adaptive "
+                f"clipping, got {sb:g}{given}; set adaptive-clip-count-std above {noise_multiplier / 2:g}, or "
+                "sample more clients per round") from exc
     else:
         sb, zd = 0.0, 0.0
     return AdaptiveClipSpec(initial_clip_norm=cfg.clip_norm, target_quantile=cfg.adaptive_clip_quantile,

@@ -16,8 +16,12 @@ from server.engine._flwr_private import (
     parse_config_args,
 )
 
-__all__ = ["AppSpec", "absolute_output_dir", "config_string", "load_app_spec", "parse_overrides",
+__all__ = ["AppSpec", "absolute_output_dir", "app_root", "config_string", "load_app_spec", "parse_overrides",
            "resolve_run_config"]
+
+# the folder above the ``server`` package: the fedprivacy app's own pyproject.toml (a clone or an
+# editable install)
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,9 +36,36 @@ class AppSpec:
     fab_version: str
 
 
-def load_app_spec(app_dir: str | Path = ".") -> AppSpec:
-    """Read components and ``[tool.flwr.app.config]`` defaults as Flower does."""
+def app_root(app_dir: str | Path = ".") -> Path:
+    """The folder of the Flower app to run: ``app_dir`` when its ``pyproject.toml`` names a Flower app;
+    for the default ``"."`` without one, the installed fedprivacy app (so ``fedprivacy simulate`` and
+    :func:`server.engine.run.run_inprocess` work from any folder).
+
+    Raises:
+        FileNotFoundError: neither holds a ``pyproject.toml`` with ``[tool.flwr.app]``.
+    """
     path = Path(app_dir).absolute()
+    if _is_flower_app(path):
+        return path
+    if str(app_dir) == "." and _is_flower_app(_PACKAGE_ROOT):
+        return _PACKAGE_ROOT
+    raise FileNotFoundError(f"app-dir: {path} holds no pyproject.toml with a [tool.flwr.app] table; "
+                            "pass --app-dir (app_dir=) the folder of the fedprivacy app")
+
+
+def _is_flower_app(path: Path) -> bool:
+    import tomllib
+
+    try:
+        with (path / "pyproject.toml").open("rb") as fh:
+            return "app" in tomllib.load(fh).get("tool", {}).get("flwr", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load_app_spec(app_dir: str | Path = ".") -> AppSpec:
+    """Read components and ``[tool.flwr.app.config]`` defaults as Flower does (from :func:`app_root`)."""
+    path = app_root(app_dir)
     config = get_project_config(path)
     app = config["tool"]["flwr"]["app"]
     fab_id, fab_version = get_metadata_from_config(config)
@@ -79,8 +110,11 @@ def _check_pairs(run_config: str) -> None:
         if eq and key in seen:
             raise ValueError(f"run_config: key {key!r} is given twice; give each key once")
         seen.add(key)
-        if not eq or not key.strip() or (not value and f"{key}=''" not in run_config
-                                           and f'{key}=""' not in run_config):
+        if eq and key.strip() and not value and f"{key}=''" not in run_config \
+                and f'{key}=""' not in run_config:
+            raise ValueError(f"run_config: key {key!r} has an empty value ({word!r}); give it a value, "
+                             f"e.g. {key}=1.0, or write an empty string as {key}=\"\"")
+        if not eq or not key.strip():
             raise ValueError(
                 f"run_config: {word!r} is not a key=value pair (e.g. 'num-server-rounds=5 "
                 "privacy=\"central\"'; an empty string is written key=\"\")")

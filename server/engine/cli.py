@@ -128,6 +128,13 @@ def _final_round(results_path: Path) -> dict[str, Any]:
         out["message"] = results["stopped"]
     if rows:
         out["final"] = {k: rows[-1].get(k) for k in ("round", "test_accuracy", "epsilon", "delta")}
+        # the run's own ε (what its "done:" line and report print): the larger of the audiences' figures
+        # where the run says so; strict JSON writes an infinite ε as null
+        privacy = results.get("privacy") or {}
+        if privacy.get("mode", "none") != "none":
+            eps = privacy.get("epsilon")
+            out["final"]["epsilon"] = float("inf") if eps is None else eps
+            out["final"]["delta"] = privacy.get("delta", out["final"]["delta"])
     return out
 
 
@@ -193,7 +200,9 @@ def simulate_command(
     summary = _guarded_simulate(engine=engine.value, num_supernodes=num_supernodes,
                                 run_config=run_config, workers=workers, app_dir=app_dir, faults=plan)
     if as_json:
-        typer.echo(json.dumps(summary, allow_nan=False, default=str))
+        from fedprivacy.fl.outputs import clean_json
+
+        typer.echo(json.dumps(clean_json(summary), allow_nan=False, default=str))
     else:
         typer.echo(summary_line(summary))
     if summary["exit_code"] != 0:

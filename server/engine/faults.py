@@ -12,12 +12,15 @@ destination client
   (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``).
 
 A rule matches on the message type (``fnmatch`` pattern, so ``"train"``,
-``"query.*"`` or ``"*"``), the round (the Message ``group_id``, which fedprivacy's
+``"query.*"`` or ``"*"``; a type also names its stages, so ``"train"`` matches
+``"train.secagg_masked"``), the round (the Message ``group_id``, which fedprivacy's
 ServerApp sets to the round number) and either explicit partition ids or a seeded
 fraction of all partitions. Fractions are decided per (rule, message type, round,
 partition) by hashing those values with the plan's seed (SHA-256), so a plan gives the
 same faults in every run, in any process, in any order of delivery. This randomness is
-for test scenarios only; it never feeds privacy noise.
+for test scenarios only; it never feeds privacy noise. The start-up partition query (type
+``"query"`` itself) is hit only by a rule whose type is ``"query"``, so ``"raise:partitions=7"``
+faults client 7's rounds, not the run's start.
 
 Threat model note: ``drop`` at a secure-aggregation stage models a client that goes
 offline mid-protocol; a malicious *server* is modelled by the ServerApp under test
@@ -33,6 +36,7 @@ from typing import Literal
 
 FaultAction = Literal["drop", "delay", "raise"]
 _ACTIONS = ("drop", "delay", "raise")
+_START_UP_QUERY = "query"
 
 
 class InjectedClientFault(RuntimeError):
@@ -140,7 +144,7 @@ class FaultPlan:
         """Return the fault for this (message type, round, client), or None."""
         rnd = self._round_of(group_id)
         for index, rule in enumerate(self.rules):
-            if not fnmatch.fnmatchcase(message_type, rule.message_type):
+            if not _type_matches(rule.message_type, message_type):
                 continue
             if rule.rounds is not None and rnd not in rule.rounds:
                 continue
@@ -191,5 +195,24 @@ class FaultPlan:
                     kwargs["delay"] = float(value)
                 else:
                     raise ValueError(f"unknown fault rule key {key!r} in {part!r}")
-            rules.append(FaultRule(**kwargs))  # type: ignore[arg-type]
+            rule = FaultRule(**kwargs)  # type: ignore[arg-type]
+            if not any(_type_matches(rule.message_type, t) for t in _app_message_types()):
+                raise ValueError(f"fault rule {part!r}: type={rule.message_type!r} matches no message the "
+                                 f"app sends; types: {', '.join(_app_message_types())}")
+            rules.append(rule)
         return cls(rules=tuple(rules), seed=seed)
+
+
+def _type_matches(pattern: str, message_type: str) -> bool:
+    """``pattern`` hits ``message_type`` or one of its stages (``type.stage``); the start-up partition
+    query (``"query"`` itself) only when the pattern names it."""
+    if message_type == _START_UP_QUERY:
+        return pattern == _START_UP_QUERY
+    return fnmatch.fnmatchcase(message_type, pattern) or fnmatch.fnmatchcase(message_type, pattern + ".*")
+
+
+def _app_message_types() -> tuple[str, ...]:
+    """The message types fedprivacy's ServerApp sends (checked by :meth:`FaultPlan.parse`)."""
+    from fedprivacy_flwr.secagg_records import MESSAGE_TYPES
+
+    return ("train", _START_UP_QUERY, *MESSAGE_TYPES.values())

@@ -42,7 +42,7 @@ from flwr.app import Context
 from fedprivacy.exit_codes import STATUS_ENV, ExitCode, read_status
 from fedprivacy.fl.client_policy import ENV_VAR
 from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
-from server.engine.appspec import load_app_spec, parse_overrides
+from server.engine.appspec import app_root, load_app_spec, parse_overrides
 from server.engine.processes import Watchdog, die_with_parent, stop_processes, stop_started_by
 from server.engine.run import make_run, server_context
 
@@ -226,7 +226,7 @@ def run_flwr(  # pylint: disable=too-many-arguments
         connection: a SuperLink connection named in ``flwr_home``'s ``config.toml`` (the Deployment
             Engine, see ``scripts/deployment_local.py``) instead of the local simulation.
     """
-    app = Path(app_dir).absolute()
+    app = app_root(app_dir)
     temporary = flwr_home is None
     home = flwr_home or Path(tempfile.mkdtemp(prefix="fedprivacy-flwr-"))
     home.mkdir(parents=True, exist_ok=True)

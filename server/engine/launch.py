@@ -30,7 +30,10 @@ def checked_run(run_config: str, *, app_dir: Path, num_supernodes: int, default_
                 run_name: str) -> Preflight:
     """Preflight with the scripts' defaults: results under ``default_output_dir``, and a named run
     (``run_name`` when the config leaves ``run-name`` empty) so the results are known afterwards."""
-    overrides = parse_overrides(run_config) if run_config else {}
+    try:
+        overrides = parse_overrides(run_config) if run_config else {}
+    except ValueError as exc:
+        raise ConfigError(f"--run-config: {exc}") from exc
     overrides.setdefault("output-dir", str(default_output_dir))
     defaults = load_app_spec(app_dir).default_config
     if not overrides.get("run-name", defaults.get("run-name")):

@@ -10,12 +10,15 @@ line that names the key, the rule, the value and the fix:
   combinations such as ``privacy='central'`` under ``secagg=true``);
 * what the number of clients decides (``target-delta`` < 1/N, ``cohort-size`` <= N, a secure
   aggregation cohort of at least 3 with its threshold and degree);
+* adaptive clipping whose count noise (``adaptive-clip-count-std``) takes the whole round's noise;
+* an ``output-dir`` that cannot be created or written, a ``data-dir`` that is not a folder;
 * a resumption that cannot be honoured: ``resume=true`` with no checkpoint under ``run-name``, or a
   checkpoint whose population or accounting inputs differ (:func:`fedprivacy.fl.resume.resume_checkpoint`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,7 @@ from fedprivacy.config import ConfigError, RunConfig, unknown_key_message
 from server.engine._flwr_private import fuse_dicts
 from server.engine.appspec import AppSpec, absolute_output_dir, load_app_spec, parse_overrides
 
-__all__ = ["Preflight", "preflight"]
+__all__ = ["Preflight", "check_paths", "preflight"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,11 +63,13 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
     overrides = absolute_output_dir(overrides, fused)
     fused = fuse_dicts(spec.default_config, overrides)
     cfg = RunConfig.from_mapping(fused)
+    check_paths(cfg)
     if num_supernodes is not None:
         from fedprivacy.fl.privacy import check_population
         from fedprivacy.fl.resume import resume_checkpoint
 
         check_population(cfg, population=num_supernodes)
+        _check_adaptive_clip(cfg, population=num_supernodes)
         if cfg.secagg:
             from fedprivacy.fl.secure.params import secagg_parameters
 
@@ -76,3 +81,40 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
         if cfg.run_name:
             resume_checkpoint(cfg, Path(cfg.output_dir) / cfg.run_name, population=num_supernodes)
     return Preflight(spec=spec, overrides=overrides, fused=fused, config=cfg)
+
+
+def _check_adaptive_clip(cfg: RunConfig, *, population: int) -> None:
+    """Adaptive clipping's count noise must leave the update a share of the round's noise (the run
+    checks it again with the plan); refused here so that the user sees it before start-up."""
+    if not cfg.adaptive_clip or cfg.noise_multiplier <= 0 or cfg.privacy == "none":
+        return
+    from fedprivacy.fl.adaptive_clip import adaptive_clip_spec
+    from fedprivacy.fl.privacy import denominator_of
+
+    try:
+        adaptive_clip_spec(cfg, noise_multiplier=cfg.noise_multiplier,
+                           denominator=denominator_of(cfg, population=population))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def check_paths(cfg: RunConfig) -> None:
+    """Refuse an ``output-dir`` the run could not create or write and a ``data-dir`` that is not a
+    folder, before anything starts; nothing is created here.
+
+    Raises:
+        ConfigError: one line naming the key and the path.
+    """
+    if cfg.data_dir and not Path(cfg.data_dir).is_dir():
+        raise ConfigError(f"data-dir {cfg.data_dir!r} is not a folder; give the folder that holds the "
+                          "data set's files, or data-dir=\"\" for the default places")
+    out = Path(cfg.output_dir).absolute()
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "is not a folder" if probe == out else f"cannot be created: {str(probe)!r} is not a folder"
+        raise ConfigError(f"output-dir {cfg.output_dir!r} {what}; choose another output-dir")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output-dir {cfg.output_dir!r} cannot be written: no write permission on "
+                          f"{str(probe)!r}; choose another output-dir")

@@ -38,7 +38,7 @@ SWEEP: list[tuple[str, list[str], str, int, str | None]] = [
     ("not a number", [], "noise-multiplier='abc'", 2, "noise-multiplier must be a number, got str 'abc'"),
     ("central under secagg", [], "privacy='central'", 2, "set secagg=false"),
     ("resume a typo", [], "resume=true run-name='centrl'", 2, "run-name 'centrl' has no checkpoint"),
-    ("malformed", [], "num-server-rounds=", 2, "is not a key=value pair"),
+    ("malformed", [], "num-server-rounds=", 2, "key 'num-server-rounds' has an empty value"),
     ("twice", [], "seed=1", 2, "key 'seed' is given twice"),
     ("central", [], f"{CENTRAL} run-name='central'", 0, None),
     ("distributed + secagg (default)", [], "", 0, None),

@@ -225,5 +225,5 @@ def test_adaptive_clip_refusals(tmp_path: Path, kw: dict[str, Any], match: str) 
 
 def test_count_noise_too_small_for_the_round_budget_is_refused_before_round_one(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, **{"adaptive-clip": True, "noise-multiplier": 3.0, "adaptive-clip-count-std": 1.0})
-    with pytest.raises(ValueError, match="count_noise_std must be > noise_multiplier / 2"):
+    with pytest.raises(ValueError, match="adaptive-clip-count-std must be > noise-multiplier/2"):
         _run(cfg)
