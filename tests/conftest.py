@@ -41,6 +41,7 @@ ENGINE_FILES = frozenset({
     "engine/test_real_apps.py",
     "engine/test_cli_simulate.py",
     "server/test_flower_accountant_e2e.py",
+    "sweep/test_sweep_runs.py",
 })
 _TESTS = Path(__file__).resolve().parent
 

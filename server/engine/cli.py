@@ -21,6 +21,7 @@ from fedprivacy.cli import JsonOpt, new_app, usage_error
 from fedprivacy.cli import app as accounting_app
 from fedprivacy.cli import main as _run
 from fedprivacy.exit_codes import ExitCode, exit_code_for
+from server.engine.sweep_cli import sweep_command
 
 if TYPE_CHECKING:
     from server.engine.faults import FaultPlan
@@ -266,9 +267,10 @@ def _config_keys_epilog() -> str:
 
 app = new_app(help="fedprivacy: federated learning with differential privacy. `epsilon` and `noise`: "
                    "privacy accounting from the shell; `simulate`: a federated run on the in-process "
-                   "engine or on Flower's.")
+                   "engine or on Flower's; `sweep`: a grid of runs x seeds in parallel, resumable.")
 app.registered_commands.extend(accounting_app.registered_commands)
 app.command(name="simulate", epilog=_config_keys_epilog())(simulate_command)
+app.command(name="sweep")(sweep_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -336,7 +336,7 @@ def test_the_headline_shows_the_judged_setups_zoomed_with_a_diverged_run_on_the_
 
     fig, ax = plt.subplots()
     here = [p for p in points if p["label"] == "fashion iid"]
-    from fedprivacy_bench.curves import _focus
+    from fedprivacy.sweep.curves import _focus
 
     _focus(ax, here)
     low, high = ax.get_ylim()
