@@ -12,7 +12,10 @@ import functools
 import logging
 import math
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -21,6 +24,7 @@ from fedprivacy.config import RunConfig
 from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy, PolicyRefusal
 from fedprivacy.fl.modes import get_mode
+from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from fedprivacy_flwr import codec
 
 app = ClientApp()
@@ -97,9 +101,26 @@ def query(msg: Message, context: Context) -> Message:
     return codec.query_reply(msg, partition_id=pid, num_partitions=total)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`."""
+_NO_REPLY = RuntimeError("no reply")  # replaced for every message of a batch
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """One train message past its client's checks, waiting for its update."""
+
+    msg: Message
+    context: Context
+    cfg: RunConfig
+    pid: int
+    total: int
+    policy: ClientPolicy
+    instr: RoundInstructions
+    weights: list
+    rho: float
+
+
+def _admit(msg: Message, context: Context) -> _Admitted:
+    """Decode, apply the client's own floor, admit the round, check its budget (all before training)."""
     cfg, pid, total = _node(context)
     policy = _policy(context)
     instr, weights = codec.decode_train(msg)
@@ -114,10 +135,87 @@ def train(msg: Message, context: Context) -> Message:
     round_log.save(context, log)
     rho = policy.round_rho(instr, dim=dim)  # its cumulative budget: refused before training if it cannot pay
     budget_log.check(context, policy, rho, round=instr.round, mode=instr.privacy)
-    update = train_client(cfg, partition_id=pid, num_partitions=total, weights=weights, instructions=instr)
-    reply = codec.train_reply(msg, policy.filter_update(update))
-    budget_log.charge(context, policy, rho, round=instr.round, mode=instr.privacy)  # on disk before it leaves
+    return _Admitted(msg=msg, context=context, cfg=cfg, pid=pid, total=total, policy=policy, instr=instr,
+                     weights=list(weights), rho=rho)
+
+
+def _reply(a: _Admitted, update: ClientUpdate) -> Message:
+    reply = codec.train_reply(a.msg, a.policy.filter_update(update))
+    budget_log.charge(a.context, a.policy, a.rho, round=a.instr.round, mode=a.instr.privacy)  # before it leaves
     return reply
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`."""
+    a = _admit(msg, context)
+    update = train_client(a.cfg, partition_id=a.pid, num_partitions=a.total, weights=a.weights,
+                          instructions=a.instr)
+    return _reply(a, update)
+
+
+def train_batch(jobs: Sequence[tuple[Message, Context]]) -> list[Message | Exception] | None:
+    """The ``train`` messages of one delivery, their local training as one computation.
+
+    The in-process engine's batch entry (``app.batch_entries["train"]``): None (run them one by one
+    through :func:`train`) unless the run's ``batched-training`` applies to its model. Each message
+    still goes through its own client's checks, privatisation and ledger (:func:`_admit`,
+    :func:`fedprivacy.fl.client_batch.train_clients`, :func:`_reply`); one reply or exception per
+    message, in order. Messages whose starting weights or training instructions differ train in
+    separate groups.
+    """
+    from fedprivacy.fl.client_batch import train_clients, training_key
+    from fedprivacy.fl.task import batching_chosen
+
+    if not jobs or not batching_chosen(_node(jobs[0][1])[0]):
+        return None
+    out: list[Message | Exception] = [_NO_REPLY] * len(jobs)
+    admitted: dict[int, _Admitted] = {}
+    for i, (msg, context) in enumerate(jobs):
+        try:
+            a = _admit(msg, context)
+        except Exception as ex:  # noqa: BLE001 - this client's own refusal, as train() raises it
+            out[i] = ex
+            continue
+        admitted[i] = a
+    for members in _groups(admitted, training_key):
+        first = admitted[members[0]]
+        try:
+            updates = train_clients(first.cfg, partition_ids=[admitted[i].pid for i in members],
+                                    num_partitions=first.total, weights=first.weights,
+                                    instructions=[admitted[i].instr for i in members])
+        except Exception as ex:  # noqa: BLE001 - the group failed together: each client gets the error
+            for i in members:
+                out[i] = ex
+            continue
+        for i, update in zip(members, updates, strict=True):
+            try:
+                out[i] = _reply(admitted[i], update)
+            except Exception as ex:  # noqa: BLE001
+                out[i] = ex
+    return out
+
+
+def _groups(admitted: dict[int, _Admitted], key: Callable[[RoundInstructions], tuple]) -> list[list[int]]:
+    """Indices of the admitted messages that train together: the same run config, training key and
+    starting weights (equal arrays; the codec hands a broadcast's messages the same ones)."""
+    groups: list[tuple[_Admitted, tuple, list[int]]] = []
+    for i, a in admitted.items():
+        k = key(a.instr)
+        for first, first_key, members in groups:
+            if first.cfg == a.cfg and first_key == k and _same(first.weights, a.weights):
+                members.append(i)
+                break
+        else:
+            groups.append((a, k, [i]))
+    return [members for _, _, members in groups]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x is y or np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+app.batch_entries = {"train": train_batch}  # type: ignore[attr-defined]
 
 
 # ---- secure aggregation stages (clients/secagg_handlers.py); message types query/train.secagg_*

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
 PRIVACY_AUDIENCES = ("server", "observers")
+BATCHED_TRAINING = ("off", "auto", "on")  # off: per client; auto: models marked batched; on: any batchable
+DEVICES = ("cpu", "cuda", "auto")  # auto: cuda when this torch has a device, else cpu
 
 # The Flower app's defaults that differ from the library's, and why (the one place; pyproject.toml holds
 # the same values and tests/test_config.py pins both). The app runs secure aggregation with distributed
@@ -147,10 +149,20 @@ class TrainConfig:
     dpsgd: bool = False
     dpsgd_noise_multiplier: float = 1.0
     dpsgd_max_grad_norm: float = 1.0
+    batched_training: str = "off"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         _check_fields(self)
         _positive_int("local-epochs", self.local_epochs)
+        _choice("batched-training", self.batched_training, BATCHED_TRAINING)
+        _choice("device", self.device, DEVICES)
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("device must be 'cpu' or 'auto' here: this torch has no CUDA device, "
+                                 "got 'cuda'")
         _positive("learning-rate", self.learning_rate)
         _positive_int("batch-size", self.batch_size)
         _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)

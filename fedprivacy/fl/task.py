@@ -153,3 +153,46 @@ def local_training(
     rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None
     return LocalResult(weights=get_weights(model), num_examples=n, loss=float(res.loss),
                        dpsgd_steps=steps, dpsgd_sample_rate=rate)
+
+
+def batching_chosen(cfg: RunConfig) -> bool:
+    """Whether ``batched-training`` asks for this run's plain-SGD clients to train as one computation:
+    ``auto`` for the models the registry marks (measured faster batched), ``on`` for any model; never
+    with DP-SGD (Opacus' per-example clipping stays per client)."""
+    if cfg.batched_training == "off" or cfg.dpsgd:
+        return False
+    if cfg.batched_training == "on":
+        return True
+    from fedprivacy.ml.batched import batching_pays
+
+    return batching_pays(cfg.model)
+
+
+def local_training_batched(
+    cfg: RunConfig,
+    *,
+    partition_ids: Sequence[int],
+    num_partitions: int,
+    weights: Sequence[np.ndarray],
+    instructions: RoundInstructions,
+    seeds: Sequence[int],
+) -> list[LocalResult] | None:
+    """:func:`local_training` of every client in ``partition_ids`` (plain SGD, one shared set of
+    instructions and starting weights) as one vectorised computation on ``cfg.device``
+    (:func:`fedprivacy.ml.batched.train_batched`); None when the model cannot be batched (buffers)."""
+    from fedprivacy.ml.batched import can_batch, train_batched
+    from fedprivacy.ml.models import set_weights
+    from fedprivacy.ml.partition import load_partition
+
+    if cfg.dpsgd:
+        raise ValueError("dpsgd=true trains per client (Opacus); batched training is plain SGD only")
+    _torch_threads()
+    splits = [load_partition(cfg, int(pid), num_partitions) for pid in partition_ids]
+    model = _model_for(cfg, input_shape=splits[0].feature_shape, num_classes=instructions.num_classes)
+    if not can_batch(model):
+        return None
+    set_weights(model, weights)
+    out = train_batched(model, splits, seeds=seeds, epochs=instructions.local_epochs,
+                        lr=instructions.learning_rate, batch_size=instructions.batch_size, device=cfg.device)
+    return [LocalResult(weights=r.weights, num_examples=r.num_examples, loss=r.loss, dpsgd_steps=None,
+                        dpsgd_sample_rate=None) for r in out]

@@ -64,19 +64,22 @@ class ModelEntry:
         builder: builds an untrained model; raises ValueError naming ``input_shape`` if it cannot take it.
         default_hidden: the width used when ``hidden-units``/``hidden`` is not given.
         description: one line for listings.
+        batched: the engine's ``batched-training=auto`` trains a cohort of this model as one
+            computation (:mod:`fedprivacy.ml.batched`): set where that measured faster than per client.
     """
 
     name: str
     builder: ModelBuilder
     default_hidden: int
     description: str = ""
+    batched: bool = False
 
 
 _MODELS: dict[str, ModelEntry] = {}
 
 
 def register_model(
-    name: str, *, default_hidden: int, description: str = ""
+    name: str, *, default_hidden: int, description: str = "", batched: bool = False
 ) -> Callable[[ModelBuilder], ModelBuilder]:
     """Register a model builder under ``name`` (a decorator; returns the builder unchanged).
 
@@ -92,7 +95,8 @@ def register_model(
         if name in _MODELS:
             raise ValueError(f"model {name!r} is already registered")
         _MODELS[name] = ModelEntry(
-            name=name, builder=builder, default_hidden=default_hidden, description=description
+            name=name, builder=builder, default_hidden=default_hidden, description=description,
+            batched=bool(batched),
         )
         return builder
 
@@ -165,11 +169,13 @@ def _pair(v: int | tuple[int, ...]) -> list[int]:
 
 class MaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d`` (same arguments, no state) that pools 4-d contiguous CPU float batches through a
-    channels-last copy (:class:`_ChannelsLastMaxPool`): equal outputs and gradients, ~3-4x faster."""
+    channels-last copy (:class:`_ChannelsLastMaxPool`): equal outputs and gradients, ~3-4x faster.
+    Under ``torch.func`` transforms (the batched trainer) it is torch's own pool."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.return_indices or x.dim() != 4 or x.device.type != "cpu" or not x.is_contiguous()
-                or x.dtype not in (torch.float32, torch.float64)):
+                or x.dtype not in (torch.float32, torch.float64)
+                or torch._C._are_functorch_transforms_active()):  # vmap/grad: torch's own pool
             return super().forward(x)
         stride = self.stride if self.stride is not None else self.kernel_size
         out: torch.Tensor = _ChannelsLastMaxPool.apply(
@@ -232,12 +238,12 @@ def _image_shape(name: str, shape: tuple[int, ...], min_side: int) -> tuple[int,
     return shape[0], shape[1], shape[2]
 
 
-@register_model("mlp", default_hidden=128, description="one hidden layer")
+@register_model("mlp", default_hidden=128, description="one hidden layer", batched=True)
 def _mlp(shape: tuple[int, ...], num_classes: int, hidden: int) -> nn.Module:
     return MLP(in_features=math.prod(shape), num_classes=num_classes, hidden=hidden, depth=1)
 
 
-@register_model("mlp-large", default_hidden=288, description="two hidden layers")
+@register_model("mlp-large", default_hidden=288, description="two hidden layers", batched=True)
 def _mlp_large(shape: tuple[int, ...], num_classes: int, hidden: int) -> nn.Module:
     return MLP(in_features=math.prod(shape), num_classes=num_classes, hidden=hidden, depth=2)
 
