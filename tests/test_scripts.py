@@ -25,6 +25,7 @@ RUN_ELSEWHERE = {
     "bench_sweep": "tests/sweep/test_sweep_runs.py",
     "deployment_local": "tests/e2e/test_e2e_flower.py",
     "flwr_local": "tests/e2e/test_sweep.py",
+    "gpu_check": "tests/ml/test_gpu_check.py",
     "gradient_leakage": "tests/attacks/test_attacks_scripts.py",
     "membership_inference": "tests/attacks/test_attacks_scripts.py",
     "secagg_bench": "tests/secagg/test_secagg_bench_script.py",
