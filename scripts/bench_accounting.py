@@ -27,13 +27,17 @@ from fedprivacy.accounting.backends import _pld_single
 Q, SIGMA, STEPS, DELTA = 256 / 60000, 1.1, 14062, 1e-5
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument(
         "--rounds", type=int, default=50, help="rounds for the incremental ledger timing"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     results: dict[str, object] = {
         "setting": {

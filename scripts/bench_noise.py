@@ -38,35 +38,40 @@ def _time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--exact-draws", type=int, default=2000)
     parser.add_argument("--json", type=str, default=None, help="write the results here")
-    args = parser.parse_args(argv)
-    n = args.size
-    if n < 1 or args.repeats < 1 or args.exact_draws < 1:
-        print("size, repeats and exact-draws must be >= 1", file=sys.stderr)
-        return 2
+    return parser
 
+
+def _cases(n: int, secure: RandomSource) -> dict[str, Callable[[], Any]]:
+    """The samplers timed, each drawing ``n`` values."""
     gen = np.random.Generator(np.random.PCG64(0))
-    secure = RandomSource.secure()
     seeded = RandomSource.seeded(0)
-    cases: dict[str, Callable[[], Any]] = {
+    return {
         "numpy_normal": lambda: gen.normal(0.0, 1.0, n),
         "secure_normal": lambda: secure.normal(std=1.0, size=n),
         "seeded_normal": lambda: seeded.normal(std=1.0, size=n),
         "secure_laplace": lambda: secure.laplace(scale=1.0, size=n),
         "secure_uniform": lambda: secure.uniform(n),
         "secure_integers": lambda: secure.integers(0, 3 * 2**20, size=n),
-        "secure_discrete_gaussian": lambda: sample_discrete_gaussian(
-            sigma=20.0, size=n, rng=secure
-        ),
-        "seeded_discrete_gaussian": lambda: sample_discrete_gaussian(
-            sigma=20.0, size=n, rng=seeded
-        ),
+        "secure_discrete_gaussian": lambda: sample_discrete_gaussian(sigma=20.0, size=n, rng=secure),
+        "seeded_discrete_gaussian": lambda: sample_discrete_gaussian(sigma=20.0, size=n, rng=seeded),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    n = args.size
+    if n < 1 or args.repeats < 1 or args.exact_draws < 1:
+        print("size, repeats and exact-draws must be >= 1", file=sys.stderr)
+        return 2
+
+    secure = RandomSource.secure()
+    cases = _cases(n, secure)
     for fn in cases.values():  # warm-up (page faults, lazy imports)
         fn()
     times: dict[str, list[float]] = {k: [] for k in cases}

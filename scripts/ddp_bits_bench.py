@@ -71,6 +71,31 @@ def _largest_scale(*, bits: int, kw: dict[str, Any]) -> DistributedDPConfig:
     raise ValueError(f"no scale fits {bits} bits")
 
 
+def _secure_total(cfg: Any, deltas: dict[int, np.ndarray], *, roster: int, alive: list[int], rnd: int,
+                  noise: RandomSource, bits: int) -> np.ndarray:
+    """The decoded secure sum of the survivors' encoded updates (their excess XNoise removed)."""
+    rot = noise.random_bytes(32)
+    n = roster
+    comps = ({pid: ComponentSeeds.fresh(cfg.design(roster=n), round=rnd, node_id=pid,
+                                        rng=noise.child("seed", rnd, pid)) for pid in alive}
+             if cfg.xnoise else {})
+    ring = np.zeros(cfg.padded_dim, dtype=np.int64)
+    for pid, d in deltas.items():
+        ring += encode_update(d, config=cfg, rotation_seed=rot,
+                              rng=noise.child("enc", rnd, pid),
+                              components=comps.get(pid)).astype(np.int64)
+    summed = (ring & ((1 << bits) - 1)).astype(np.uint32)
+    if cfg.xnoise:
+        survivors = sorted(alive)
+        revealed = {p: comps[p].reveal(survivors=len(survivors), rank=r)
+                    for r, p in enumerate(survivors)}
+        summed = remove_excess(summed, excess_noise(cfg.design(roster=n), revealed,
+                                                    survivors=survivors, round=rnd,
+                                                    size=cfg.padded_dim),
+                               modulus_bits=bits)
+    return decode_sum(summed, config=cfg, rotation_seed=rot)
+
+
 def run(setup: Setup, *, mode: str, bits: int, seed: int, z: float, clip: float, lr: float,
         epochs: int, dropout: float, dataset: str = "digits") -> dict[str, Any]:
     torch.set_num_threads(1)
@@ -106,26 +131,7 @@ def run(setup: Setup, *, mode: str, bits: int, seed: int, z: float, clip: float,
             clipped = [d * min(1.0, clip / float(np.linalg.norm(d))) for d in deltas.values()]
             total = np.sum(clipped, axis=0) + noise.normal(std=z * clip, size=dim)
         else:
-            rot = noise.random_bytes(32)
-            n = len(cohort)
-            comps = ({pid: ComponentSeeds.fresh(cfg.design(roster=n), round=rnd, node_id=pid,
-                                                rng=noise.child("seed", rnd, pid)) for pid in alive}
-                     if cfg.xnoise else {})
-            ring = np.zeros(cfg.padded_dim, dtype=np.int64)
-            for pid, d in deltas.items():
-                ring += encode_update(d, config=cfg, rotation_seed=rot,
-                                      rng=noise.child("enc", rnd, pid),
-                                      components=comps.get(pid)).astype(np.int64)
-            summed = (ring & ((1 << bits) - 1)).astype(np.uint32)
-            if cfg.xnoise:
-                survivors = sorted(alive)
-                revealed = {p: comps[p].reveal(survivors=len(survivors), rank=r)
-                            for r, p in enumerate(survivors)}
-                summed = remove_excess(summed, excess_noise(cfg.design(roster=n), revealed,
-                                                            survivors=survivors, round=rnd,
-                                                            size=cfg.padded_dim),
-                                       modulus_bits=bits)
-            total = decode_sum(summed, config=cfg, rotation_seed=rot)
+            total = _secure_total(cfg, deltas, roster=len(cohort), alive=alive, rnd=rnd, noise=noise, bits=bits)
             plain = np.sum([d * min(1.0, clip / float(np.linalg.norm(d))) for d in deltas.values()],
                            axis=0)
             ratios.append(float(np.std(total - plain)) / (z * clip))

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +62,27 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=None, help="seconds before giving up on flwr run")
     p.add_argument("--logs", type=Path, default=None, help="keep the SuperLink/SuperNode logs in this folder")
     return p.parse_args(argv)
+
+
+def _start_federation(spawn: Callable[[list[str], str], subprocess.Popen[bytes]], *, args: argparse.Namespace,
+                      home: Path, port: int, start: int, prog: str) -> None:
+    """The SuperLink on loopback, ``start`` SuperNodes, and the flwr CLI's connection to them."""
+    from server.engine.flower import free_port
+
+    bindir = Path(sys.executable).parent
+    link = spawn([str(bindir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
+                  str(port), "--database", str(home / "state.db")], "superlink.log")
+    _wait_port(port, timeout=120, proc=link)
+    print(f"{prog}: SuperLink on 127.0.0.1:{port} (Fleet, Control and Runtime APIs), FLWR_HOME={home}", flush=True)
+    for i in range(start):
+        node_port = free_port()
+        node_cfg = f"partition-id={i} num-partitions={args.supernodes} {args.node_config}".strip()
+        spawn([str(bindir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
+               "--port", str(node_port), "--node-config", node_cfg], f"supernode{i}.log")
+        print(f"{prog}: SuperNode {i} (port {node_port}): {node_cfg}", flush=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     env = {**flwr_env(home), STATUS_ENV: str(status_path(home))}  # the ServerApp runs under the SuperLink
     if not sys.stdout.isatty():  # its lines reach this stdout through flwr run: no colour codes there
         env.setdefault("NO_COLOR", "1")
-    bindir = Path(sys.executable).parent
     port = args.port or free_port()
 
     def spawn(cmd: list[str], log: str) -> subprocess.Popen[bytes]:
@@ -109,20 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with signals_interrupt():
-            link = spawn([str(bindir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
-                          str(port), "--database", str(home / "state.db")], "superlink.log")
-            _wait_port(port, timeout=120, proc=link)
-            print(f"{prog}: SuperLink on 127.0.0.1:{port} (Fleet, Control and Runtime APIs), FLWR_HOME={home}",
-                  flush=True)
-            for i in range(start):
-                node_port = free_port()
-                node_cfg = f"partition-id={i} num-partitions={args.supernodes} {args.node_config}".strip()
-                spawn([str(bindir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                       "--port", str(node_port), "--node-config", node_cfg], f"supernode{i}.log")
-                print(f"{prog}: SuperNode {i} (port {node_port}): {node_cfg}", flush=True)
-            (home / "config.toml").write_text(
-                f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{port}"\n'
-                "insecure = true\n", encoding="utf-8")
+            _start_federation(spawn, args=args, home=home, port=port, start=start, prog=prog)
             res = run_flwr(num_supernodes=args.supernodes, run_config=config_string(pre.overrides),
                            app_dir=REPO, flwr_home=home, timeout=args.timeout, echo=True,
                            connection="loopback")

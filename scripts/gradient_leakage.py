@@ -26,6 +26,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -180,6 +181,21 @@ def _render(path: Path) -> int:
     return 0
 
 
+def _write_png(args: argparse.Namespace, examples: Any, attacks: list[str], defences: list[str], *,
+               side: int) -> None:
+    args.png.parent.mkdir(parents=True, exist_ok=True)
+    title = f"Reconstructions of one {side}x{side} {args.dataset} image from the update the server sees"
+    _plot(examples, attacks, defences, title, args.png)
+    print(f"wrote {args.png}")
+
+
+def _write_json(args: argparse.Namespace, argv: list[str] | None, fields: dict[str, Any]) -> None:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    command = "python scripts/gradient_leakage.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.json.write_text(json.dumps({"script": "gradient_leakage", "command": command, **fields}, indent=2))
+    print(f"wrote {args.json}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.render is not None:
@@ -229,26 +245,16 @@ def main(argv: list[str] | None = None) -> int:
           f"load {machine['load_average_start'][0]:.1f} -> {machine['load_average_end'][0]:.1f}")
     _print_table(rows, args.quick)
     if args.png is not None:
-        args.png.parent.mkdir(parents=True, exist_ok=True)
-        title = (f"Reconstructions of one {side}x{side} {args.dataset} image from the update the "
-                 "server sees")
-        _plot(examples, attacks, [d.name for d in defences], title, args.png)
-        print(f"wrote {args.png}")
+        _write_png(args, examples, attacks, [d.name for d in defences], side=side)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "script": "gradient_leakage",
-            "command": "python scripts/gradient_leakage.py " + " ".join(sys.argv[1:] if argv is None
-                                                                        else argv),
+        _write_json(args, argv, {
             "dataset": args.dataset, "image_side": side, "pool_size": len(images),
             "randomness": rng.describe(), "targets": targets,
             "target_labels": [int(labels[t]) for t in targets],
             "iterations": iterations, "restarts": restarts, "attacks": attacks,
             "baseline_psnr": base, "seconds": elapsed, "cpu_seconds": cpu, "threads": args.threads,
             "machine": machine, "quick": bool(args.quick), "rows": rows,
-        }
-        args.json.write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
+        })
     return 0
 
 

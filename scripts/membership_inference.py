@@ -146,12 +146,57 @@ def _held_out(entry: dict) -> bool:
     return entry.get("mode") in (None, "none", "central") and entry.get("nonmembers_from") == "train"
 
 
-def run_kept(args: argparse.Namespace) -> int:
-    """Attack every kept model of ``args.kept`` (scripts/benchmark.py --keep-models)."""
+def _attack_kept(sidecar: Path, args: argparse.Namespace, key: dict[str, Any], shared: dict[str, Any]
+                 ) -> dict[str, Any] | str:
+    """The attacks on one kept model: its results entry, or why it cannot be attacked."""
     from fedprivacy.attacks.released import Candidates, evaluate_released_model
     from fedprivacy.ml.data import load_dataset
     from fedprivacy_bench import heldout, task
     from fedprivacy_bench.kept_models import load_kept_model
+
+    t0 = time.perf_counter()
+    kept = load_kept_model(sidecar)
+    spec = kept.spec
+    if shared["data"] is None:
+        shared["data"] = _base_data(spec)
+    train, test = shared["data"]
+    if spec.dataset == heldout.NAME:  # its training split is the official prefix [0, TRAINED)
+        own, _ = load_dataset(spec.dataset, seed=spec.seed, test_fraction=task.TEST_FRACTION,
+                              num_clients=spec.num_clients, options=task.data_spec_for(spec).options)
+        if not (np.array_equal(own.y, train.y[: heldout.TRAINED]) and np.array_equal(own.x[:: 997],
+                                                                               train.x[: heldout.TRAINED:997])):
+            return f"{spec.dataset}'s training split is not the official prefix"
+    if shared["refs"] is None and not args.no_references:
+        shared["refs"] = _references(train, test, kept, args.cache)
+    refs = shared["refs"]
+    nonmembers = args.nonmembers
+    if nonmembers == "auto":  # a federation that left training clients out: take those, no split shift
+        nonmembers = "held-out" if sum(len(p) for p in kept.partitions) < len(train.y) else "test"
+    cands = Candidates.from_partition(train.x, train.y, kept.partitions, test.x, test.y,
+                                      per_client=int(np.median([len(p) for p in kept.partitions])),
+                                      seed=args.seed, member_clients=args.member_clients,
+                                      nonmembers=nonmembers)
+    if spec.dataset == heldout.NAME and not np.array_equal(cands.nonmember_index,
+                                                            np.arange(heldout.TRAINED, len(train.y))):
+        return f"the non-members must be the held-out images {heldout.TRAINED}.."
+    res = evaluate_released_model(kept.model, cands, references=refs, fprs=FPRS, bootstrap=args.bootstrap,
+                                  permutations=args.permutations, seed=args.seed)
+    if res["test_accuracy"] is None:  # non-members are training images: the row's own test accuracy
+        res["test_accuracy"] = float(kept.meta["test_accuracy"])
+    meta = kept.meta
+    entry = {"key": key, "stem": sidecar.stem, "setting": _setting(meta),
+             **{k: meta.get(k) for k in ("mode", "seed", "rounds", "target_epsilon", "epsilon", "noise_multiplier",
+                                         "clip_norm", "delta", "sample_rate", "num_clients",
+                                         "clients_per_round", "p_client_never_sampled")},
+             "row_test_accuracy": meta.get("test_accuracy"), **res,
+             "references": None if refs is None else {**refs.recipe, "test_accuracy": list(refs.test_accuracy)},
+             "seconds": time.perf_counter() - t0}
+    entry["meta"] = meta
+    return entry
+
+
+def run_kept(args: argparse.Namespace) -> int:
+    """Attack every kept model of ``args.kept`` (scripts/benchmark.py --keep-models)."""
 
     sidecars = _kept_sidecars(args.kept)
     if not sidecars:
@@ -164,7 +209,8 @@ def run_kept(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     started, cpu0 = time.perf_counter(), time.process_time()
-    results, refs, data = [], None, None
+    results: list[dict] = []
+    shared: dict[str, Any] = {"data": None, "refs": None}  # loaded once, on the first model
     cache = args.cache
     for sidecar in sidecars:
         stat = sidecar.stat()
@@ -178,46 +224,12 @@ def run_kept(args: argparse.Namespace) -> int:
                 print(f"{sidecar.stem}: from {cached}", file=sys.stderr)
                 results.append(old)
                 continue
-        t0 = time.perf_counter()
-        kept = load_kept_model(sidecar)
-        spec = kept.spec
-        if data is None:
-            data = _base_data(spec)
-        train, test = data
-        if spec.dataset == heldout.NAME:  # its training split is the official prefix [0, TRAINED)
-            own, _ = load_dataset(spec.dataset, seed=spec.seed, test_fraction=task.TEST_FRACTION,
-                                  num_clients=spec.num_clients, options=task.data_spec_for(spec).options)
-            if not (np.array_equal(own.y, train.y[: heldout.TRAINED]) and np.array_equal(own.x[:: 997],
-                                                                                   train.x[: heldout.TRAINED:997])):
-                print(f"error: {sidecar.name}: {spec.dataset}'s training split is not the official prefix",
-                      file=sys.stderr)
-                return 2
-        if refs is None and not args.no_references:
-            refs = _references(train, test, kept, cache)
-        nonmembers = args.nonmembers
-        if nonmembers == "auto":  # a federation that left training clients out: take those, no split shift
-            nonmembers = "held-out" if sum(len(p) for p in kept.partitions) < len(train.y) else "test"
-        cands = Candidates.from_partition(train.x, train.y, kept.partitions, test.x, test.y,
-                                          per_client=int(np.median([len(p) for p in kept.partitions])),
-                                          seed=args.seed, member_clients=args.member_clients,
-                                          nonmembers=nonmembers)
-        if spec.dataset == heldout.NAME and not np.array_equal(cands.nonmember_index,
-                                                                np.arange(heldout.TRAINED, len(train.y))):
-            print(f"error: {sidecar.name}: the non-members must be the held-out images {heldout.TRAINED}..",
-                  file=sys.stderr)
+        entry = _attack_kept(sidecar, args, key, shared)
+        if isinstance(entry, str):
+            print(f"error: {sidecar.name}: {entry}", file=sys.stderr)
             return 2
-        res = evaluate_released_model(kept.model, cands, references=refs, fprs=FPRS, bootstrap=args.bootstrap,
-                                      permutations=args.permutations, seed=args.seed)
-        if res["test_accuracy"] is None:  # non-members are training images: the row's own test accuracy
-            res["test_accuracy"] = float(kept.meta["test_accuracy"])
-        meta = kept.meta
-        entry = {"key": key, "stem": sidecar.stem, "setting": _setting(meta),
-                 **{k: meta.get(k) for k in ("mode", "seed", "rounds", "target_epsilon", "epsilon", "noise_multiplier",
-                                             "clip_norm", "delta", "sample_rate", "num_clients",
-                                             "clients_per_round", "p_client_never_sampled")},
-                 "row_test_accuracy": meta.get("test_accuracy"), **res,
-                 "references": None if refs is None else {**refs.recipe, "test_accuracy": list(refs.test_accuracy)},
-                 "seconds": time.perf_counter() - t0}
+        res, meta = entry, entry["meta"]
+        entry.pop("meta")
         print(f"{sidecar.stem}: test acc {res['test_accuracy']:.4f} (row {meta.get('test_accuracy')}), "
               f"{entry['seconds']:.0f} s", file=sys.stderr, flush=True)
         if cached is not None:
@@ -262,6 +274,64 @@ def _x_of(entry: dict, no_dp_x: float) -> float:
     return no_dp_x if entry["target_epsilon"] is None else float(entry["target_epsilon"])
 
 
+_COLOURS = {"loss": "tab:blue", "calibrated-loss": "tab:orange", "calibrated-phi": "tab:green",
+            "reference-only": "tab:gray"}
+
+
+def _plot_utility(ax: Any, results: list[dict], extra: list[dict], no_dp_x: float) -> None:
+    """Test accuracy of the attacked models against ε (dots: seeds; line: their mean)."""
+    xs = [_x_of(e, no_dp_x) for e in results]
+    ax.plot(xs, [e["test_accuracy"] for e in results], "ko", markersize=4)
+    means = {x: float(np.mean([e["test_accuracy"] for e in results if _x_of(e, no_dp_x) == x]))
+             for x in sorted(set(xs))}
+    ax.plot(list(means), list(means.values()), "k-", linewidth=1)
+    if extra:
+        ax.plot([_x_of(e, no_dp_x) * 1.12 for e in extra], [e["test_accuracy"] for e in extra], "D",
+                color="w", markeredgecolor="k", markersize=5, label="◆ held-out federation (2400 clients)")
+        ax.legend(fontsize=7)
+    ax.set_ylabel("test accuracy (10k test images)")
+    ax.set_title("utility of the attacked models (dots: seeds)", fontsize=9)
+
+
+def _plot_metric(ax: Any, *, key: str, title: str, chance: float, level: str, results: list[dict],
+                 extra: list[dict], attacks: list[str], shift: dict[str, float], no_dp_x: float,
+                 eps: list[float]) -> None:
+    """One attack metric (AUC or a TPR at a fixed FPR) against ε, with its 95% intervals."""
+    colours = _COLOURS
+    for attack in attacks:
+        pts = sorted(((_x_of(e, no_dp_x) * shift[attack], _row(e, attack, level)) for e in results),
+                     key=lambda t: t[0])
+        x = np.array([p for p, _ in pts])
+        y = np.array([r[key] for _, r in pts])
+        ci = np.array([r[f"{key}_ci95"] for _, r in pts]).T
+        resolved = np.array([key == "auc" or r[f"{key}_resolved"] for _, r in pts])
+        floor = 1e-4
+        yy = np.maximum(y, floor) if key != "auc" else y
+        err = [np.maximum(0, yy - np.maximum(ci[0], floor if key != "auc" else -1)),
+               np.maximum(0, ci[1] - yy)]
+        ax.errorbar(x[resolved], yy[resolved], yerr=[err[0][resolved], err[1][resolved]], fmt="o",
+                    color=colours[attack], markersize=4, capsize=2, linewidth=0.8, label=attack,
+                    linestyle="none")
+        if (~resolved).any():
+            ax.plot(x[~resolved], yy[~resolved], "x", color=colours[attack], markersize=5)
+        for e in extra:
+            r = _row(e, attack, level)
+            if key == "auc" or r[f"{key}_resolved"]:
+                ax.plot([_x_of(e, no_dp_x) * shift[attack] * 1.12], [max(r[key], 1e-4)], "D",
+                        color=colours[attack], markeredgecolor="k", markersize=5)
+    ax.axhline(chance, color="k", linestyle=":", linewidth=0.8, label="chance")
+    if key != "auc" and level == "user" and eps:
+        grid = np.array(eps)
+        fpr = 0.01 if key.endswith("0.01") else 0.001
+        ax.plot(grid, np.minimum(1.0, np.exp(grid) * fpr + 1e-5), "r--", linewidth=0.8,
+                label="user-level DP ceiling e^ε·FPR + δ")
+    if key != "auc":
+        ax.set_yscale("log")
+        ax.set_ylim(5e-4 if key.endswith("0.001") else 2e-3, 1.0)
+    note = " (x: not resolved)" if (level == "user" and key.endswith("0.001")) else ""
+    ax.set_title(f"{level} level: {title}, 95% CI{note}", fontsize=8)
+
+
 def _plot_kept(results: list[dict], path: Path) -> None:
     """Accuracy, AUC and TPR at 1% / 0.1% FPR against ε: example level on top, user level below."""
     import matplotlib
@@ -277,58 +347,14 @@ def _plot_kept(results: list[dict], path: Path) -> None:
     ticks = [*eps, no_dp_x]
     labels = [f"{e:g}" for e in eps] + ["no DP"]
     attacks = sorted({r["attack"] for e in results for r in e["rows"]}, key=ATTACK_ORDER.index)
-    colours = {"loss": "tab:blue", "calibrated-loss": "tab:orange", "calibrated-phi": "tab:green",
-               "reference-only": "tab:gray"}
     shift = {a: 1.0 + 0.05 * (i - (len(attacks) - 1) / 2) for i, a in enumerate(attacks)}
     fig, axes = plt.subplots(2, 4, figsize=(18, 7.6))
     for row, level in enumerate(("example", "user")):
-        ax = axes[row, 0]
-        xs = [_x_of(e, no_dp_x) for e in results]
-        ax.plot(xs, [e["test_accuracy"] for e in results], "ko", markersize=4)
-        means = {x: float(np.mean([e["test_accuracy"] for e in results if _x_of(e, no_dp_x) == x]))
-                 for x in sorted(set(xs))}
-        ax.plot(list(means), list(means.values()), "k-", linewidth=1)
-        if extra:
-            ax.plot([_x_of(e, no_dp_x) * 1.12 for e in extra], [e["test_accuracy"] for e in extra], "D",
-                    color="w", markeredgecolor="k", markersize=5, label="◆ held-out federation (2400 clients)")
-            ax.legend(fontsize=7)
-        ax.set_ylabel("test accuracy (10k test images)")
-        ax.set_title("utility of the attacked models (dots: seeds)", fontsize=9)
+        _plot_utility(axes[row, 0], results, extra, no_dp_x)
         for col, (key, title, chance) in enumerate((("auc", "AUC", 0.5), ("tpr_at_fpr_0.01", "TPR at 1% FPR", 0.01),
                                                     ("tpr_at_fpr_0.001", "TPR at 0.1% FPR", 0.001)), start=1):
-            ax = axes[row, col]
-            for attack in attacks:
-                pts = sorted(((_x_of(e, no_dp_x) * shift[attack], _row(e, attack, level)) for e in results),
-                             key=lambda t: t[0])
-                x = np.array([p for p, _ in pts])
-                y = np.array([r[key] for _, r in pts])
-                ci = np.array([r[f"{key}_ci95"] for _, r in pts]).T
-                resolved = np.array([key == "auc" or r[f"{key}_resolved"] for _, r in pts])
-                floor = 1e-4
-                yy = np.maximum(y, floor) if key != "auc" else y
-                err = [np.maximum(0, yy - np.maximum(ci[0], floor if key != "auc" else -1)),
-                       np.maximum(0, ci[1] - yy)]
-                ax.errorbar(x[resolved], yy[resolved], yerr=[err[0][resolved], err[1][resolved]], fmt="o",
-                            color=colours[attack], markersize=4, capsize=2, linewidth=0.8, label=attack,
-                            linestyle="none")
-                if (~resolved).any():
-                    ax.plot(x[~resolved], yy[~resolved], "x", color=colours[attack], markersize=5)
-                for e in extra:
-                    r = _row(e, attack, level)
-                    if key == "auc" or r[f"{key}_resolved"]:
-                        ax.plot([_x_of(e, no_dp_x) * shift[attack] * 1.12], [max(r[key], 1e-4)], "D",
-                                color=colours[attack], markeredgecolor="k", markersize=5)
-            ax.axhline(chance, color="k", linestyle=":", linewidth=0.8, label="chance")
-            if key != "auc" and level == "user" and eps:
-                grid = np.array(eps)
-                fpr = 0.01 if key.endswith("0.01") else 0.001
-                ax.plot(grid, np.minimum(1.0, np.exp(grid) * fpr + 1e-5), "r--", linewidth=0.8,
-                        label="user-level DP ceiling e^ε·FPR + δ")
-            if key != "auc":
-                ax.set_yscale("log")
-                ax.set_ylim(5e-4 if key.endswith("0.001") else 2e-3, 1.0)
-            note = " (x: not resolved)" if (level == "user" and key.endswith("0.001")) else ""
-            ax.set_title(f"{level} level: {title}, 95% CI{note}", fontsize=8)
+            _plot_metric(axes[row, col], key=key, title=title, chance=chance, level=level, results=results,
+                         extra=extra, attacks=attacks, shift=shift, no_dp_x=no_dp_x, eps=eps)
         for ax in axes[row]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks)
@@ -428,7 +454,7 @@ def _write_docs(results: list[dict], docs: Path, args: argparse.Namespace) -> No
     docs.write_text(text[:a] + kept_markdown(results, command) + text[b:])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None, help="log-log ROC plot")
@@ -450,7 +476,29 @@ def main(argv: list[str] | None = None) -> int:
                              "(auto: held-out when the model's partition does not cover the training split)")
     parser.add_argument("--no-references", action="store_true",
                         help="--kept: loss threshold only (no reference models)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+_DIGITS_METHOD = {
+    "target_training": "fedprivacy.fl.run.run_federated (FedAvg; central DP calibrated by the PLD accountant; "
+                       "privacy unit = client)",
+    "lira_variant": "online and offline, fixed (global) variance, leave-one-out shadows",
+}
+
+
+def _print_digits(summaries: list[dict], rows: list[dict], *, models: int, candidates: int) -> None:
+    print(f"membership inference on federated digits models ({models} per setting, {candidates} candidates)")
+    for s in summaries:
+        print(f"  {s['model']:<22} train acc {s['train_accuracy']:.3f}  test acc {s['test_accuracy']:.3f}"
+              f"  sigma {s['noise_multiplier']:.3g}")
+    print(f"{'model':<22} {'attack':<24} {'AUC':>6} {'TPR@1%':>8} {'TPR@0.1%':>9}")
+    for r in rows:
+        print(f"{r['model']:<22} {r['attack']:<24} {r['auc']:>6.3f} {r['tpr_at_fpr_1pct']:>8.4f} "
+              f"{r['tpr_at_fpr_01pct']:>9.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)
     if args.kept is not None:
@@ -472,10 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         eps_text = args.epsilons or ("8" if args.quick else "100,8")
         epsilons = [float(e) for e in eps_text.split(",") if e.strip()]
     except ValueError:
-        print(
-            f"error: --epsilons must be comma-separated numbers, got {args.epsilons!r}",
-            file=sys.stderr,
-        )
+        print(f"error: --epsilons must be comma-separated numbers, got {args.epsilons!r}", file=sys.stderr)
         return 2
     if models < 3 or any(e <= 0 for e in epsilons):
         print("error: --models must be >= 3 and every epsilon > 0", file=sys.stderr)
@@ -489,33 +534,14 @@ def main(argv: list[str] | None = None) -> int:
     all_scores, summaries = [], []
     for eps in [None, *epsilons]:
         cfg = FederatedTargetConfig(clients=5, rounds=rounds, local_epochs=20, target_epsilon=eps)
-        scores, summary = membership_experiment(
-            x[pool],
-            y[pool],
-            config=cfg,
-            models=models,
-            seed=args.seed,
-            progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-        )
+        scores, summary = membership_experiment(x[pool], y[pool], config=cfg, models=models, seed=args.seed,
+                                                progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
         all_scores += scores
         summaries.append({"model": cfg.label, **summary})
     rows = attack_rows(all_scores)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
 
-    print(
-        f"membership inference on federated digits models ({models} per setting, {len(pool)} candidates)"
-    )
-    for s in summaries:
-        print(
-            f"  {s['model']:<22} train acc {s['train_accuracy']:.3f}  test acc {s['test_accuracy']:.3f}"
-            f"  sigma {s['noise_multiplier']:.3g}"
-        )
-    print(f"{'model':<22} {'attack':<24} {'AUC':>6} {'TPR@1%':>8} {'TPR@0.1%':>9}")
-    for r in rows:
-        print(
-            f"{r['model']:<22} {r['attack']:<24} {r['auc']:>6.3f} {r['tpr_at_fpr_1pct']:>8.4f} "
-            f"{r['tpr_at_fpr_01pct']:>9.4f}"
-        )
+    _print_digits(summaries, rows, models=models, candidates=len(pool))
     print(f"wall {elapsed:.0f} s, CPU {cpu:.0f} s")
     if args.png is not None:
         args.png.parent.mkdir(parents=True, exist_ok=True)
@@ -523,18 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.png}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "script": "membership_inference",
-            "target_training": "fedprivacy.fl.run.run_federated (FedAvg; central DP calibrated by the "
-            "PLD accountant; privacy unit = client)",
-            "lira_variant": "online and offline, fixed (global) variance, leave-one-out shadows",
-            "models_per_setting": models,
-            "candidates": int(len(pool)),
-            "settings": summaries,
-            "seconds": elapsed,
-            "cpu_seconds": cpu,
-            "rows": rows,
-        }
+        payload = {"script": "membership_inference", **_DIGITS_METHOD, "models_per_setting": models,
+                   "candidates": int(len(pool)), "settings": summaries, "seconds": elapsed, "cpu_seconds": cpu,
+                   "rows": rows}
         args.json.write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")
     return 0

@@ -168,17 +168,23 @@ def measure_floor(mode: str, p: dict[str, Any], repeats: int, *, design: Any = N
         "aead_open_k": lambda: open_many(keys, sealed, purpose="share-seal", contexts=ctxs),
     }
     extras["rounding_uniforms"] = lambda: src.uniform(size=length) < 0.5  # stochastic rounding
-    floor = {name: _best(fn, repeats)[0] for name, fn in rows.items()}
-    extra = {name: _best(fn, repeats)[0] for name, fn in extras.items()}
-    out = {"primitives": floor, "floor": sum(floor.values()), "protocol_extras": extra,
-           "protocol_floor": sum(floor.values()) + sum(extra.values()), "vector_length": length}
+    out = _timed_floor(rows, extras, repeats=repeats, length=length)
     if design is not None and mode == "distributed":
         out["xnoise"] = _xnoise_floor(design, clients=p["clients"], length=length, repeats=repeats)
         # the protocol floor with XNoise's sampling in place of the floor's one discrete Gaussian
-        out["xnoise_protocol_floor"] = (out["protocol_floor"] - floor["discrete_gaussian"]
+        out["xnoise_protocol_floor"] = (out["protocol_floor"] - out["primitives"]["discrete_gaussian"]
                                         + out["xnoise"]["client_components"]
                                         + out["xnoise"]["server_regeneration_per_client"])
     return {**out, **details}
+
+
+def _timed_floor(rows: dict[str, Callable[[], object]], extras: dict[str, Callable[[], object]], *,
+                 repeats: int, length: int) -> dict[str, Any]:
+    """Each primitive at its best of ``repeats``; the floor is their sum (with the extras: the protocol's)."""
+    floor = {name: _best(fn, repeats)[0] for name, fn in rows.items()}
+    extra = {name: _best(fn, repeats)[0] for name, fn in extras.items()}
+    return {"primitives": floor, "floor": sum(floor.values()), "protocol_extras": extra,
+            "protocol_floor": sum(floor.values()) + sum(extra.values()), "vector_length": length}
 
 
 def _xnoise_floor(design: Any, *, clients: int, length: int, repeats: int) -> dict[str, Any]:
@@ -282,23 +288,9 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
             if p["bits"] < 32:
                 want &= np.uint32((1 << p["bits"]) - 1)
             exact = bool(np.array_equal(total, want))
-            per_client = [sum(timer.cpu[i].values()) for i in ids if i in timer.cpu and i not in drop]
-            server_cpu = sum(timer.cpu.get("server", {}).values())
-            row = {
-                "client_seconds": statistics.median(per_client),
-                "client_seconds_max": max(per_client),
-                "client_wall_seconds": statistics.median([timer.wall[i] for i in ids if i not in drop]),
-                "client_by_call": {name: statistics.median([timer.cpu[i].get(name, 0.0) for i in ids
-                                                            if i not in drop])
-                                   for name in sorted({c for i in ids if i not in drop for c in timer.cpu[i]})},
-                "server_seconds": server_cpu,
-                "server_by_call": timer.cpu.get("server", {}),
-                "server_seconds_per_client": server_cpu / n,
-                "round_wall_seconds": round_wall,
-                "survivors": len(server.u3),
-                "sum_exact": exact,  # the unmasked sum is the survivors' inputs mod 2^b, bit for bit
-                "upload_bytes_per_client": _upload_bytes(transcript, ids[0]),
-            }
+            row = _achieved_row(timer, ids=ids, drop=drop, n=n, round_wall=round_wall)
+            row.update(survivors=len(server.u3), sum_exact=exact,  # the survivors' inputs mod 2^b, bit for bit
+                       upload_bytes_per_client=_upload_bytes(transcript, ids[0]))
             row["upload_bytes_per_coordinate"] = row["upload_bytes_per_client"] / p["dim"]
             if best is None or row["client_seconds"] < best["client_seconds"]:
                 best = row
@@ -307,6 +299,24 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
     assert best is not None
     best["library"] = str(Path(fedprivacy.__file__).resolve().parent)
     return best
+
+
+def _achieved_row(timer: Any, *, ids: list[int], drop: dict[int, str], n: int, round_wall: float) -> dict[str, Any]:
+    """The per-client and server CPU seconds of one measured round (medians over the live clients)."""
+    live = [i for i in ids if i not in drop]
+    per_client = [sum(timer.cpu[i].values()) for i in live if i in timer.cpu]
+    server_cpu = sum(timer.cpu.get("server", {}).values())
+    calls = sorted({c for i in live for c in timer.cpu[i]})
+    return {
+        "client_seconds": statistics.median(per_client),
+        "client_seconds_max": max(per_client),
+        "client_wall_seconds": statistics.median([timer.wall[i] for i in live]),
+        "client_by_call": {name: statistics.median([timer.cpu[i].get(name, 0.0) for i in live]) for name in calls},
+        "server_seconds": server_cpu,
+        "server_by_call": timer.cpu.get("server", {}),
+        "server_seconds_per_client": server_cpu / n,
+        "round_wall_seconds": round_wall,
+    }
 
 
 def _upload_bytes(transcript: list[object], node: int) -> int:
@@ -394,7 +404,7 @@ def measure_flower(p: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--dim", type=int, default=100_000)
@@ -415,7 +425,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--with-floor", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _mode_row(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One mode's row: the floors and achieved figures, each the best of ``args.repeats`` fresh processes."""
+    cur: list[dict[str, Any]] = []
+    base: list[dict[str, Any]] = []
+    for _ in range(args.repeats):  # interleaved, so that both see the same machine load
+        cur.append(_child(None, mode, args, floor=True))
+        if args.baseline_tree is not None:
+            base.append(_child(args.baseline_tree, mode, args, floor=False)["achieved"])
+    floors = [c["floor"] for c in cur]
+    floor = _min_by(floors, "floor")
+    floor["primitives"] = {k: min(f["primitives"][k] for f in floors) for k in floor["primitives"]}
+    floor["protocol_extras"] = {k: min(f["protocol_extras"][k] for f in floors)
+                                for k in floor["protocol_extras"]}
+    floor["floor"] = sum(floor["primitives"].values())
+    floor["protocol_floor"] = floor["floor"] + sum(floor["protocol_extras"].values())
+    if "xnoise" in floor:
+        xn = _min_by([f["xnoise"] for f in floors], "client_components")
+        floor["xnoise"] = xn
+        floor["xnoise_protocol_floor"] = (floor["protocol_floor"] - floor["primitives"]["discrete_gaussian"]
+                                          + xn["client_components"] + xn["server_regeneration_per_client"])
+    ach = _min_by([c["achieved"] for c in cur], "client_seconds")
+    row: dict[str, Any] = {"floor": floor, "achieved": ach}
+    if "aborted" not in ach:
+        row["client_over_floor"] = ach["client_seconds"] / floor["floor"]
+        row["client_over_protocol_floor"] = ach["client_seconds"] / floor["protocol_floor"]
+    if base:
+        b = _min_by(base, "client_seconds")
+        row["baseline"] = b
+        if "aborted" not in b and "aborted" not in ach:
+            row["baseline_client_over_floor"] = b["client_seconds"] / floor["floor"]
+            row["speedup_client_vs_baseline"] = b["client_seconds"] / ach["client_seconds"]
+            row["speedup_server_vs_baseline"] = b["server_seconds"] / ach["server_seconds"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     modes = args.modes.split(",")
     if args.clients < 3 or args.dim < 1 or not 0 <= args.dropout < 0.5 or not set(modes) <= {"distributed", "none"}:
         print("error: need --clients >= 3, --dim >= 1, 0 <= --dropout < 0.5, --modes from "
@@ -433,37 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "fresh process; per quantity the repeat with the lowest value is kept "
                                      "(CPU seconds)"}
     for mode in modes:
-        cur: list[dict[str, Any]] = []
-        base: list[dict[str, Any]] = []
-        for _ in range(args.repeats):  # interleaved, so that both see the same machine load
-            cur.append(_child(None, mode, args, floor=True))
-            if args.baseline_tree is not None:
-                base.append(_child(args.baseline_tree, mode, args, floor=False)["achieved"])
-        floors = [c["floor"] for c in cur]
-        floor = _min_by(floors, "floor")
-        floor["primitives"] = {k: min(f["primitives"][k] for f in floors) for k in floor["primitives"]}
-        floor["protocol_extras"] = {k: min(f["protocol_extras"][k] for f in floors)
-                                    for k in floor["protocol_extras"]}
-        floor["floor"] = sum(floor["primitives"].values())
-        floor["protocol_floor"] = floor["floor"] + sum(floor["protocol_extras"].values())
-        if "xnoise" in floor:
-            xn = _min_by([f["xnoise"] for f in floors], "client_components")
-            floor["xnoise"] = xn
-            floor["xnoise_protocol_floor"] = (floor["protocol_floor"] - floor["primitives"]["discrete_gaussian"]
-                                              + xn["client_components"] + xn["server_regeneration_per_client"])
-        ach = _min_by([c["achieved"] for c in cur], "client_seconds")
-        row: dict[str, Any] = {"floor": floor, "achieved": ach}
-        if "aborted" not in ach:
-            row["client_over_floor"] = ach["client_seconds"] / floor["floor"]
-            row["client_over_protocol_floor"] = ach["client_seconds"] / floor["protocol_floor"]
-        if base:
-            b = _min_by(base, "client_seconds")
-            row["baseline"] = b
-            if "aborted" not in b and "aborted" not in ach:
-                row["baseline_client_over_floor"] = b["client_seconds"] / floor["floor"]
-                row["speedup_client_vs_baseline"] = b["client_seconds"] / ach["client_seconds"]
-                row["speedup_server_vs_baseline"] = b["server_seconds"] / ach["server_seconds"]
+        row = _mode_row(mode, args)
         out["modes"][mode] = row
+        ach, floor = row["achieved"], row["floor"]
         print(f"{mode:12s} client {ach.get('client_seconds', math.nan) * 1e3:8.2f} ms CPU  floor "
               f"{floor['floor'] * 1e3:7.2f} ms (x{row.get('client_over_floor', math.nan):.2f}), protocol "
               f"floor {floor['protocol_floor'] * 1e3:7.2f} ms (x{row.get('client_over_protocol_floor', math.nan):.2f})"

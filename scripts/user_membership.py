@@ -57,7 +57,7 @@ def _tested(row: dict[str, Any]) -> str:
             f" FPs allowed); at chance (5%): {row['at_chance_5pct']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
@@ -79,7 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-example-variance", action="store_true",
                         help="also LiRA with a per-example variance (needs many shadows: --models 25+)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _print_setting(res: dict[str, Any]) -> None:
+    s = res["summary"]
+    print(f"{s['label']}: σ {s['noise_multiplier']:.3f}  test acc {s['test_accuracy']:.3f}  "
+          f"train acc {s['train_accuracy']:.3f}  ({s['seconds']:.0f} s)")
+    if s.get("dp_ceiling"):
+        c = s["dp_ceiling"]
+        print(f"  DP ceiling (any test, this σ, q, T): TPR@1% <= {c['tpr_at_fpr'][0.01]:.4f}, "
+              f"TPR@0.1% <= {c['tpr_at_fpr'][0.001]:.4f}, AUC <= {c['auc']:.3f}")
+    for row in res["rows"]:
+        print(f"  {row['level']:<7} {row['attack']:<18} AUC {row['auc']:.3f}  TPR@1% "
+              f"{row['tpr_at_fpr_1pct']:.3f}  TPR@0.1% {row['tpr_at_fpr_01pct']:.3f}  "
+              f"(FPR resolution {row['fpr_resolution']:.2g})" + _tested(row))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from fedprivacy.attacks.lira_eval import EXVAR_MIN_MODELS
 
     try:
@@ -122,17 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                                          attacks=ATTACKS + (EXVAR_ATTACKS if args.per_example_variance else ()))
         res["summary"]["seconds"] = time.perf_counter() - t0
         out["settings"].append(res)
-        s = res["summary"]
-        print(f"{s['label']}: σ {s['noise_multiplier']:.3f}  test acc {s['test_accuracy']:.3f}  "
-              f"train acc {s['train_accuracy']:.3f}  ({s['seconds']:.0f} s)")
-        if s.get("dp_ceiling"):
-            c = s["dp_ceiling"]
-            print(f"  DP ceiling (any test, this σ, q, T): TPR@1% <= {c['tpr_at_fpr'][0.01]:.4f}, "
-                  f"TPR@0.1% <= {c['tpr_at_fpr'][0.001]:.4f}, AUC <= {c['auc']:.3f}")
-        for row in res["rows"]:
-            print(f"  {row['level']:<7} {row['attack']:<18} AUC {row['auc']:.3f}  TPR@1% "
-                  f"{row['tpr_at_fpr_1pct']:.3f}  TPR@0.1% {row['tpr_at_fpr_01pct']:.3f}  "
-                  f"(FPR resolution {row['fpr_resolution']:.2g})" + _tested(row))
+        _print_setting(res)
         out["seconds"] = time.perf_counter() - t_all
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
