@@ -16,8 +16,8 @@ def _examples() -> dict[str, str]:
     return {m["name"]: m["code"] for m in _BLOCK.finditer(DESIGN.read_text(encoding="utf-8"))}
 
 
-def test_design_has_the_five_worked_examples() -> None:
-    assert set(_examples()) == {"optimizer", "local-objective", "mechanism", "dataset", "attack"}
+def test_design_has_the_six_worked_examples() -> None:
+    assert set(_examples()) == {"optimizer", "local-objective", "mechanism", "client-mechanism", "dataset", "attack"}
 
 
 @pytest.fixture()
@@ -25,18 +25,20 @@ def fresh_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations made by an example stay inside the test."""
     from fedprivacy.accounting import events
     from fedprivacy.attacks import gradient_leakage
-    from fedprivacy.fl import modes, server_opt
+    from fedprivacy.fl import mechanisms, modes, server_opt
     from fedprivacy.ml import data
 
     data.dataset_names()  # the built-in data sets are loaded before the registry is copied
     monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
+    monkeypatch.setattr(mechanisms, "CLIENT_MECHANISMS", dict(mechanisms.CLIENT_MECHANISMS))
     monkeypatch.setattr(events, "_MECHANISMS", dict(events._MECHANISMS))
     monkeypatch.setattr(server_opt, "SERVER_OPTIMIZERS", dict(server_opt.SERVER_OPTIMIZERS))
     monkeypatch.setattr(data, "_REGISTRY", dict(data._REGISTRY))
     monkeypatch.setattr(gradient_leakage, "ATTACKS", dict(gradient_leakage.ATTACKS))
 
 
-@pytest.mark.parametrize("name", ["optimizer", "local-objective", "mechanism", "dataset", "attack"])
+@pytest.mark.parametrize("name", ["optimizer", "local-objective", "mechanism", "client-mechanism", "dataset",
+                                  "attack"])
 def test_the_example_runs(name: str, fresh_registries: None, tmp_path: Path,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
