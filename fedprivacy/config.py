@@ -221,8 +221,14 @@ class PrivacyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerOptConfig:
-    """The server optimizer on the released mean update (post-processing: no privacy cost)."""
+    """The server's aggregation rule on the clipped updates (its noise scales with the rule's
+    sensitivity: :mod:`fedprivacy.fl.robust`) and its optimizer on the released mean update
+    (post-processing: no privacy cost)."""
 
+    aggregation: str = "plain"
+    aggregation_trim: int = 0
+    krum_byzantine: int = 0
+    krum_select: int = 1
     server_optimizer: str = "fedavg"
     server_learning_rate: float = 0.0
     server_momentum: float = 0.9
@@ -231,16 +237,27 @@ class ServerOptConfig:
     server_tau: float = 0.001
 
     def __post_init__(self) -> None:
+        from fedprivacy.fl.robust import AGGREGATORS
         from fedprivacy.fl.server_opt import SERVER_OPTIMIZERS
 
         _check_fields(self)
+        _choice("aggregation", self.aggregation, tuple(AGGREGATORS))
+        rule_keys: tuple[tuple[str, int, str, int], ...] = (
+            ("aggregation-trim", self.aggregation_trim, "trimmed-mean", 0),
+            ("krum-byzantine", self.krum_byzantine, "krum", 0), ("krum-select", self.krum_select, "krum", 1))
+        for key, value, used_by, low in rule_keys:
+            if value < low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
+            if value != low and self.aggregation != used_by:
+                raise ValueError(f"{key}={value} is read only by aggregation={used_by!r}, got "
+                                 f"aggregation={self.aggregation!r}; leave {key} at {low} or set aggregation")
         _choice("server-optimizer", self.server_optimizer, tuple(SERVER_OPTIMIZERS))
         _non_negative("server-learning-rate", self.server_learning_rate)
-        for key, value in (("server-momentum", self.server_momentum),
+        for key, rate in (("server-momentum", self.server_momentum),
                            ("server-beta-1", self.server_beta_1),
                            ("server-beta-2", self.server_beta_2)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{key} must be in [0, 1), got {value}")
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{key} must be in [0, 1), got {rate}")
         _positive("server-tau", self.server_tau)
 
 
@@ -450,6 +467,9 @@ class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainC
             )
         self.mode.check(self)
         self._check_secagg()
+        if self.adaptive_clip and self.aggregation != "plain":
+            raise ValueError(f"aggregation={self.aggregation!r} with adaptive-clip=true is refused: the adaptive "
+                             "round clips and sums to its own estimate; set aggregation='plain' or adaptive-clip=false")
         if self.sampling == "fixed":
             if self.cohort_size < 1:
                 raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}; "
@@ -468,6 +488,10 @@ class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainC
         """secagg combinations every mode shares (a mode refuses secagg in its own ``check``)."""
         if not self.secagg:
             return
+        if self.aggregation != "plain":
+            raise ValueError(f"aggregation={self.aggregation!r} with secagg=true is refused: under secure aggregation "
+                             "the server sees only the sum, so no robust rule can run; norm-bounded clipping "
+                             "(clip-norm) is the defence there; set aggregation='plain' or secagg=false")
         if self.clip_norm <= 0:
             raise ValueError(f"clip-norm must be > 0 when secagg=true (fixed-point range), got {self.clip_norm}")
         if self.sampling == "fixed" and self.cohort_size < 3:

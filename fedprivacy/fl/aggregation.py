@@ -2,7 +2,9 @@
 
 An aggregator turns a round's client updates into the released mean update. The plain privacy modes
 (:mod:`fedprivacy.fl.modes.plain`) choose :class:`PlainAggregator` with their clip and noise;
-``FederatedRun(aggregator=...)`` swaps in another rule (a median, a trimmed mean). Under secure
+``aggregation`` (or ``FederatedRun(aggregator=...)``) swaps in another rule (:mod:`fedprivacy.fl.robust`:
+a median, a trimmed mean, Krum); where the server adds the noise, a rule must declare its
+``sensitivity_ratio`` and the noise is scaled by it. Under secure
 aggregation (``secagg = true``) the server only ever sees the sum, so there is no aggregator to swap:
 :class:`fedprivacy.fl.secure.SecureRound` replaces the whole round. :class:`PlainAggregator`:
 
@@ -109,6 +111,10 @@ class PlainAggregator:
     """
 
     name = "plain"
+
+    def sensitivity_ratio(self, neighbouring: str) -> float:
+        """1: this is the clipped sum itself (see :mod:`fedprivacy.fl.robust` for other rules)."""
+        return 1.0
 
     def __init__(self, *, clip_norm: float, noise_std: float) -> None:
         if clip_norm < 0:

@@ -230,11 +230,14 @@ def check_plan(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> None:
 
 
 def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome) -> None:
-    """Refuse a round whose server-side noise is less than the plan charged (before it is applied)."""
+    """Refuse a round whose server-side noise, per unit of its rule's sensitivity, is less than the plan
+    charged (before it is applied)."""
     server = getattr(mode, "server_mechanism", None)
     if server is None or outcome.aborted is not None:
         return
-    ran = outcome.aggregate.noise_std
+    ratio = outcome.aggregate.sensitivity_ratio
+    ran = outcome.aggregate.noise_std / ratio if ratio >= 1.0 else 0.0
     if not ran >= plan.central_noise_std * (1.0 - 1e-12):
-        raise MechanismMismatch(f"privacy mode {mode.name!r}: the round's aggregate carries noise std {ran:g}, "
-                                f"its plan charged {plan.central_noise_std:g}; not released")
+        raise MechanismMismatch(f"privacy mode {mode.name!r}: the round's aggregate carries noise std "
+                                f"{outcome.aggregate.noise_std:g} at sensitivity ratio {ratio:g}, its plan charged "
+                                f"{plan.central_noise_std:g} per unit of the clipped sum's; not released")

@@ -143,6 +143,8 @@ class AggregateResult:
         dropped: partition id -> reason for every update left out.
         noise_std: std of the noise in each coordinate of the released sum (0 if none).
         denominator: the fixed denominator used.
+        sensitivity_ratio: the rule's L2 sensitivity over the clipped sum's (:mod:`fedprivacy.fl.robust`);
+            the release is charged as noise ``noise_std / sensitivity_ratio`` on the sum.
     """
 
     mean_update: tuple[np.ndarray, ...]
@@ -150,6 +152,7 @@ class AggregateResult:
     dropped: dict[int, str]
     noise_std: float
     denominator: float
+    sensitivity_ratio: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

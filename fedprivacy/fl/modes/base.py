@@ -3,6 +3,7 @@ use, the two round shapes (plain and secure) and the claim every DP mode publish
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -113,12 +114,14 @@ class PrivacyMode(Protocol):
 
 
 def plain_round(exchange: Exchange, aggregator: Aggregator, *, denominator: float,
-                release: str = "aggregate") -> RoundFn:
+                release: str = "aggregate", sensitivity_ratio: float = 1.0) -> RoundFn:
     """A round = one exchange of train messages, then aggregation in the clear (or with server noise).
 
     ``release`` is where what the round releases first becomes observable, where the write-ahead
     charge happens (:func:`fedprivacy.fl.charging.before_release`): ``"aggregate"`` (the server's
     noised aggregate: central, none) or ``"exchange"`` (each client's noised update: local).
+    ``sensitivity_ratio``: what the aggregator declared (:func:`fedprivacy.fl.robust.sensitivity_ratio`),
+    stamped on its result for :func:`fedprivacy.fl.mechanisms.check_release`.
     """
     from fedprivacy.fl.charging import before_release
 
@@ -133,6 +136,8 @@ def plain_round(exchange: Exchange, aggregator: Aggregator, *, denominator: floa
         if release == "aggregate":
             before_release()
         agg = aggregator.aggregate(updates, like=weights, denominator=denominator, rng=rng)
+        if sensitivity_ratio != 1.0:
+            agg = dataclasses.replace(agg, sensitivity_ratio=sensitivity_ratio)
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=tuple(updates))
 
     return run

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.adaptive_clip import AdaptiveClipRound, adaptive_clip_spec
-from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
+from fedprivacy.fl.aggregation import Aggregator
 from fedprivacy.fl.mechanisms import GAUSSIAN, GAUSSIAN_SUM, ClientMechanism, ServerMechanism
 from fedprivacy.fl.modes.base import (
     Disclosure,
@@ -35,6 +35,7 @@ from fedprivacy.fl.modes.base import (
     secure_round,
 )
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description, sampling_object
+from fedprivacy.fl.robust import make_aggregator, sensitivity_ratio
 from fedprivacy.fl.types import RoundFn, RoundRecord
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class NoneMode:
             return secure_round(cfg, plan, transport, aggregator=aggregator, log=log)
         if plan.adaptive_clip is not None:
             return _adaptive_round(cfg, plan, transport, aggregator)
-        agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm, noise_std=0.0)
+        agg = aggregator or make_aggregator(cfg, clip_norm=cfg.clip_norm)
         return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
 
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
@@ -227,9 +228,16 @@ class CentralMode(_GaussianMode):
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
         if plan.adaptive_clip is not None:
             return _adaptive_round(cfg, plan, transport, aggregator)
-        agg = aggregator or PlainAggregator(clip_norm=cfg.clip_norm,
-                                            noise_std=plan.noise_multiplier * cfg.clip_norm)
-        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator)
+        agg = aggregator or make_aggregator(cfg, clip_norm=cfg.clip_norm,
+                                            noise_std=plan.noise_multiplier * cfg.clip_norm,
+                                            neighbouring=plan.neighbouring)
+        # the rule's own sensitivity, declared by the object that aggregates (a rule without one is refused)
+        ratio = sensitivity_ratio(agg, plan.neighbouring)
+        check_cohort = getattr(agg, "check_cohort", None)
+        if callable(check_cohort):
+            check_cohort(plan.denominator)
+        return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator,
+                           sensitivity_ratio=ratio)
 
 
 class LocalMode(_GaussianMode):
@@ -258,7 +266,7 @@ class LocalMode(_GaussianMode):
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
-        agg = aggregator or PlainAggregator(clip_norm=0.0, noise_std=0.0)
+        agg = aggregator or make_aggregator(cfg, clip_norm=0.0)  # post-processing of noised updates
         # The clients' noised updates are the release: charge before the train messages go out.
         return plain_round(exchange_of(transport, cfg), agg, denominator=plan.denominator,
                            release="exchange")
