@@ -151,10 +151,15 @@ class TrainConfig:
     dpsgd_max_grad_norm: float = 1.0
     batched_training: str = "off"
     device: str = "cpu"
+    proximal_mu: float = 0.0  # FedProx's μ (Li et al. 2020); 0 = FedAvg's local SGD
 
     def __post_init__(self) -> None:
         _check_fields(self)
         _positive_int("local-epochs", self.local_epochs)
+        _non_negative("proximal-mu", self.proximal_mu)
+        if self.proximal_mu > 0 and self.dpsgd:
+            raise ValueError("proximal-mu > 0 with dpsgd=true is not implemented (Opacus would clip the proximal "
+                             "term with each example's gradient); set proximal-mu=0 or dpsgd=false")
         _choice("batched-training", self.batched_training, BATCHED_TRAINING)
         _choice("device", self.device, DEVICES)
         if self.device == "cuda":

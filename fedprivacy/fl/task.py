@@ -147,7 +147,8 @@ def local_training(
 
     rng = RandomSource.seeded(seed) if instructions.seed >= 0 else RandomSource.secure()
     res = train_local(model, split, epochs=instructions.local_epochs, lr=instructions.learning_rate,
-                      batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd, rng=rng)
+                      batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd, rng=rng,
+                      proximal_mu=instructions.proximal_mu)
     n = int(res.num_examples)
     steps = int(res.steps) if cfg.dpsgd else None
     rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None
@@ -159,7 +160,7 @@ def batching_chosen(cfg: RunConfig) -> bool:
     """Whether ``batched-training`` asks for this run's plain-SGD clients to train as one computation:
     ``auto`` for the models the registry marks (measured faster batched), ``on`` for any model; never
     with DP-SGD (Opacus' per-example clipping stays per client)."""
-    if cfg.batched_training == "off" or cfg.dpsgd:
+    if cfg.batched_training == "off" or cfg.dpsgd or cfg.proximal_mu > 0:  # FedProx trains per client
         return False
     if cfg.batched_training == "on":
         return True

@@ -94,8 +94,11 @@ class RoundInstructions:
     batch_size: int
     num_classes: int
     seed: int  # -1 = secure randomness
+    proximal_mu: float = 0.0  # FedProx's proximal term on local training (training only: ε unchanged)
 
     def __post_init__(self) -> None:
+        if not self.proximal_mu >= 0:
+            raise ValueError(f"proximal_mu must be >= 0, got {self.proximal_mu}")
         if self.round < 1:
             raise ValueError(f"round must be >= 1, got {self.round}")
         if self.clip_norm < 0:

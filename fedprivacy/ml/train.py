@@ -181,6 +181,7 @@ def train_local(
     seed: int | None = None,
     dpsgd: DpsgdConfig | None = None,
     rng: RandomSource | None = None,
+    proximal_mu: float = 0.0,
 ) -> TrainResult:
     """Train ``model`` in place with SGD (optionally DP-SGD) on ``split``.
 
@@ -196,6 +197,9 @@ def train_local(
         dpsgd: DP-SGD settings; None trains without sample-level DP.
         rng: the source of DP-SGD's noise and Poisson batches (a client passes its own); default
             from ``seed`` as above. Ignored without ``dpsgd``.
+        proximal_mu: FedProx's μ (Li et al. 2020, Eq. 2): each step descends
+            ``loss + μ/2 ‖w − w₀‖²`` with ``w₀`` the starting weights (Flower's FedProx client). Plain
+            SGD only; training changes, the released update is clipped as ever (ε unchanged).
 
     Returns:
         A :class:`TrainResult`.
@@ -210,7 +214,11 @@ def train_local(
         gen.manual_seed(int(seed) % (2**63))
     else:
         gen.seed()
+    if not proximal_mu >= 0:
+        raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
     if dpsgd is not None:
+        if proximal_mu > 0:
+            raise ValueError("proximal_mu > 0 is not implemented with DP-SGD")
         if rng is None:
             rng = RandomSource.secure() if seed is None else RandomSource.seeded(int(seed) % 2**63)
         if dpsgd.secure_mode and not rng.is_private:
@@ -222,12 +230,20 @@ def train_local(
             model, split, epochs=epochs, lr=lr, batch_size=batch_size, rng=rng, cfg=dpsgd
         )
 
+    return _train_sgd(model, split, epochs=epochs, lr=lr, batch_size=batch_size, gen=gen,
+                      proximal_mu=proximal_mu)
+
+
+def _train_sgd(model: nn.Module, split: Split, *, epochs: int, lr: float, batch_size: int,
+               gen: torch.Generator, proximal_mu: float) -> TrainResult:
+    """Plain SGD (FedProx's proximal step when ``proximal_mu > 0``) for :func:`train_local`."""
     x, y = _tensors(split)
     n = len(split)
     bs = min(batch_size, n)
     # Plain SGD (w <- w - lr * grad, no momentum or weight decay) written out: torch.optim.SGD's
     # per-call construction and profiling hooks cost more than the step itself on tiny partitions.
     params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     model.train()
     steps = 0
     loss_sum, seen = 0.0, 0
@@ -239,6 +255,9 @@ def train_local(
             loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
+                if anchor is not None:  # the gradient of μ/2 ‖w − w₀‖²
+                    grads = tuple(torch._foreach_add(list(grads), torch._foreach_sub(params, anchor),
+                                                     alpha=proximal_mu))
                 torch._foreach_add_(params, grads, alpha=-lr)
             steps += 1
             loss_sum += float(loss.detach()) * len(idx)
