@@ -1,14 +1,19 @@
-"""The node's cumulative privacy budget in Flower terms (review2 R2): :mod:`fedprivacy.fl.client_budget`.
+"""The node's durable memory in Flower terms: :mod:`fedprivacy.fl.client_budget`'s file, on every run.
 
-The charges live in the budget file the node's operator names (``client-budget-path``, shared by every
-run of the node) or, without one, in the node's ``context.state`` (per run, never sent to the server).
-The plain ``train`` path checks before it trains and charges before its reply leaves; the secure path
-checks at the share stage (before any secret leaves the client), holds the round's ρ in node state and
-charges it at the masked stage, before the masked (noised) vector leaves.
+Every client-side guard lives in the node's own file (:meth:`fedprivacy.fl.client_policy.ClientPolicy.memory_path`:
+``client-budget-path``, else ``partition-<partition id>.jsonl`` in ``client-memory-dir``, by default a SuperNode's
+:func:`fedprivacy.fl.client_policy.default_memory_dir` and a simulation's run-temporary area), fsync'd before
+the reply leaves: the rounds admitted, each secure stage answered (share, consistency: the signed view,
+unmask: the shares revealed) and the ρ charges, shared by every run of the node. Flower's node state,
+which a lost save rolls back, keeps only the file's id and length (``client-memory``): a file missing,
+replaced or shorter than that is refused (the server counts a dropout). The plain ``train`` path checks
+before it trains and charges before its reply leaves; the secure path checks at the share stage, holds
+the round's ρ in node state and charges it at the masked stage, before the masked vector leaves.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING
 
@@ -21,54 +26,66 @@ if TYPE_CHECKING:
     from fedprivacy.fl.secure import EncodingSpec
     from fedprivacy.secagg.messages import SetupRequest
 
-__all__ = ["charge", "charge_held", "check", "hold", "record_stage", "secagg_cost"]
+__all__ = ["admit", "charge", "charge_held", "check", "hold", "memory", "record_stage", "secagg_cost"]
 
-_STATE = "client-budget"
+_MEMORY = "client-memory"  # the durable file's id and length, as this node last wrote it
 _PENDING = "client-budget-pending"
 
 
-def _enforced(policy: ClientPolicy) -> bool:
-    return math.isfinite(policy.max_rho_total) or bool(policy.budget_path)
+def memory(context: Context, policy: ClientPolicy) -> ClientBudget:
+    """The node's durable memory, refused (:class:`PolicyRefusal`) when it cannot be created or read, or
+    is missing, replaced or behind the node state."""
+    path = policy.memory_path(run_id=int(context.run_id), partition_id=int(context.node_config["partition-id"]))
+    record = context.state.get(_MEMORY)
+    expect = (str(record["id"]), int(record["lines"])) if isinstance(record, ConfigRecord) else None  # type: ignore[arg-type]
+    try:
+        return policy.budget(path=path, expect=expect)
+    except OSError as exc:  # the path stays in the client's log, not in the reason the server receives
+        key = "client-budget-path" if policy.budget_path else "client-memory-dir"
+        logging.getLogger(__name__).error("durable memory %s cannot be created or read: %s", path, exc)
+        raise PolicyRefusal(f"this client's durable memory cannot be created or read ({exc.strerror or type(exc).__name__}): "
+                            f"set node config {key} to a place this node can write") from None
 
 
-def _load(context: Context, policy: ClientPolicy) -> ClientBudget:
-    record = context.state.config_records.get(_STATE)
-    charges = ClientBudget.charges_from_state(dict(record)) if record is not None and not policy.budget_path else []
-    return policy.budget(charges=charges)
+def _saved(context: Context, budget: ClientBudget) -> None:
+    context.state[_MEMORY] = ConfigRecord({"id": budget.file_id, "lines": budget.lines})
 
 
 def check(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
           slack: tuple[float, float] = (0.0, 0.0)) -> None:
     """Refuse (:class:`PolicyRefusal`) a round the client's total cannot pay; changes nothing."""
-    if _enforced(policy):
-        _load(context, policy).check(rho, round=round, what=mode, slack=slack[0], tv=slack[1])
+    memory(context, policy).check(rho, round=round, what=mode, slack=slack[0], tv=slack[1])
 
 
 def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
            slack: tuple[float, float] = (0.0, 0.0)) -> None:
-    """Charge the round (durably with a budget file); call right before its reply leaves the client.
+    """Charge the round durably; call right before its reply leaves the client.
     ``slack``: a distributed round's ``(eta + A, G)`` (:func:`secagg_cost`)."""
-    if not _enforced(policy):
-        return
-    budget = _load(context, policy)
+    budget = memory(context, policy)
     budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode, slack=slack[0],
                   tv=slack[1])
-    if budget.path is None:
-        context.state[_STATE] = ConfigRecord(budget.to_state())
+    _saved(context, budget)
 
 
 def record_stage(context: Context, policy: ClientPolicy, *, round: int, stage: str) -> None:
-    """Record durably (with a budget file) that this node answered round ``round``'s ``stage``; refuse a
-    second answer (:meth:`fedprivacy.fl.client_budget.ClientBudget.record_stage`, review6 Y2)."""
-    if policy.budget_path:
-        policy.budget().record_stage(run=str(context.run_id), round=round, stage=stage)
+    """Record durably that this node answered round ``round``'s ``stage``; refuse a second answer
+    (:meth:`fedprivacy.fl.client_budget.ClientBudget.record_stage`)."""
+    budget = memory(context, policy)
+    budget.record_stage(run=str(context.run_id), round=round, stage=stage)
+    _saved(context, budget)
+
+
+def admit(context: Context, policy: ClientPolicy, *, round: int) -> None:
+    """Record durably that this node takes part in round ``round`` (advertise or plain train); refuse a
+    round number not above every one it was admitted to in this run."""
+    record_stage(context, policy, round=round, stage="admit")
 
 
 def secagg_cost(policy: ClientPolicy, encoding: EncodingSpec, setup: SetupRequest, *,
                 roster: int) -> tuple[float, tuple[float, float]]:
     """``(ρ, (slack, tv))`` of a secure round's release: the worst released sum of the encoding the
     server sent (:meth:`ClientPolicy.check_distributed`, which also refuses an encoding outside the
-    floor) and that release's discrete slack (:meth:`ClientPolicy.distributed_release`, review6 Y1);
+    floor) and that release's discrete slack (:meth:`ClientPolicy.distributed_release`);
     a sum without noise (``privacy = none`` under secure aggregation) costs ``ρ = ∞``."""
     if encoding.kind != "ddgauss":
         return math.inf, (0.0, 0.0)
@@ -81,9 +98,8 @@ def secagg_cost(policy: ClientPolicy, encoding: EncodingSpec, setup: SetupReques
 def hold(context: Context, policy: ClientPolicy, rho: float, *, round: int,
          slack: tuple[float, float] = (0.0, 0.0)) -> None:
     """Remember the ρ (and slack) the client accepted at round ``round``'s share stage until its masked
-    stage (a client may hold two live rounds: round r+1's share stage rides on round r's unmask)."""
-    if not _enforced(policy):
-        return
+    stage (a client may hold two live rounds: round r+1's share stage rides on round r's unmask). A
+    rollback that loses it makes the masked stage refuse; one that keeps it meets the durable charge."""
     record = context.state.config_records.get(_PENDING)
     pending = {k: v for k, v in (record or {}).items() if int(k) >= round - 1}
     pending[str(int(round))] = "inf" if math.isinf(rho) else [float(rho), float(slack[0]), float(slack[1])]
@@ -93,9 +109,7 @@ def hold(context: Context, policy: ClientPolicy, rho: float, *, round: int,
 def charge_held(context: Context, policy: ClientPolicy, *, round: int, mode: str, unbounded: bool = False) -> None:
     """Charge the ρ and slack accepted at round ``round``'s share stage (before the masked vector
     leaves); refused when that stage did not run on this node. ``unbounded``: the masked stage itself
-    costs ``ρ = ∞`` whatever the share stage held (it draws from a server-sent seed, review7 Z2)."""
-    if not _enforced(policy):
-        return
+    costs ``ρ = ∞`` whatever the share stage held (it draws from a server-sent seed)."""
     record = context.state.config_records.get(_PENDING)
     if record is None or str(round) not in record:
         raise PolicyRefusal(f"masked stage of round {round} without this client's share stage of that round")

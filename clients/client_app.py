@@ -4,13 +4,13 @@ The client's own privacy floor (:class:`fedprivacy.fl.client_policy.ClientPolicy
 ``node_config`` ``client-*`` keys, then the ``FEDPRIVACY_CLIENT_POLICY`` environment variable of this
 process, then safe defaults in code: never from the server's messages or the run config (which whoever
 submits the run chooses). A request outside it is refused (an error reply: the server counts a dropout).
+Every guard (rounds taken part in, secure stages answered, ρ charges) is also in the node's durable
+memory, fsync'd before the reply leaves (:mod:`clients.budget_log`).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,14 +37,7 @@ def _config(items: tuple) -> RunConfig:
 
 @functools.lru_cache(maxsize=64)
 def _policy_of(node_items: tuple, env: str | None) -> ClientPolicy:
-    policy = ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
-    if math.isfinite(policy.max_rho_total) and not policy.budget_path:
-        # review4 W3: Flower's node state is per run, and whoever submits runs decides how many there are
-        logging.getLogger(__name__).warning(
-            "client-max-rho-total=%g bounds one run only: without client-budget-path the charges live in "
-            "Flower's per-run node state, so a server that starts a new run gets the total again; set "
-            "client-budget-path to a file of this node's to bound every run", policy.max_rho_total)
-    return policy
+    return ClientPolicy.resolve(dict(node_items), {ENV_VAR: env} if env else {})
 
 
 # The last run config and client floor seen, with what they resolved to: a message of the same run (every
@@ -132,6 +125,7 @@ def _admit(msg: Message, context: Context) -> _Admitted:
     instr = policy.apply(instr, dim=dim, mode=mode)  # its own mode floor, seed rule and its own noise
     log = round_log.load(context)
     log.admit(instr.round)  # once per round, rounds in order (ProtocolViolation otherwise)
+    budget_log.admit(context, policy, round=instr.round)  # the same, in the node's durable memory
     round_log.save(context, log)
     rho = policy.round_rho(instr, dim=dim)  # its cumulative budget: refused before training if it cannot pay
     budget_log.check(context, policy, rho, round=instr.round, mode=instr.privacy)

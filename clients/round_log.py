@@ -4,7 +4,8 @@ One :class:`fedprivacy.secagg.session_state.RoundLog` per run in the node's ``co
 only, never sent to the server), shared by the plain ``train`` path and the secure-aggregation
 advertise stage: a round number is taken part in once, on either path, and round numbers strictly
 increase (review2 R2: a server that sends the same local-mode round again and again would otherwise
-average the client's fresh noise away).
+average the client's fresh noise away). Node state can be rolled back: the same admission is also
+recorded in the node's durable memory (:func:`clients.budget_log.admit`), which does not.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ to the next, and it stays on the client side: the SuperNode (or the simulation's
 and hands it to the node's ClientApp process; it is never sent to the SuperLink/server. The record
 holds private keys, the self-mask seed, the XNoise seeds and held shares until the unmask stage
 deletes it (an advertise stage forgets the sessions of rounds before the previous one); it is never
-logged, put in metrics or written to disk by fedprivacy (Flower keeps node state in memory).
+logged, put in metrics or written to disk by fedprivacy (Flower keeps node state in memory). Node state
+can be rolled back (a lost save), so each stage's answer is first recorded in the node's durable memory
+(:mod:`clients.budget_log`), which refuses a second answer whatever the node state says.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
+from fedprivacy.fl.client_limits import check_crowd
 from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure import (
     EncodingSpec,
@@ -53,6 +56,7 @@ def _advertise(context: Context, setup: object, *, partition_id: int, policy: Cl
     log = round_log.load(context)
     keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id,  # type: ignore[arg-type]
                             policy=policy, log=log)
+    budget_log.admit(context, policy, round=setup.round)  # type: ignore[attr-defined]  # durable, before it leaves
     round_log.save(context, log)
     return keys
 
@@ -96,6 +100,7 @@ class _Next:
 def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPolicy, suffix: str = "") -> object:
     """Stage 2: the client checks the encoding against its own floor before it shares anything."""
     request = from_records(msg.content, stage="share", name="secagg" + suffix)
+    check_crowd(policy, roster=len(request.node_ids))  # the crowd floor's roster, in every mode
     encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding" + suffix, ConfigRecord)))
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
     # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it; a seeded

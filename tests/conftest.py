@@ -5,7 +5,10 @@ derandomised, so a failure seen in CI reproduces on any machine from the same co
 reproduction blob; the default profile keeps fresh random examples for local runs.
 
 On-disk caches (``fedprivacy.ml.partition``): the suite uses a fresh directory of its own unless
-``FEDPRIVACY_CACHE_DIR`` is set, so tests neither read a user's cache nor leave files in it.
+``FEDPRIVACY_CACHE_DIR`` is set, so tests neither read a user's cache nor leave files in it. The clients'
+durable memory (a SuperNode's default directory, ``FEDPRIVACY_CLIENT_MEMORY_DIR``, and a simulation's
+run-temporary area, ``FEDPRIVACY_RUN_TEMP``) is a directory of each test's own under pytest's temporary
+root (removed with it): one test's charges never reach another's clients, nor a user's.
 
 Parallel runs (pytest-xdist, a pinned dev dependency: ``pytest -q -n 2 --dist loadgroup``): every
 test that starts a Flower engine, Ray, SuperLinks/SuperNodes or a launcher's process tree (``tests/e2e/``
@@ -19,7 +22,9 @@ thread (``fedprivacy.fl.task``).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,6 +34,11 @@ from hypothesis import settings
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before numpy/torch load (workers and subprocesses inherit it)
 os.environ.setdefault("FEDPRIVACY_CACHE_DIR", tempfile.mkdtemp(prefix="fedprivacy-test-cache-"))
+# the clients' durable memory of what runs outside a test (module fixtures): the suite's own, removed at exit
+_MEMORY_ROOT = tempfile.mkdtemp(prefix="fedprivacy-test-client-memory-")
+atexit.register(shutil.rmtree, _MEMORY_ROOT, ignore_errors=True)
+os.environ["FEDPRIVACY_CLIENT_MEMORY_DIR"] = os.path.join(_MEMORY_ROOT, "supernode")
+os.environ["FEDPRIVACY_RUN_TEMP"] = os.path.join(_MEMORY_ROOT, "run-temp")
 
 settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
@@ -57,3 +67,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if engine_test(item.path.resolve().relative_to(_TESTS).as_posix()):
             item.add_marker(pytest.mark.xdist_group("engines"))
+
+
+@pytest.fixture(autouse=True)
+def _client_memory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's clients keep their durable memory in a directory of that test's own (subprocesses
+    and engines started by the test inherit it)."""
+    root = tmp_path_factory.mktemp("client-memory")
+    monkeypatch.setenv("FEDPRIVACY_CLIENT_MEMORY_DIR", str(root / "supernode"))
+    monkeypatch.setenv("FEDPRIVACY_RUN_TEMP", str(root / "run-temp"))

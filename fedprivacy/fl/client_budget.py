@@ -24,18 +24,20 @@ server its ρ is unbounded, so it is charged ``ρ = ∞`` and refused by any fin
 cannot check the server's noise; an operator who trusts the server says so with
 ``client-max-rho-total=inf``, and its record then says the total is unbounded).
 
-Durability. With ``client-budget-path`` the charges are appended to a JSON-lines file shared by every
-run of the node, under an exclusive ``flock``, re-read before each check (another run may have
-charged), and ``fsync``'d before the reply may leave the client: a crash after the charge and before
-the reply leaves over-counts, never under-counts; a torn last line is a charge whose write never
-returned (so nothing was released on it) and is dropped. Without a path the charges live in the node's
-``context.state`` (per run, in the SuperNode's memory), which bounds one run only.
+Durability. The charges, and every other guard of the node (the rounds it took part in, each secure
+stage it answered), are appended to the node's JSON-lines file (:mod:`clients.budget_log` names it),
+shared by every run of the node, under an exclusive ``flock``, re-read before each check, and
+``fsync``'d before the reply may leave the client: a crash after the charge and before the reply
+leaves over-counts, never under-counts; a torn last line is a record whose write never returned
+(nothing was released on it) and is dropped. ``expect`` (the file's id and length as the node state
+last saw them) refuses a file that is missing, replaced or shorter than the node state says.
 
-File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring), then one
+File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring, a random
+``id``), then one
 ``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
 ``"inf"``), ``at`` (UTC time), and for a ``distributed`` round its discrete slack ``slack`` and ``tv``
 (:class:`BudgetCharge`; absent means 0); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
-share, consistency and unmask answer (:meth:`ClientBudget.record_stage`).
+advertise/train admission, share, consistency and unmask answer (:meth:`ClientBudget.record_stage`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -138,10 +141,14 @@ class ClientBudget:
         path: the budget file shared by the node's runs (``client-budget-path``); None: ``charges``
             (the node state's record of this run) is the whole ledger.
         charges: the charges so far when there is no file.
+        expect: ``(id, lines)`` of the file as the node state last recorded it: a file with another id
+            (missing and re-created, or replaced) or fewer complete lines is refused
+            (:class:`PolicyRefusal`) on every read.
     """
 
     def __init__(self, *, max_rho_total: float, neighbouring: str, path: str | os.PathLike[str] | None = None,
-                 charges: Sequence[BudgetCharge] = (), max_slack_total: float = math.inf) -> None:
+                 charges: Sequence[BudgetCharge] = (), max_slack_total: float = math.inf,
+                 expect: tuple[str, int] | None = None) -> None:
         if not (max_rho_total > 0):
             raise ValueError(f"max_rho_total must be > 0, got {max_rho_total}")
         if not (max_slack_total > 0):
@@ -156,6 +163,8 @@ class ClientBudget:
             raise ValueError("give either a budget file (path) or the node state's charges, not both")
         self._charges: list[BudgetCharge] = list(charges)
         self._stages: set[tuple[str, int, str]] = set()  # (run, round, stage) answered (the file's record)
+        self._expect = expect
+        self.file_id, self.lines = "", 0  # the file's header id and complete lines (as of the last read)
         if self.path is not None:
             with self._locked() as fh:
                 self._charges = self._read(fh)
@@ -188,7 +197,7 @@ class ClientBudget:
         total = _total([*self._charges, BudgetCharge(run="", round=round, mode="", rho=rho)])
         if total <= self.max_rho_total:
             return None
-        where = f"budget file {self.path}" if self.path is not None else "this run's node state"
+        where = f"durable memory {self.path}" if self.path is not None else "memory"
         cost = "an unbounded rho (the update leaves without this client's noise)" if math.isinf(rho) \
             else f"rho = {rho:.4g}"
         # The refusal goes to the server as the error reply's reason: it names the round's cost (a function
@@ -258,6 +267,7 @@ class ClientBudget:
             fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+            self.lines += 1
         self._charges.append(charge)
         return charge
 
@@ -268,23 +278,34 @@ class ClientBudget:
         A secure round's share stage (its keys split for one roster), consistency stage (the signed view)
         and unmask stage (which of each peer's two shares it reveals) must each be answered once: a second
         split for another roster, or revealing a survivor's self-mask share and, after a second request,
-        its pairwise-key share, would let the server unmask that client's own vector. The
-        session that enforces it lives in Flower's node state, which a lost save rolls back (review6 Y2);
-        the budget file, written before the reply leaves, does not roll back.
+        its pairwise-key share, would let the server unmask that client's own vector. Stage ``"admit"``
+        (a round's advertise or plain train) also refuses a round number not above every admitted one of
+        the run (the durable twin of :class:`fedprivacy.secagg.protocol.RoundLog`). The session that
+        enforces these lives in Flower's node state, which a lost save rolls back; this file, written
+        before the reply leaves, does not roll back.
         """
         if self.path is None:
             return
         with self._locked() as fh:
             self._charges = self._read(fh)
-            if (str(run), int(round), stage) in self._stages:
-                raise PolicyRefusal(f"round {round}'s {stage} stage of this run was already answered by this "
-                                    "client (on record): a second answer is refused")
+            self._refuse_repeat(run=str(run), round=int(round), stage=stage)
             fh.seek(0, os.SEEK_END)
             line = {"kind": "stage", "run": str(run), "round": int(round), "stage": stage}
             fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+            self.lines += 1
         self._stages.add((str(run), int(round), stage))
+
+    def _refuse_repeat(self, *, run: str, round: int, stage: str) -> None:
+        if (run, round, stage) in self._stages:
+            raise PolicyRefusal(f"round {round}'s {stage} stage of this run was already answered by this "
+                                "client (on record): a second answer is refused")
+        if stage == "admit":
+            last = max((r for (u, r, s) in self._stages if u == run and s == "admit"), default=-1)
+            if round <= last:
+                raise PolicyRefusal(f"round {round} is not after the last round this client took part in "
+                                    f"({last}, on record): refusing to take part twice")
 
     # ------------------------------------------------------------------ node state (no file)
     def to_state(self) -> dict[str, Any]:
@@ -313,7 +334,8 @@ class ClientBudget:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 if os.fstat(fh.fileno()).st_size == 0:
-                    head = {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": self.neighbouring}
+                    head = {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": self.neighbouring,
+                            "id": secrets.token_hex(8)}
                     fh.write((json.dumps(head) + "\n").encode("utf-8"))
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -344,6 +366,7 @@ class ClientBudget:
                 if not isinstance(rec, dict) or rec.get("format") != BUDGET_FORMAT:
                     raise ValueError(f"client budget file {self.path} does not start with a "
                                      f"{BUDGET_FORMAT} header")
+                self.file_id = str(rec.get("id", ""))
                 if rec.get("neighbouring") != self.neighbouring:
                     raise ValueError(
                         f"client budget file {self.path} sums rho under {rec.get('neighbouring')!r}, this "
@@ -356,5 +379,18 @@ class ClientBudget:
             if not isinstance(rec, dict) or rec.get("kind") != "charge":
                 raise ValueError(f"client budget file {self.path} line {i + 1} is not a charge: {rec!r}")
             charges.append(BudgetCharge.from_dict(rec))
+        self.lines = len(lines)
+        self._check_expected()
         return charges
+
+    def _check_expected(self) -> None:
+        if self._expect is None:
+            return
+        file_id, lines = self._expect
+        if self.file_id != file_id or self.lines < lines:
+            logging.getLogger(__name__).error("durable memory %s (id %s, %d records) is not the one the node "
+                                              "state saw (id %s, %d records)", self.path, self.file_id,
+                                              self.lines, file_id, lines)
+            raise PolicyRefusal("this client's durable memory is missing, replaced or behind its node state: "
+                                "refusing to answer from a memory that may have been rolled back")
 

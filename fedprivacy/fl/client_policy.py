@@ -30,8 +30,8 @@ Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-z
   server cannot make the client send its bit with less noise than its floor.
 
 Cumulative budget: the client also sums the ρ of every round it releases and refuses a
-round that would take the total above ``client-max-rho-total`` (across runs with
-``client-budget-path``): :mod:`fedprivacy.fl.client_budget`; zCDP composes additively (Bun & Steinke
+round that would take the total above ``client-max-rho-total``, across every run of the node (its
+durable memory, :meth:`ClientPolicy.memory_path`): :mod:`fedprivacy.fl.client_budget`; zCDP composes additively (Bun & Steinke
 2016, Lemma 2.3). A round whose update leaves without the client's noise costs ``ρ = ∞`` there.
 
 Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
@@ -49,11 +49,14 @@ and client operator, so a launcher may derive the policy from the run it was ask
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedprivacy.fl.client_limits import MAX_TV_PER_ROUND, MAX_TV_TOTAL, PolicyRefusal
+from fedprivacy.fl.client_limits import MAX_TV_PER_ROUND, MAX_TV_TOTAL, PolicyRefusal, check_crowd
 from fedprivacy.fl.mechanisms import GaussianNoise, UnknownMechanism, get_client_mechanism, zcdp_rho
 
 if TYPE_CHECKING:
@@ -65,10 +68,36 @@ if TYPE_CHECKING:
     from fedprivacy.secagg.ddp import DistributedDPConfig
     from fedprivacy.secagg.messages import SetupRequest
 
-__all__ = ["ENV_VAR", "MAX_TV_PER_ROUND", "MAX_TV_TOTAL", "NODE_CONFIG_KEYS", "ClientPolicy", "PolicyRefusal"]
+__all__ = ["ENV_VAR", "MAX_TV_PER_ROUND", "MAX_TV_TOTAL", "MEMORY_ENV_VAR", "NODE_CONFIG_KEYS", "RUN_TEMP",
+           "RUN_TEMP_ENV_VAR", "ClientPolicy", "PolicyRefusal", "default_memory_dir", "run_temp_dir"]
 
 #: environment variable of the ClientApp's process holding a JSON object of ``client-*`` keys
 ENV_VAR = "FEDPRIVACY_CLIENT_POLICY"
+#: environment variable naming the default durable-memory directory of this process's nodes
+MEMORY_ENV_VAR = "FEDPRIVACY_CLIENT_MEMORY_DIR"
+#: ``client-memory-dir`` value: the run's own temporary area (a simulation's clients, :func:`run_temp_dir`)
+RUN_TEMP = "run-temp"
+#: environment variable naming the root of the runs' temporary areas (:func:`run_temp_dir`)
+RUN_TEMP_ENV_VAR = "FEDPRIVACY_RUN_TEMP"
+
+
+def default_memory_dir() -> Path:
+    """Where a SuperNode's durable memory lives without ``client-memory-dir``: ``$FEDPRIVACY_CLIENT_MEMORY_DIR``,
+    else ``$XDG_STATE_HOME/fedprivacy/client-memory``, else ``~/.local/state/fedprivacy/client-memory``."""
+    given = os.environ.get(MEMORY_ENV_VAR)
+    if given:
+        return Path(given)
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "fedprivacy" / "client-memory"
+
+
+def run_temp_dir(run_id: int) -> Path:
+    """A simulation's clients' memory (:data:`RUN_TEMP`): ``run-<run id>`` under ``$FEDPRIVACY_RUN_TEMP``,
+    else under ``fedprivacy-client-memory-<uid>`` of the system's temporary directory."""
+    root = os.environ.get(RUN_TEMP_ENV_VAR) or os.path.join(tempfile.gettempdir(),
+                                                            f"fedprivacy-client-memory-{os.getuid()}")
+    return Path(root) / f"run-{int(run_id)}"
+
 
 SCHEDULES = ("active", "semi-honest")
 METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
@@ -83,9 +112,13 @@ NODE_CONFIG_KEYS = {
     "client-max-slack-per-round": "max_slack_per_round",
     "client-max-slack-total": "max_slack_total",
     "client-budget-path": "budget_path",
+    "client-memory-dir": "memory_dir",
     "client-neighbouring": "neighbouring",
     "client-secagg-colluders": "colluders",
     "client-secagg-schedule": "schedule",
+    "client-min-threshold": "min_threshold",
+    "client-min-survivors": "min_survivors",
+    "client-min-roster": "min_roster",
     "client-allow-seeded": "allow_seeded",
     "client-disclose": "disclose",
 }
@@ -119,13 +152,20 @@ class ClientPolicy:
             shrinks C·scale under a large roster can make it ~6 (review8 A2).
         max_slack_total: the largest total slack it releases (with ``max_rho_total``: the total ε is then
             at most ε_zCDP(ρ, δ′) + 2(slack − ln(1 − tv)), :func:`fedprivacy.fl.client_budget.total_epsilon`).
-        budget_path: the node's budget file, shared by all its runs ("" = the node state's record of
-            one run).
+        budget_path: the node's durable memory file, shared by all its runs ("" = ``memory_dir``'s).
+        memory_dir: where the node's durable memory (:meth:`memory_path`) lives: ``""`` the default
+            SuperNode location (:func:`default_memory_dir`), :data:`RUN_TEMP` the run's own temporary
+            area (simulations, where the user runs both sides), or a directory.
         neighbouring: the relation its ρ is computed under.
         colluders: clients it assumes collude with the server; setups and encodings assuming fewer are
             refused.
         schedule: the weakest secure-aggregation schedule it accepts (``active`` = secure against a
             malicious server; ``semi-honest`` also accepts the two-exchange schedule).
+        min_threshold: the smallest Shamir threshold ``t`` of a secure round it joins.
+        min_survivors: the fewest inputs besides the ``colluders`` the server's setup assumes in any sum
+            a secure round it joins may release (the round's required survivors minus its colluders),
+            in every mode, ``none`` included: the crowd its input hides in.
+        min_roster: the smallest roster of a secure round it shares its keys with.
         allow_seeded: whether the seeded research mode (not private) may be used.
         disclose: metrics it may send beside its update.
     """
@@ -139,9 +179,15 @@ class ClientPolicy:
     #: the server's own bound on a whole run's slack (fedprivacy.accounting.distributed)
     max_slack_total: float = 1e-3
     budget_path: str = ""
+    memory_dir: str = ""
     neighbouring: str = "add-remove"
     colluders: int = 0
     schedule: str = "active"
+    #: the crowd floor (:func:`fedprivacy.fl.client_limits.check_crowd`): every sum released holds 4 inputs
+    #: beside the colluders assumed, in a roster of 5 (a world of 3 or 4 is refused)
+    min_threshold: int = 3
+    min_survivors: int = 4
+    min_roster: int = 5
     allow_seeded: bool = False
     disclose: tuple[str, ...] = field(default=())
 
@@ -158,12 +204,16 @@ class ClientPolicy:
             raise ValueError(f"max_slack_per_round must be > 0, got {self.max_slack_per_round}")
         if not self.max_slack_total > 0:
             raise ValueError(f"max_slack_total must be > 0, got {self.max_slack_total}")
-        if not isinstance(self.budget_path, str):
-            raise TypeError(f"budget_path must be a str, got {type(self.budget_path).__name__}")
+        if not isinstance(self.budget_path, str) or not isinstance(self.memory_dir, str):
+            raise TypeError("budget_path and memory_dir must be str")
         if self.neighbouring not in ("add-remove", "replace-one"):
             raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {self.neighbouring!r}")
         if isinstance(self.colluders, bool) or not isinstance(self.colluders, int) or self.colluders < 0:
             raise ValueError(f"colluders must be an int >= 0, got {self.colluders!r}")
+        for name in ("min_threshold", "min_survivors", "min_roster"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not isinstance(self.allow_seeded, bool):
@@ -189,7 +239,7 @@ class ClientPolicy:
             elif name in ("min_noise_multiplier", "max_rho_per_round", "max_rho_total", "max_slack_per_round",
                           "max_slack_total"):
                 kwargs[name] = float(value)
-            elif name == "colluders":
+            elif name in ("colluders", "min_threshold", "min_survivors", "min_roster"):
                 if isinstance(value, bool) or int(value) != value:
                     raise ValueError(f"{key} must be an int, got {value!r}")
                 kwargs[name] = int(value)
@@ -233,8 +283,8 @@ class ClientPolicy:
         noisy = not cfg.mode.trusted_server
         return cls(modes=(cfg.privacy,), min_noise_multiplier=cfg.noise_multiplier if noisy else 0.0,
                    max_rho_per_round=math.inf, max_rho_total=math.inf, max_slack_per_round=math.inf,
-                   max_slack_total=math.inf, neighbouring=cfg.neighbouring,
-                   colluders=colluders,
+                   max_slack_total=math.inf, neighbouring=cfg.neighbouring, memory_dir=RUN_TEMP,
+                   colluders=colluders, min_threshold=1, min_survivors=1, min_roster=1,
                    schedule=schedule, allow_seeded=cfg.seed >= 0,
                    disclose=METRICS if trusted else ())
 
@@ -312,13 +362,16 @@ class ClientPolicy:
         return zcdp_rho(mechanism.event(noise_multiplier=z, dim=dim), neighbouring="replace-one")
 
     def check_secagg(self, setup: SetupRequest) -> None:
-        """The secure-aggregation setup: schedule and colluders."""
+        """The secure-aggregation setup: schedule, colluders and the crowd floor's threshold and survivors
+        (:func:`fedprivacy.fl.client_limits.check_crowd`; the roster is checked at the share stage)."""
         if self.schedule == "active" and not setup.active:
             raise PolicyRefusal("server asks for the semi-honest secure-aggregation schedule; this "
                                 "client requires the actively secure one (node config client-secagg-schedule)")
         if setup.colluders < self.colluders:
             raise PolicyRefusal(f"server's setup assumes {setup.colluders} colluding clients, this client "
                                 f"assumes {self.colluders} (node config client-secagg-colluders)")
+        check_crowd(self, threshold=setup.threshold, survivors=setup.required_survivors,
+                    colluders=max(setup.colluders, self.colluders))
 
     def check_distributed(self, config: DistributedDPConfig, *, setup: SetupRequest, roster: int) -> float:
         """Refuse a distributed encoding outside the floor; returns the worst-case ρ of the round.
@@ -402,14 +455,30 @@ class ClientPolicy:
             return math.inf
         return self._mechanism_rho(mechanism, instructions.noise_multiplier, dim)
 
-    def budget(self, *, charges: Sequence[BudgetCharge] = ()) -> ClientBudget:
-        """This client's :class:`fedprivacy.fl.client_budget.ClientBudget` (its file, or ``charges``
-        from the node state when it has none)."""
+    def memory_path(self, *, run_id: int, partition_id: int) -> Path:
+        """The node's durable memory file: ``budget_path``, else ``partition-<partition_id>.jsonl`` in
+        ``memory_dir`` (:data:`RUN_TEMP`: :func:`run_temp_dir`; ``""``: :func:`default_memory_dir`).
+        Named by the operator's ``partition-id``, never by the node id, which the server assigns: a new
+        node id must not open a fresh memory (and a fresh budget)."""
+        if self.budget_path:
+            return Path(self.budget_path)
+        if self.memory_dir == RUN_TEMP:
+            base = run_temp_dir(run_id)
+        else:
+            base = Path(self.memory_dir) if self.memory_dir else default_memory_dir()
+        return base / f"partition-{int(partition_id)}.jsonl"
+
+    def budget(self, *, charges: Sequence[BudgetCharge] = (), path: Path | None = None,
+               expect: tuple[str, int] | None = None) -> ClientBudget:
+        """This client's :class:`fedprivacy.fl.client_budget.ClientBudget`: the file ``path`` (default
+        ``budget_path``; ``expect``: its id and length as the node state saw them), or ``charges`` when
+        there is no file."""
         from fedprivacy.fl.client_budget import ClientBudget
 
+        file = path or (Path(self.budget_path) if self.budget_path else None)
         return ClientBudget(max_rho_total=self.max_rho_total, max_slack_total=self.max_slack_total,
-                            neighbouring=self.neighbouring,
-                            path=self.budget_path or None, charges=() if self.budget_path else charges)
+                            neighbouring=self.neighbouring, path=file, charges=() if file else charges,
+                            expect=expect)
 
     def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Only the metrics this client may send."""

@@ -82,9 +82,11 @@ def test_deployment_engine_on_loopback(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     run_config = f"num-server-rounds=2 seed=0 run-name='deploy' output-dir='{out}' local-epochs=1 accountant='rdp'"
     # Act (the operator's own floor: this seeded research run needs its consent, and an unbounded total, since
-    # a seeded round's noise is the server's to regenerate: it costs rho = inf, review6 Y3)
+    # a seeded round's noise is the server's to regenerate: it costs rho = inf; and a crowd floor for a world of
+    # three, below the defaults)
     proc, left = _run_deployment("--supernodes", "3", "--node-config",
-                                 "client-allow-seeded=true client-max-rho-total='inf'",
+                                 "client-allow-seeded=true client-max-rho-total='inf' client-min-threshold=2 "
+                                 "client-min-survivors=2 client-min-roster=3",
                                  "--run-config", run_config, "--timeout", "1200")
     # Assert
     log = proc.stdout + proc.stderr

@@ -1,7 +1,7 @@
 """The client's cumulative ρ budget (review2 R2, issue 10): a server that keeps asking gets refused.
 
 The adversary is the server: it picks every round number and may start new runs. The client sums the
-zCDP ρ of what it released (Bun & Steinke 2016, Lemma 2.3) in its own budget file or node state, and a
+zCDP ρ of what it released (Bun & Steinke 2016, Lemma 2.3) in its own durable memory (a budget file, or the node's default file), and a
 round its total cannot pay is refused (a dropout). Against the real ClientApp's train handler.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -59,7 +60,9 @@ def _message(weights: list[np.ndarray], **changes: object):
 
 def _file_charges(path: Path) -> list[dict]:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines[0] == {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": "add-remove"}
+    head = dict(lines[0])
+    assert len(head.pop("id")) == 16  # the file's random id, which the node state remembers
+    assert head == {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": "add-remove"}
     return [ln for ln in lines[1:] if ln["kind"] == "charge"]  # secure rounds' stage lines aside
 
 
@@ -106,16 +109,24 @@ def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights,
     assert str(path) not in str(refused.value) and "spent" not in str(refused.value)
     assert "6" not in str(refused.value).replace("2016", "")
     assert len(_file_charges(path)) == 2
-    # without a file the total is per run (Flower's node state is per run): the docs say so
-    per_run = {"client-max-rho-total": 4.0}
-    ctx3 = _context(run_id=3, **per_run)
+
+def test_a_new_run_does_not_reset_the_default_memorys_budget(weights, caplog: pytest.LogCaptureFixture) -> None:
+    # Arrange: the default configuration (no client-budget-path): the node's memory in its default directory
+    per_node = {"client-max-rho-total": 4.0}
+    ctx3 = _context(run_id=3, **per_node)
     train(_message(weights, round=1), ctx3)
     train(_message(weights, round=2), ctx3)
-    caplog.clear()
     with pytest.raises(PolicyRefusal, match="cumulative budget cannot pay"):
         train(_message(weights, round=3), ctx3)
-    assert any("this run's node state" in r.getMessage() for r in caplog.records)
-    train(_message(weights, round=1), _context(run_id=4, **per_run))  # a new run starts at 0
+    # Act: the server starts a new run (fresh node state, round numbers from 1 again)
+    caplog.clear()
+    with pytest.raises(PolicyRefusal, match="cumulative budget cannot pay"):
+        train(_message(weights, round=1), _context(run_id=4, **per_node))
+    # Assert: the charges of run 3 are in the node's own file, which the new run reads
+    path = ClientPolicy().memory_path(run_id=4, partition_id=0)
+    assert path.parent == Path(os.environ["FEDPRIVACY_CLIENT_MEMORY_DIR"])
+    assert [(c["run"], c["round"]) for c in _file_charges(path)] == [("3", 1), ("3", 2)]
+    assert any(str(path) in r.getMessage() for r in caplog.records)
 
 
 def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget_file(tmp_path: Path,
@@ -126,7 +137,7 @@ def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget
     keys = {"client-max-rho-total": 10.0, "client-budget-path": str(path)}
     train(_message(weights, round=1), _context(run_id=5, **keys))
     # Act / Assert: the same run and round from a node whose state was lost (a fresh Context) is refused
-    with pytest.raises(PolicyRefusal, match=r"round 1 of this run was already released by this client"):
+    with pytest.raises(PolicyRefusal, match=r"round 1's admit stage of this run was already answered by this client"):
         train(_message(weights, round=1), _context(run_id=5, **keys))
     assert [(c["run"], c["round"]) for c in _file_charges(path)] == [("5", 1)]
     # another round of the run, or round 1 of another run, is a new release
@@ -146,7 +157,7 @@ def test_a_seeded_round_costs_an_unbounded_rho(tmp_path: Path, weights) -> None:
             "client-allow-seeded": True}
     with pytest.raises(PolicyRefusal, match="unbounded rho"):
         train(_message(weights, round=1, seed=3), _context(**keys))
-    train(_message(weights, round=1), _context(**keys))  # its own secure source: rho = 2
+    train(_message(weights, round=2), _context(**keys))  # its own secure source: rho = 2
 
 
 def test_the_default_floor_has_a_finite_total(weights) -> None:
@@ -168,13 +179,13 @@ def test_central_and_none_rounds_cost_an_unbounded_rho(tmp_path: Path, weights) 
     assert _file_charges(path) == []
     # an operator who trusts the server lifts the total; the record then says it is unbounded
     ctx = _context(**keys, **{"client-max-rho-total": "inf"})
-    train(_message(weights, privacy="none", round=1, client_mechanism="", noise_multiplier=0.0, private=False), ctx)
-    train(_message(weights, privacy="local", round=2), ctx)
+    train(_message(weights, privacy="none", round=2, client_mechanism="", noise_multiplier=0.0, private=False), ctx)
+    train(_message(weights, privacy="local", round=3), ctx)
     assert [c["rho"] for c in _file_charges(path)] == ["inf", 2.0]
     assert ClientBudget(max_rho_total=math.inf, neighbouring="add-remove", path=path).spent == math.inf
     # and the same file under a finite total refuses everything after
     with pytest.raises(PolicyRefusal, match="client-max-rho-total"):
-        train(_message(weights, round=3), _context(run_id=2, **keys, **{"client-max-rho-total": 100.0}))
+        train(_message(weights, round=4), _context(run_id=2, **keys, **{"client-max-rho-total": 100.0}))
 
 
 def test_a_file_kept_under_another_relation_is_refused(tmp_path: Path, weights) -> None:
@@ -416,3 +427,40 @@ def test_the_total_refuses_slack_beyond_its_cap_so_the_total_epsilon_stays_certi
     assert math.isfinite(budget.epsilon(delta=1e-5))
     with pytest.raises(PolicyRefusal, match="sampler truncation"):
         budget.check(0.1, round=9, what="distributed", tv=1e-59)
+
+
+# ------------------------------------------------------------------ the default memory against its own node state
+def _memory_of(ctx: Context) -> Path:
+    return ClientPolicy().memory_path(run_id=int(ctx.run_id), partition_id=0)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "replaced"])
+def test_a_memory_missing_truncated_or_replaced_behind_the_node_state_is_refused(weights, damage: str) -> None:
+    # Arrange: a node answered round 1 from its default memory; then the file loses what the node state saw
+    ctx = _context(run_id=8)
+    train(_message(weights, round=1), ctx)
+    path = _memory_of(ctx)
+    lines = path.read_text().splitlines(keepends=True)
+    if damage == "missing":
+        path.unlink()
+    elif damage == "truncated":
+        path.write_text("".join(lines[:-1]))  # the round's charge gone: round 1 could be released again
+    else:
+        path.unlink()
+        ClientBudget(max_rho_total=20.0, neighbouring="add-remove", path=path)  # a fresh file, another id
+    # Act / Assert: the next message is refused (the server counts a dropout), and nothing is released
+    with pytest.raises(PolicyRefusal, match="missing, replaced or behind its node state"):
+        train(_message(weights, round=2), ctx)
+    # a node state that saw less (a rolled-back one) still reads a file that holds more
+    fresh = _context(run_id=9)
+    train(_message(weights, round=1), fresh)
+
+
+def test_a_memory_that_cannot_be_created_is_refused_naming_the_key(tmp_path: Path, weights) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(PolicyRefusal, match="set node config client-memory-dir") as refused:
+        train(_message(weights), _context(**{"client-memory-dir": str(blocker / "sub")}))
+    assert "cannot be created" in str(refused.value) and str(blocker) not in str(refused.value)  # the path stays here
+    with pytest.raises(PolicyRefusal, match="set node config client-budget-path"):
+        train(_message(weights), _context(**{"client-budget-path": str(blocker / "b.jsonl")}))

@@ -139,7 +139,8 @@ def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> N
     # Assert: every client refused at its share stage (before any secret left it): nothing released or charged
     res = json.loads((tmp_path / "y3" / "results.json").read_text())
     assert res["status"] == "clients-failed" and all(r.get("aborted") for r in res["rounds"])
-    assert not budget.exists() or len(budget.read_text().splitlines()) <= 1
+    lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
+    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("stage", "admit")]  # took part; shared nothing
 
 
 def test_a_seed_sent_only_with_the_masked_request_costs_an_unbounded_rho(tmp_path: Path) -> None:
@@ -194,5 +195,5 @@ def test_the_share_consistency_and_unmask_stages_are_answered_once_despite_a_los
     assert "consistency stage of this run was already answered" in seen["consistency"]
     assert "unmask stage of this run was already answered" in seen["unmask"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
-    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("stage", "share"), ("charge", None),
+    assert [(ln["kind"], ln.get("stage")) for ln in lines] == [("stage", "admit"), ("stage", "share"), ("charge", None),
                                                               ("stage", "consistency"), ("stage", "unmask")]

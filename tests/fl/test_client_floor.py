@@ -4,6 +4,8 @@ refusal or the client's own floor, whatever the run config says (the server choo
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 
 import numpy as np
 import pytest
@@ -25,8 +27,14 @@ def _task_identity():
         yield
 
 
+_NODES = itertools.count()
+
+
 def _context(**client_keys: object) -> Context:
-    return Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3, **client_keys},
+    """A node of its own: its own durable memory (in this test's directory, :mod:`tests.conftest`)."""
+    own = os.path.join(os.environ["FEDPRIVACY_CLIENT_MEMORY_DIR"], f"node-{next(_NODES)}")
+    return Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3,
+                                                     "client-memory-dir": own, **client_keys},
                    state=RecordDict(), run_config=CFG.to_mapping())
 
 
@@ -116,21 +124,3 @@ def test_a_client_takes_part_in_a_round_once_on_the_plain_path() -> None:
     assert _released(train(msg2, ctx)).size == first.size
     with pytest.raises(ProtocolViolation, match="twice"):
         train(msg, ctx)  # and no going back
-
-
-def test_a_total_without_a_budget_file_warns_that_it_bounds_one_run(caplog: pytest.LogCaptureFixture,
-                                                                     tmp_path) -> None:
-    # review4 W3: the node state is per run and the server decides how many runs there are
-    from clients.client_app import _policy_of
-
-    _policy_of.cache_clear()
-    with caplog.at_level("WARNING", logger="clients.client_app"):
-        _policy_of((("partition-id", 0),), None)
-    assert any("bounds one run only" in r.getMessage() and "client-budget-path" in r.getMessage()
-               for r in caplog.records)
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="clients.client_app"):
-        _policy_of((("client-budget-path", str(tmp_path / "b.jsonl")),), None)
-        _policy_of((("client-max-rho-total", "inf"),), None)
-    assert not caplog.records
-    _policy_of.cache_clear()
