@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 
 from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
+from fedprivacy.fl.byzantine import byzantine_of
 from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy, PolicyRefusal
 from fedprivacy.fl.modes import get_mode
@@ -144,7 +145,7 @@ def train(msg: Message, context: Context) -> Message:
     """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`."""
     a = _admit(msg, context)
     update = train_client(a.cfg, partition_id=a.pid, num_partitions=a.total, weights=a.weights,
-                          instructions=a.instr)
+                          instructions=a.instr, attack=byzantine_of(context))
     return _reply(a, update)
 
 
@@ -161,8 +162,8 @@ def train_batch(jobs: Sequence[tuple[Message, Context]]) -> list[Message | Excep
     from fedprivacy.fl.client_batch import train_clients, training_key
     from fedprivacy.fl.task import batching_chosen
 
-    if not jobs or not batching_chosen(_node(jobs[0][1])[0]):
-        return None
+    if not jobs or not batching_chosen(_node(jobs[0][1])[0]) or byzantine_of(jobs[0][1]) is not None:
+        return None  # Byzantine simulations train per client
     out: list[Message | Exception] = [_NO_REPLY] * len(jobs)
     admitted: dict[int, _Admitted] = {}
     for i, (msg, context) in enumerate(jobs):

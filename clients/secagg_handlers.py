@@ -19,6 +19,7 @@ can be rolled back (a lost save), so each stage's answer is first recorded in th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -26,6 +27,8 @@ from flwr.app import ConfigRecord, Context, Message
 
 from clients import budget_log, round_log
 from fedprivacy.config import RunConfig
+from fedprivacy.fl.byzantine import byzantine_of
+from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_limits import check_crowd
 from fedprivacy.fl.client_policy import ClientPolicy
 from fedprivacy.fl.secure import (
@@ -141,7 +144,8 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     bits = _store(context).encoding(_key(context), round=request.round).modulus_bits
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
-                                    num_partitions=num_partitions, policy=policy)
+                                    num_partitions=num_partitions, policy=policy,
+                                    train=functools.partial(train_client, attack=byzantine_of(context)))
     reply = _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
                    next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
     # before it leaves; a seed in the masked request (whatever the share stage's said) seeds the rounding and

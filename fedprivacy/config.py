@@ -307,9 +307,14 @@ class RunOptions:
     # per-round participation counts in the published outputs of central mode (issue 11)
     publish_participation: bool = False
     eval_every: int = 1
+    # a simulation's Byzantine clients (fedprivacy.fl.byzantine); the launchers give it to the clients
+    byzantine: str = ""
 
     def __post_init__(self) -> None:
+        from fedprivacy.fl.byzantine import ByzantineSpec
+
         _check_fields(self)
+        ByzantineSpec.parse(self.byzantine)
         _positive_int("num-server-rounds", self.num_server_rounds)
         _positive_int("eval-every", self.eval_every)
         if self.seed < -1:

@@ -27,6 +27,7 @@ from fedprivacy.fl.types import ClientUpdate, Exchange, RoundInstructions
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
+    from fedprivacy.fl.byzantine import ByzantineSpec
     from fedprivacy.fl.mechanisms import ClientMechanism
 
 
@@ -92,13 +93,15 @@ def client_update(
     weights: Sequence[np.ndarray],
     instructions: RoundInstructions,
     train: LocalTrainer,
+    attack: ByzantineSpec | None = None,
 ) -> ClientUpdate:
     """The one client pipeline: train locally, Δ = w_local − w_global, privatise, disclose what the mode allows.
 
     ``train(weights, seed)`` is the ML step (:class:`fedprivacy.fl.task.LocalResult`); its seed is drawn
     from the client's :func:`client_rng`, and so is the local noise, so a seeded run repeats exactly.
     Used by the ClientApp (through :func:`train_client`), the in-process :func:`local_exchange`, the
-    membership-inference targets and the benchmarks.
+    membership-inference targets and the benchmarks. ``attack``: a simulated Byzantine client
+    (:mod:`fedprivacy.fl.byzantine`) sends a corruption of what it would release.
     """
     rng = client_rng(seed=instructions.seed, partition_id=partition_id, round=instructions.round)
     result = train(weights, int(rng.child("train").integers(0, 2**31 - 1)))
@@ -110,6 +113,8 @@ def client_update(
     released = privatize_update(delta, clip_norm=instructions.clip_norm, mechanism=adds,
                                 noise_multiplier=instructions.noise_multiplier, private=instructions.private,
                                 rng=rng.child("noise"))
+    if attack is not None and attack.is_byzantine(partition_id):
+        released = attack.corrupt(released, rng.child("byzantine"))
     trusted = mechanism is None  # the server sees this update as it is: its metadata adds little
     metrics: dict[str, float] = {}
     if trusted and result.dpsgd_steps is not None:
@@ -133,6 +138,7 @@ def train_client(
     num_partitions: int,
     weights: Sequence[np.ndarray],
     instructions: RoundInstructions,
+    attack: ByzantineSpec | None = None,
 ) -> ClientUpdate:
     """One client's round on the configured model and data partition (:func:`client_update`)."""
     from fedprivacy.fl import task
@@ -141,7 +147,8 @@ def train_client(
         return task.local_training(cfg, partition_id=partition_id, num_partitions=num_partitions,
                                    weights=w, instructions=instructions, seed=seed)
 
-    return client_update(partition_id=partition_id, weights=weights, instructions=instructions, train=train)
+    return client_update(partition_id=partition_id, weights=weights, instructions=instructions, train=train,
+                         attack=attack)
 
 
 def local_exchange(cfg: RunConfig, *, population: int) -> Exchange:

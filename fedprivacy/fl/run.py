@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedprivacy.fl.aggregation import Aggregator
+from fedprivacy.fl.byzantine import note_byzantine
 from fedprivacy.fl.callbacks import RunCallback, default_callbacks
 from fedprivacy.fl.disclosure import RunDisclosure
 from fedprivacy.fl.dpsgd_ledger import DpsgdLedger
@@ -171,6 +172,7 @@ class FederatedRun:
             budget = (f"target ε {cfg.target_epsilon:g}" if cfg.target_epsilon > 0 else "no ε budget")
             self.log(f"accounting: {cfg.accountant} accountant, ε reported at δ={cfg.target_delta:g}, {budget}")
         self.log(f"randomness: {self.root.describe()}")
+        note_byzantine(cfg, population=self.population, run_dir=self.run_dir, log=self.log)
         self.status = RunStatus.RUNNING
         for cb in self.callbacks:
             cb.on_run_start(self)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
 
 __all__ = ["DPSGD_JOURNAL_NAME", "JOURNAL_NAME", "PARTICIPATION_LOG", "PRIVATE_DIR", "append_line",
-           "append_participation", "private_dir", "read_json_lines", "read_participation",
+           "append_participation", "private_dir", "write_private", "read_json_lines", "read_participation",
            "resolve_run_dir", "round_seconds"]
 
 #: The write-ahead journal of a run's charges, in its run folder.
@@ -84,6 +84,18 @@ def read_json_lines(path: Path, *, what: str) -> list[dict[str, Any]]:
             raise ValueError(f"{what} {path} line {i + 1} must be a JSON object")
         out.append(rec)
     return out
+
+
+def write_private(run_dir: Path, name: str, record: dict[str, Any]) -> Path:
+    """Write ``<run dir>/private/<name>`` (owner-only JSON, fsync'd); returns its path."""
+    path = private_dir(run_dir) / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
 
 
 def append_participation(run_dir: Path, counts: dict[str, Any]) -> None:

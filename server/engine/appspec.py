@@ -162,8 +162,12 @@ def simulation_node_config(run_config: Mapping[str, Any]) -> dict[str, str | int
     the user asked for (:meth:`fedprivacy.fl.client_policy.ClientPolicy.for_simulation`), since the
     user runs both sides. Raises ValueError for a bad run config."""
     from fedprivacy.config import RunConfig
+    from fedprivacy.fl.byzantine import NODE_KEY
     from fedprivacy.fl.client_policy import ClientPolicy
 
     cfg = RunConfig.from_mapping(run_config)
-    return ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
-                                       schedule=cfg.secagg_schedule).to_node_config()
+    out = ClientPolicy.for_simulation(cfg, colluders=cfg.secagg_colluders,
+                                      schedule=cfg.secagg_schedule).to_node_config()
+    if cfg.byzantine:  # the simulation's Byzantine clients read their own spec from their node config
+        out[NODE_KEY] = cfg.byzantine
+    return out
