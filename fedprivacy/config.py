@@ -243,7 +243,7 @@ class ServerOptConfig:
 
     def __post_init__(self) -> None:
         from fedprivacy.fl.robust import AGGREGATORS
-        from fedprivacy.fl.server_opt import SERVER_OPTIMIZERS
+        from fedprivacy.fl.server_opt import SERVER_OPTIMIZER_KEYS, SERVER_OPTIMIZERS
 
         _check_fields(self)
         _choice("aggregation", self.aggregation, tuple(AGGREGATORS))
@@ -264,6 +264,14 @@ class ServerOptConfig:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{key} must be in [0, 1), got {rate}")
         _positive("server-tau", self.server_tau)
+        reads = SERVER_OPTIMIZER_KEYS.get(self.server_optimizer, frozenset())
+        for f in dataclasses.fields(ServerOptConfig):
+            key = _key(f.name)
+            if (key.startswith("server-") and key != "server-optimizer" and key not in reads
+                    and getattr(self, f.name) != f.default):
+                raise ValueError(f"{key} is not read by server-optimizer={self.server_optimizer!r} (it reads "
+                                 f"{', '.join(sorted(reads)) or 'none'}); leave {key} at {f.default} or choose "
+                                 "an optimizer that reads it")
 
 
 @dataclass(frozen=True, kw_only=True)

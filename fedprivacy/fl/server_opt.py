@@ -24,7 +24,7 @@ from fedprivacy.fl.server_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYog
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
 
-__all__ = ["SERVER_OPTIMIZERS", "FedAvg", "ServerOptimizer", "make_server_optimizer",
+__all__ = ["SERVER_OPTIMIZERS", "SERVER_OPTIMIZER_KEYS", "FedAvg", "ServerOptimizer", "make_server_optimizer",
            "register_server_optimizer"]
 
 
@@ -96,16 +96,26 @@ def _fedyogi(cfg: RunConfig) -> ServerOptimizer:
 SERVER_OPTIMIZERS: dict[str, Callable[[RunConfig], ServerOptimizer]] = {
     "fedavg": _fedavg, "fedavgm": _fedavgm, "fedadagrad": _fedadagrad, "fedadam": _fedadam, "fedyogi": _fedyogi,
 }
+_RATE, _ADAPTIVE = ("server-learning-rate",), ("server-learning-rate", "server-beta-1", "server-beta-2", "server-tau")
+#: ``server-optimizer`` name -> the ``server-*`` keys its factory reads; setting another one is refused
+#: (a rule with no β, like FedAdagrad, cannot silently inherit a β meant for another)
+SERVER_OPTIMIZER_KEYS: dict[str, frozenset[str]] = {
+    "fedavg": frozenset(_RATE), "fedavgm": frozenset((*_RATE, "server-momentum")),
+    "fedadagrad": frozenset((*_RATE, "server-tau")), "fedadam": frozenset(_ADAPTIVE), "fedyogi": frozenset(_ADAPTIVE),
+}
 
 
-def register_server_optimizer(name: str, factory: Callable[[RunConfig], ServerOptimizer]) -> None:
-    """Make ``server-optimizer = name`` select ``factory(cfg)`` (``FederatedRun(server_optimizer=...)``
-    takes any object, registered or not)."""
+def register_server_optimizer(name: str, factory: Callable[[RunConfig], ServerOptimizer], *,
+                              reads: Sequence[str] = _RATE) -> None:
+    """Make ``server-optimizer = name`` select ``factory(cfg)``; ``reads``: the ``server-*`` keys the
+    factory reads (a run that sets another is refused). ``FederatedRun(server_optimizer=...)`` takes
+    any object, registered or not."""
     if not name:
         raise ValueError("name must not be empty")
     if name in SERVER_OPTIMIZERS:
         raise ValueError(f"server optimizer {name!r} is already registered")
     SERVER_OPTIMIZERS[name] = factory
+    SERVER_OPTIMIZER_KEYS[name] = frozenset(reads)
 
 
 def make_server_optimizer(cfg: RunConfig) -> ServerOptimizer:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedprivacy.config import RunConfig
 from fedprivacy.fl.server_optimizers import (
     FedAdagrad,
     FedAdam,
@@ -206,3 +207,30 @@ def test_the_reference_can_tell_the_rules_apart() -> None:
 
     assert not np.allclose(adam[-1][0], yogi[-1][0], rtol=1e-6)
     assert not np.allclose(adam[-1][0], avgm[-1][0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("opt", "key", "reads"), [
+    ("fedadagrad", "server-beta-1", "server-learning-rate, server-tau"),
+    ("fedadam", "server-momentum", "server-beta-1, server-beta-2, server-learning-rate, server-tau"),
+    ("fedavg", "server-tau", "server-learning-rate"),
+])
+def test_an_optimizer_refuses_a_key_it_does_not_read(opt: str, key: str, reads: str) -> None:
+    from fedprivacy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{key} is not read by server-optimizer='{opt}' \\(it reads {reads}\\)"):
+        RunConfig.from_mapping({"server-optimizer": opt, key: 0.5})
+
+
+def test_a_registered_optimizer_declares_the_keys_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedprivacy.errors import ConfigError
+    from fedprivacy.fl import server_opt
+
+    monkeypatch.setattr(server_opt, "SERVER_OPTIMIZERS", dict(server_opt.SERVER_OPTIMIZERS))
+    monkeypatch.setattr(server_opt, "SERVER_OPTIMIZER_KEYS", dict(server_opt.SERVER_OPTIMIZER_KEYS))
+    server_opt.register_server_optimizer(
+        "test-heavy-ball", lambda cfg: server_opt.FedAvgM(momentum=cfg.server_momentum),
+        reads=("server-momentum",))
+    cfg = RunConfig.from_mapping({"server-optimizer": "test-heavy-ball", "server-momentum": 0.5})
+    assert server_opt.make_server_optimizer(cfg).momentum == 0.5  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="server-learning-rate is not read"):
+        RunConfig.from_mapping({"server-optimizer": "test-heavy-ball", "server-learning-rate": 0.5})
