@@ -234,6 +234,7 @@ class ServerOptConfig:
     aggregation_trim: int = 0
     krum_byzantine: int = 0
     krum_select: int = 1
+    qffl_q: float = 0.1  # q-FedAvg's fairness exponent (Flower's default)
     server_optimizer: str = "fedavg"
     server_learning_rate: float = 0.0
     server_momentum: float = 0.9
@@ -242,20 +243,12 @@ class ServerOptConfig:
     server_tau: float = 0.001
 
     def __post_init__(self) -> None:
-        from fedprivacy.fl.robust import AGGREGATORS
+        from fedprivacy.fl.robust import AGGREGATORS, check_rule_keys
         from fedprivacy.fl.server_opt import SERVER_OPTIMIZER_KEYS, SERVER_OPTIMIZERS
 
         _check_fields(self)
         _choice("aggregation", self.aggregation, tuple(AGGREGATORS))
-        rule_keys: tuple[tuple[str, int, str, int], ...] = (
-            ("aggregation-trim", self.aggregation_trim, "trimmed-mean", 0),
-            ("krum-byzantine", self.krum_byzantine, "krum", 0), ("krum-select", self.krum_select, "krum", 1))
-        for key, value, used_by, low in rule_keys:
-            if value < low:
-                raise ValueError(f"{key} must be >= {low}, got {value}")
-            if value != low and self.aggregation != used_by:
-                raise ValueError(f"{key}={value} is read only by aggregation={used_by!r}, got "
-                                 f"aggregation={self.aggregation!r}; leave {key} at {low} or set aggregation")
+        check_rule_keys(self)
         _choice("server-optimizer", self.server_optimizer, tuple(SERVER_OPTIMIZERS))
         _non_negative("server-learning-rate", self.server_learning_rate)
         for key, rate in (("server-momentum", self.server_momentum),
@@ -484,10 +477,10 @@ class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainC
                 f"{self.clip_norm}; set e.g. clip-norm=0.5, or privacy='none' for no DP"
             )
         self.mode.check(self)
+        from fedprivacy.fl.robust import check_rule
+
+        check_rule(self)
         self._check_secagg()
-        if self.adaptive_clip and self.aggregation != "plain":
-            raise ValueError(f"aggregation={self.aggregation!r} with adaptive-clip=true is refused: the adaptive "
-                             "round clips and sums to its own estimate; set aggregation='plain' or adaptive-clip=false")
         if self.sampling == "fixed":
             if self.cohort_size < 1:
                 raise ValueError(f"cohort-size must be >= 1 when sampling='fixed', got {self.cohort_size}; "
@@ -506,10 +499,6 @@ class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainC
         """secagg combinations every mode shares (a mode refuses secagg in its own ``check``)."""
         if not self.secagg:
             return
-        if self.aggregation != "plain":
-            raise ValueError(f"aggregation={self.aggregation!r} with secagg=true is refused: under secure aggregation "
-                             "the server sees only the sum, so no robust rule can run; norm-bounded clipping "
-                             "(clip-norm) is the defence there; set aggregation='plain' or secagg=false")
         if self.clip_norm <= 0:
             raise ValueError(f"clip-norm must be > 0 when secagg=true (fixed-point range), got {self.clip_norm}")
         if self.sampling == "fixed" and self.cohort_size < 3:

@@ -16,6 +16,10 @@ docs/ROBUST_AGGREGATION.md and searched adversarially in ``tests/fl/test_robust.
 * (multi-)Krum (Blanchard et al. 2017): the mean of selected clipped updates lies in the ``C`` ball:
   ``2`` and ``1`` on a denominator of 1.
 
+q-FedAvg (Li, Sanjabi, Beirami & Smith 2020, "Fair resource allocation in federated learning", Alg. 2)
+weighs each update by a power of the client's training loss and divides by a sum of them: a
+data-dependent normalizer with no sensitivity bound here, so it declares none and runs without DP only.
+
 Median and Krum pay the whole ball's diameter (no ``1/n``): their noise is about ``n`` times a mean's.
 Under secure aggregation the server sees only the sum, so no robust rule can run there; norm-bounded
 clipping is the defence that does (Sun et al. 2019).
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.aggregation import Aggregator
 
-__all__ = ["AGGREGATORS", "CoordinateMedian", "MultiKrum", "TrimmedMean", "make_aggregator",
+__all__ = ["AGGREGATORS", "AGGREGATOR_KEYS", "check_rule", "check_rule_keys", "CoordinateMedian", "MultiKrum", "QFedAvg", "TrimmedMean", "make_aggregator",
            "register_aggregator", "sensitivity_ratio"]
 
 
@@ -176,6 +180,40 @@ class MultiKrum(_Robust):
                        noise_std=self.noise_std, denominator=1.0, rng=rng)
 
 
+
+class QFedAvg:
+    """q-FedAvg's server step as Flower 1.42's ``QFedAvg`` takes it: with ``L = 1/lr`` (the clients'
+    learning rate), ``g_k = -L·Δ_k``, ``δ_k = F_k^q g_k``, ``h_k = q F_k^(q-1) ‖g_k‖² + L F_k^q``, the
+    released update is ``-Σδ_k / Σh_k`` (``F_k``: the client's training loss, ``+1e-10`` as Flower).
+    It needs every client's loss and declares no sensitivity, so it runs only where nothing is private."""
+
+    name = "qfedavg"
+
+    def __init__(self, *, q: float, client_learning_rate: float, clip_norm: float) -> None:
+        if not (math.isfinite(q) and q >= 0):
+            raise ValueError(f"qffl-q must be >= 0, got {q}")
+        if not client_learning_rate > 0:
+            raise ValueError(f"learning-rate must be > 0, got {client_learning_rate}")
+        self.q, self.lipschitz, self.clip_norm = float(q), 1.0 / float(client_learning_rate), float(clip_norm)
+
+    def aggregate(self, updates: Sequence[ClientUpdate], *, like: Sequence[np.ndarray], denominator: float,
+                  rng: RandomSource) -> AggregateResult:
+        rows, kept, dropped = _stack(updates, like, self.clip_norm)
+        losses = {u.partition_id: u.train_loss for u in updates}
+        missing = [p for p in kept if losses.get(p) is None]
+        if missing:
+            raise ValueError(f"qfedavg needs each client's training loss; clients {missing} sent none")
+        sum_delta, sum_h = np.zeros(rows.shape[1]), 0.0
+        for row, pid in zip(rows, kept, strict=True):
+            grad = -self.lipschitz * row
+            power = float(np.float_power(float(losses[pid]) + 1e-10, self.q))  # type: ignore[arg-type]
+            sum_delta += power * grad
+            sum_h += (self.q * float(np.float_power(float(losses[pid]) + 1e-10, self.q - 1))  # type: ignore[arg-type]
+                      * float(grad @ grad) + self.lipschitz * power)
+        step = -sum_delta / sum_h if sum_h > 0 else sum_delta
+        return _result(step, like, kept=kept, dropped=dropped, noise_std=0.0, denominator=1.0, rng=rng)
+
+
 def sensitivity_ratio(aggregator: object, neighbouring: str) -> float:
     """What ``aggregator`` declares (:meth:`TrimmedMean.sensitivity_ratio`); a rule that declares
     nothing cannot carry a server-side DP release (TypeError)."""
@@ -197,7 +235,46 @@ AGGREGATORS: dict[str, Callable[[RunConfig, float, float], Aggregator]] = {
     "median": lambda cfg, c, std: CoordinateMedian(clip_norm=c, noise_std=std),
     "krum": lambda cfg, c, std: MultiKrum(byzantine=cfg.krum_byzantine, select=cfg.krum_select, clip_norm=c,
                                           noise_std=std),
+    "qfedavg": lambda cfg, c, std: QFedAvg(q=cfg.qffl_q, client_learning_rate=cfg.learning_rate, clip_norm=c),
 }
+
+#: ``aggregation`` name -> its own keys: (default, lowest value); setting one for another rule is refused
+AGGREGATOR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "trimmed-mean": {"aggregation-trim": (0, 0)}, "krum": {"krum-byzantine": (0, 0), "krum-select": (1, 1)},
+    "qfedavg": {"qffl-q": (0.1, 0.0)},
+}
+
+
+def check_rule_keys(section: Any) -> None:
+    """Refuse a rule's key set for another rule (``section``: the config's server section)."""
+    for rule, keys in AGGREGATOR_KEYS.items():
+        for key, (default, low) in keys.items():
+            value = getattr(section, key.replace("-", "_"))
+            if not value >= low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
+            if value != default and section.aggregation != rule:
+                raise ValueError(f"{key}={value} is read only by aggregation={rule!r}, got "
+                                 f"aggregation={section.aggregation!r}; leave {key} at {default} or set aggregation")
+
+
+def check_rule(cfg: RunConfig) -> None:
+    """The rule's refusals that span keys: any rule but the plain sum under secure aggregation (the
+    server sees only the sum) or adaptive clipping (its round sums to its own estimate), and a rule that
+    declares no sensitivity in a DP mode."""
+    if cfg.aggregation == "plain":
+        return
+    if cfg.secagg:
+        raise ValueError(f"aggregation={cfg.aggregation!r} with secagg=true is refused: under secure aggregation "
+                         "the server sees only the sum, so no robust rule can run; norm-bounded clipping "
+                         "(clip-norm) is the defence there; set aggregation='plain' or secagg=false")
+    if cfg.adaptive_clip:
+        raise ValueError(f"aggregation={cfg.aggregation!r} with adaptive-clip=true is refused: the adaptive "
+                         "round clips and sums to its own estimate; set aggregation='plain' or adaptive-clip=false")
+    rule = AGGREGATORS[cfg.aggregation](cfg, cfg.clip_norm, 0.0)
+    if cfg.is_dp and not callable(getattr(rule, "sensitivity_ratio", None)):
+        raise ValueError(f"aggregation={cfg.aggregation!r} with privacy={cfg.privacy!r} is refused: the rule declares "
+                         "no sensitivity (q-FedAvg weighs by un-noised losses and divides by a data-dependent sum); "
+                         "use privacy='none'")
 
 
 def register_aggregator(name: str, factory: Callable[[RunConfig, float, float], Aggregator]) -> None:

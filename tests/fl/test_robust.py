@@ -204,3 +204,56 @@ def test_a_trim_that_leaves_nothing_is_refused_before_round_one(tmp_path: Path) 
         run_federated(_cfg(tmp_path, "trim", aggregation="trimmed-mean", **{"aggregation-trim": 2}),
                       population=N, exchange=_exchange, hooks=_hooks(), log=lambda _: None)
     assert not (tmp_path / "trim" / "results.json").exists()
+
+
+# ---------------------------------------------------------------------------- q-FedAvg (no DP)
+def test_qfedavg_takes_flowers_step_on_the_same_updates() -> None:
+    from flwr.serverapp.strategy.qfedavg import compute_delta_and_h
+
+    from fedprivacy.fl.robust import QFedAvg
+
+    g = [np.array([0.5, -0.2, 0.1], np.float64), np.array([0.3, 0.0], np.float64)]
+    rows = [RandomSource.seeded(8).child(i).normal(std=0.05, size=5) for i in range(6)]
+    losses = [0.2, 1.5, 0.7, 3.0, 0.05, 1.0]
+    updates = [ClientUpdate(partition_id=i, delta=(r[:3].astype(np.float32), r[3:].astype(np.float32)),
+                            num_examples=10, train_loss=loss) for i, (r, loss) in enumerate(zip(rows, losses, strict=True))]
+    for q, lr in ((0.1, 0.3), (1.0, 0.05), (0.0, 0.1)):
+        ours = QFedAvg(q=q, client_learning_rate=lr, clip_norm=0.0).aggregate(updates, like=LIKE, denominator=6.0,
+                                                                                  rng=RNG)
+        sum_delta, sum_h = None, 0.0
+        for u in updates:  # Flower's rule on the local weights w + Δ
+            local = [gw + np.asarray(d, np.float64) for gw, d in zip(g, u.delta, strict=True)]
+            delta, h = compute_delta_and_h([a.copy() for a in g], local, q, 1.0 / lr, float(u.train_loss or 0))
+            sum_delta = delta if sum_delta is None else [a + b for a, b in zip(sum_delta, delta, strict=True)]
+            sum_h += h
+        assert sum_delta is not None
+        flower_next = [gw - d / sum_h for gw, d in zip(g, sum_delta, strict=True)]
+        for gw, step, want in zip(g, ours.mean_update, flower_next, strict=True):
+            np.testing.assert_allclose(gw + np.asarray(step, np.float64), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("privacy", ["central", "local"])
+def test_qfedavg_with_dp_is_refused_naming_why(tmp_path: Path, privacy: str) -> None:
+    with pytest.raises(ConfigError, match=f"aggregation='qfedavg' with privacy='{privacy}' is refused"):
+        _cfg(tmp_path, "q", aggregation="qfedavg", privacy=privacy)
+
+
+def test_a_qfedavg_run_without_dp_completes_on_the_real_engine(tmp_path: Path) -> None:
+    from server.engine import run_inprocess
+
+    cfg = {"num-server-rounds": 2, "seed": 2, "local-epochs": 1, "dataset": "digits", "privacy": "none",
+           "secagg": False, "aggregation": "qfedavg", "qffl-q": 0.5, "output-dir": str(tmp_path), "run-name": "q"}
+    run_inprocess(run_config=cfg, num_supernodes=5, app_dir=Path(__file__).resolve().parents[2], node_id_seed=3)
+    import json
+
+    rounds = json.loads((tmp_path / "q" / "results.json").read_text(encoding="utf-8"))["rounds"]
+    assert len(rounds) == 2 and all(math.isfinite(r["test_loss"]) for r in rounds)
+
+
+def test_a_rules_own_key_is_accepted_for_that_rule_only(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "q", aggregation="qfedavg", privacy="none", **{"qffl-q": 0.05, "noise-multiplier": 0.0})
+    assert cfg.qffl_q == 0.05
+    with pytest.raises(ConfigError, match="qffl-q=0.05 is read only by aggregation='qfedavg'"):
+        _cfg(tmp_path, "q", **{"qffl-q": 0.05})
+    with pytest.raises(ConfigError, match="qffl-q must be >= 0.0"):
+        _cfg(tmp_path, "q", aggregation="qfedavg", privacy="none", **{"qffl-q": -1.0, "noise-multiplier": 0.0})
