@@ -15,46 +15,84 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Context
 
-from fedprivacy.fl.client_budget import ClientBudget
+from fedprivacy.fl.client_budget import ClientBudget, sync_file
 from fedprivacy.fl.client_policy import ClientPolicy, PolicyRefusal
 
 if TYPE_CHECKING:
     from fedprivacy.fl.secure import EncodingSpec
     from fedprivacy.secagg.messages import SetupRequest
 
-__all__ = ["admit", "charge", "charge_held", "check", "hold", "memory", "record_stage", "secagg_cost"]
+__all__ = ["admit", "charge", "charge_held", "check", "hold", "memory", "one_sync", "record_stage", "secagg_cost"]
 
 _MEMORY = "client-memory"  # the durable file's id and length, as this node last wrote it
+#: inside :func:`one_sync`: the files written but not yet fsync'd, with the node whose state records them
+_UNSYNCED: ContextVar[dict[Path, tuple[Context, ClientBudget]] | None] = ContextVar(
+    "fedprivacy_client_memory_unsynced", default=None)
 _PENDING = "client-budget-pending"
 
 
 def memory(context: Context, policy: ClientPolicy) -> ClientBudget:
-    """The node's durable memory, refused (:class:`PolicyRefusal`) when it cannot be created or read, or
-    is missing, replaced or behind the node state."""
+    """The node's durable memory (read by each use, under :func:`_writable`'s refusal)."""
     path = policy.memory_path(run_id=int(context.run_id), partition_id=int(context.node_config["partition-id"]))
     record = context.state.get(_MEMORY)
     expect = (str(record["id"]), int(record["lines"])) if isinstance(record, ConfigRecord) else None  # type: ignore[arg-type]
+    budget = policy.budget(path=path, expect=expect, load=False)  # each use reads it under its lock
+    budget.sync = _UNSYNCED.get() is None
+    return budget
+
+
+@contextmanager
+def _writable(policy: ClientPolicy, budget: ClientBudget) -> Iterator[None]:
+    """Refuse (:class:`PolicyRefusal`, naming the key) a memory that cannot be created or read; a missing,
+    replaced or behind one is refused by the budget itself."""
     try:
-        return policy.budget(path=path, expect=expect)
+        yield
     except OSError as exc:  # the path stays in the client's log, not in the reason the server receives
         key = "client-budget-path" if policy.budget_path else "client-memory-dir"
-        logging.getLogger(__name__).error("durable memory %s cannot be created or read: %s", path, exc)
-        raise PolicyRefusal(f"this client's durable memory cannot be created or read ({exc.strerror or type(exc).__name__}): "
-                            f"set node config {key} to a place this node can write") from None
+        logging.getLogger(__name__).error("durable memory %s cannot be created or read: %s", budget.path, exc)
+        raise PolicyRefusal(f"this client's durable memory cannot be created or read "
+                            f"({exc.strerror or type(exc).__name__}): set node config {key} to a place this "
+                            "node can write") from None
 
 
 def _saved(context: Context, budget: ClientBudget) -> None:
-    context.state[_MEMORY] = ConfigRecord({"id": budget.file_id, "lines": budget.lines})
+    """The node state's record of the file (its id and length), once what it counts is fsync'd."""
+    pending = _UNSYNCED.get()
+    if pending is not None and budget.path is not None:
+        pending[budget.path] = (context, budget)
+    else:
+        context.state[_MEMORY] = ConfigRecord({"id": budget.file_id, "lines": budget.lines})
+
+
+@contextmanager
+def one_sync() -> Iterator[None]:
+    """The records written inside are fsync'd once, on the way out (before the reply is returned): one
+    message's records, its own stage's and those of round r+1's stage riding on it, for one flush."""
+    pending: dict[Path, tuple[Context, ClientBudget]] = {}
+    token = _UNSYNCED.set(pending)
+    try:
+        yield
+    finally:
+        _UNSYNCED.reset(token)
+        for path, (context, budget) in pending.items():
+            sync_file(path)
+            context.state[_MEMORY] = ConfigRecord({"id": budget.file_id, "lines": budget.lines})
 
 
 def check(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
           slack: tuple[float, float] = (0.0, 0.0)) -> None:
     """Refuse (:class:`PolicyRefusal`) a round the client's total cannot pay; changes nothing."""
-    memory(context, policy).check(rho, round=round, what=mode, slack=slack[0], tv=slack[1])
+    budget = memory(context, policy)
+    with _writable(policy, budget):
+        budget.check(rho, round=round, what=mode, slack=slack[0], tv=slack[1])
 
 
 def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mode: str,
@@ -62,8 +100,9 @@ def charge(context: Context, policy: ClientPolicy, rho: float, *, round: int, mo
     """Charge the round durably; call right before its reply leaves the client.
     ``slack``: a distributed round's ``(eta + A, G)`` (:func:`secagg_cost`)."""
     budget = memory(context, policy)
-    budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode, slack=slack[0],
-                  tv=slack[1])
+    with _writable(policy, budget):
+        budget.charge(rho, run=str(context.run_id), round=round, mode=mode, what=mode, slack=slack[0],
+                      tv=slack[1])
     _saved(context, budget)
 
 
@@ -71,7 +110,8 @@ def record_stage(context: Context, policy: ClientPolicy, *, round: int, stage: s
     """Record durably that this node answered round ``round``'s ``stage``; refuse a second answer
     (:meth:`fedprivacy.fl.client_budget.ClientBudget.record_stage`)."""
     budget = memory(context, policy)
-    budget.record_stage(run=str(context.run_id), round=round, stage=stage)
+    with _writable(policy, budget):
+        budget.record_stage(run=str(context.run_id), round=round, stage=stage)
     _saved(context, budget)
 
 

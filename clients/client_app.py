@@ -143,10 +143,11 @@ def _reply(a: _Admitted, update: ClientUpdate) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`."""
-    a = _admit(msg, context)
-    update = train_client(a.cfg, partition_id=a.pid, num_partitions=a.total, weights=a.weights,
-                          instructions=a.instr, attack=byzantine_of(context))
-    return _reply(a, update)
+    with budget_log.one_sync():  # the admission and the charge: one fsync, before the reply is returned
+        a = _admit(msg, context)
+        update = train_client(a.cfg, partition_id=a.pid, num_partitions=a.total, weights=a.weights,
+                              instructions=a.instr, attack=byzantine_of(context))
+        return _reply(a, update)
 
 
 def train_batch(jobs: Sequence[tuple[Message, Context]]) -> list[Message | Exception] | None:
@@ -164,6 +165,12 @@ def train_batch(jobs: Sequence[tuple[Message, Context]]) -> list[Message | Excep
 
     if not jobs or not batching_chosen(_node(jobs[0][1])[0]) or byzantine_of(jobs[0][1]) is not None:
         return None  # Byzantine simulations train per client
+    with budget_log.one_sync():  # every client's records: one fsync per file, before the replies are returned
+        return _train_batch(jobs, train_clients, training_key)
+
+
+def _train_batch(jobs: Sequence[tuple[Message, Context]], train_clients: Callable[..., list[ClientUpdate]],
+                 training_key: Callable[[RoundInstructions], tuple]) -> list[Message | Exception]:
     out: list[Message | Exception] = [_NO_REPLY] * len(jobs)
     admitted: dict[int, _Admitted] = {}
     for i, (msg, context) in enumerate(jobs):
@@ -219,7 +226,8 @@ def secagg_advertise(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     _, pid, _ = _node(context)
-    return secagg_handlers.advertise(msg, context, partition_id=pid, policy=_policy(context))
+    with budget_log.one_sync():  # one fsync of this message's records, before it is returned
+        return secagg_handlers.advertise(msg, context, partition_id=pid, policy=_policy(context))
 
 
 @app.query("secagg_share")
@@ -227,7 +235,8 @@ def secagg_share(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     cfg, _, _ = _node(context)
-    return secagg_handlers.share(msg, context, cfg=cfg, policy=_policy(context))
+    with budget_log.one_sync():  # one fsync of this message's records, before it is returned
+        return secagg_handlers.share(msg, context, cfg=cfg, policy=_policy(context))
 
 
 @app.train("secagg_masked")
@@ -235,8 +244,9 @@ def secagg_masked(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     cfg, pid, total = _node(context)
-    return secagg_handlers.masked(msg, context, cfg=cfg, partition_id=pid, num_partitions=total,
-                                  policy=_policy(context))
+    with budget_log.one_sync():
+        return secagg_handlers.masked(msg, context, cfg=cfg, partition_id=pid, num_partitions=total,
+                                      policy=_policy(context))
 
 
 @app.query("secagg_consistency")
@@ -244,7 +254,8 @@ def secagg_consistency(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     cfg, pid, _ = _node(context)
-    return secagg_handlers.consistency(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
+    with budget_log.one_sync():  # one fsync of this message's records, before it is returned
+        return secagg_handlers.consistency(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
 
 
 @app.query("secagg_unmask")
@@ -252,5 +263,6 @@ def secagg_unmask(msg: Message, context: Context) -> Message:
     from clients import secagg_handlers
 
     cfg, pid, _ = _node(context)
-    return secagg_handlers.unmask(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
+    with budget_log.one_sync():  # one fsync of this message's records, before it is returned
+        return secagg_handlers.unmask(msg, context, cfg=cfg, partition_id=pid, policy=_policy(context))
 # ---- end of secure aggregation stages

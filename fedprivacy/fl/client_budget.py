@@ -50,16 +50,35 @@ import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedprivacy.accounting.accountant import _fsync_dir
 from fedprivacy.fl.client_limits import MAX_TV_TOTAL, PolicyRefusal
 
-__all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget", "total_epsilon"]
+__all__ = ["BUDGET_FORMAT", "BudgetCharge", "ClientBudget", "sync_file", "total_epsilon"]
 
 BUDGET_FORMAT = "fedprivacy.client-budget/v1"
+
+
+@dataclass(slots=True)
+class _Parsed:
+    """A budget file as this process last read it: its identity, the bytes parsed and what they hold."""
+
+    dev: int
+    ino: int
+    offset: int = 0
+    lines: int = 0
+    file_id: str = ""
+    neighbouring: str = ""
+    charges: list[BudgetCharge] = field(default_factory=list)
+    stages: set[tuple[str, int, str]] = field(default_factory=set)
+
+
+#: path -> its parse, oldest first (a simulation's nodes each have a file; a sweep runs many runs)
+_PARSED: dict[str, _Parsed] = {}
+_PARSED_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +126,15 @@ class BudgetCharge:
                    tv=float(data.get("tv", 0.0)))
 
 
+def sync_file(path: str | os.PathLike[str]) -> None:
+    """fsync ``path`` (records written with ``ClientBudget.sync = False``): one flush for several records."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _total(charges: Sequence[BudgetCharge]) -> float:
     return math.fsum(c.rho for c in charges) if all(math.isfinite(c.rho) for c in charges) else math.inf
 
@@ -144,11 +172,12 @@ class ClientBudget:
         expect: ``(id, lines)`` of the file as the node state last recorded it: a file with another id
             (missing and re-created, or replaced) or fewer complete lines is refused
             (:class:`PolicyRefusal`) on every read.
+        load: read the file now (False: at the first check, charge or record, each of which reads it).
     """
 
     def __init__(self, *, max_rho_total: float, neighbouring: str, path: str | os.PathLike[str] | None = None,
                  charges: Sequence[BudgetCharge] = (), max_slack_total: float = math.inf,
-                 expect: tuple[str, int] | None = None) -> None:
+                 expect: tuple[str, int] | None = None, load: bool = True) -> None:
         if not (max_rho_total > 0):
             raise ValueError(f"max_rho_total must be > 0, got {max_rho_total}")
         if not (max_slack_total > 0):
@@ -158,16 +187,17 @@ class ClientBudget:
             raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {neighbouring!r}")
         self.max_rho_total = float(max_rho_total)
         self.neighbouring = neighbouring
-        self.path = Path(path) if path else None
+        self.path = path if isinstance(path, Path) else (Path(path) if path else None)
         if self.path is not None and charges:
             raise ValueError("give either a budget file (path) or the node state's charges, not both")
         self._charges: list[BudgetCharge] = list(charges)
         self._stages: set[tuple[str, int, str]] = set()  # (run, round, stage) answered (the file's record)
         self._expect = expect
         self.file_id, self.lines = "", 0  # the file's header id and complete lines (as of the last read)
-        if self.path is not None:
-            with self._locked() as fh:
-                self._charges = self._read(fh)
+        self.sync = True  # fsync each record as it is written (False: the caller's sync_file, once)
+        if self.path is not None and load:
+            with self._locked() as fd:
+                self._charges = self._read(fd)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -233,8 +263,8 @@ class ClientBudget:
         Re-reads the budget file first (another run of the node may have charged). Changes nothing.
         """
         if self.path is not None:
-            with self._locked() as fh:
-                self._charges = self._read(fh)
+            with self._locked() as fd:
+                self._charges = self._read(fd)
         reason = self._refusal(rho, round=round, what=what, slack=slack, tv=tv)
         if reason is not None:
             raise PolicyRefusal(reason)
@@ -256,19 +286,13 @@ class ClientBudget:
                 raise PolicyRefusal(reason)
             self._charges.append(charge)
             return charge
-        with self._locked() as fh:
-            self._charges = self._read(fh)
+        with self._locked() as fd:
+            self._charges = self._read(fd)
             reason = self._repeat(charge) or self._refusal(charge.rho, round=round, what=what,
                                                           slack=charge.slack, tv=charge.tv)
             if reason is not None:
                 raise PolicyRefusal(reason)
-            fh.seek(0, os.SEEK_END)
-            line = {**charge.to_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-            self.lines += 1
-        self._charges.append(charge)
+            self._append(fd, {**charge.to_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         return charge
 
     def record_stage(self, *, run: str, round: int, stage: str) -> None:
@@ -286,16 +310,10 @@ class ClientBudget:
         """
         if self.path is None:
             return
-        with self._locked() as fh:
-            self._charges = self._read(fh)
+        with self._locked() as fd:
+            self._charges = self._read(fd)
             self._refuse_repeat(run=str(run), round=int(round), stage=stage)
-            fh.seek(0, os.SEEK_END)
-            line = {"kind": "stage", "run": str(run), "round": int(round), "stage": stage}
-            fh.write((json.dumps(line, allow_nan=False) + "\n").encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-            self.lines += 1
-        self._stages.add((str(run), int(round), stage))
+            self._append(fd, {"kind": "stage", "run": str(run), "round": int(round), "stage": stage})
 
     def _refuse_repeat(self, *, run: str, round: int, stage: str) -> None:
         if (run, round, stage) in self._stages:
@@ -321,43 +339,72 @@ class ClientBudget:
 
     # ------------------------------------------------------------------ the file
     @contextmanager
-    def _locked(self) -> Iterator[Any]:
-        """The budget file, open for read and append under an exclusive lock (created with its header)."""
+    def _locked(self) -> Iterator[int]:
+        """The budget file's descriptor, under an exclusive lock (the file created with its header)."""
         import fcntl
 
         assert self.path is not None
-        fresh = not self.path.exists()
-        if fresh:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "r+b") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                if os.fstat(fh.fileno()).st_size == 0:
-                    head = {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": self.neighbouring,
-                            "id": secrets.token_hex(8)}
-                    fh.write((json.dumps(head) + "\n").encode("utf-8"))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                    if fresh:
-                        _fsync_dir(self.path.parent)
-                yield fh
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_size == 0:
+                head = {"kind": "header", "format": BUDGET_FORMAT, "neighbouring": self.neighbouring,
+                        "id": secrets.token_hex(8)}
+                os.write(fd, (json.dumps(head) + "\n").encode("utf-8"))
+                os.fsync(fd)
+                _fsync_dir(self.path.parent)
+            yield fd
+        finally:
+            os.close(fd)  # (and the lock with it)
 
-    def _read(self, fh: Any) -> list[BudgetCharge]:
-        """Every complete charge of the file; a torn last line (its write never returned) is cut off."""
-        fh.seek(0)
-        raw = fh.read()
-        complete, _, torn = raw.rpartition(b"\n")
-        if torn:
-            fh.truncate(len(complete) + 1 if complete else 0)
-            fh.flush()
-            os.fsync(fh.fileno())
-        lines = complete.decode("utf-8").split("\n") if complete else []
-        charges: list[BudgetCharge] = []
-        self._stages = set()
-        for i, line in enumerate(lines):
+    def _append(self, fd: int, line: Mapping[str, Any]) -> None:
+        """Append one record after a :meth:`_read` under the same lock, and fsync it (:attr:`sync` False:
+        the caller fsyncs it, :func:`sync_file`, before anything that depends on it leaves)."""
+        text = json.dumps(line, allow_nan=False)
+        data = (text + "\n").encode("utf-8")
+        got = _PARSED[os.fspath(self.path)]  # type: ignore[arg-type]
+        os.pwrite(fd, data, got.offset)  # the file's end: the read just before reached it
+        if self.sync:
+            os.fsync(fd)
+        self._parse(got, [text])
+        got.offset += len(data)
+        self.lines = got.lines
+
+    def _read(self, fd: int) -> list[BudgetCharge]:
+        """Every complete record of the file (under the lock); a torn last line (its write never returned)
+        is cut off. This process parses each byte once (:data:`_PARSED`): a file that another process
+        appended to is read from where it was left; one replaced or shorter is read again from the start."""
+        st = os.fstat(fd)
+        key = os.fspath(self.path)  # type: ignore[arg-type]
+        got = _PARSED.pop(key, None)
+        if got is None or (got.dev, got.ino) != (st.st_dev, st.st_ino) or st.st_size < got.offset:
+            got = _Parsed(dev=st.st_dev, ino=st.st_ino)
+        if st.st_size > got.offset:
+            complete, sep, torn = os.pread(fd, st.st_size - got.offset, got.offset).rpartition(b"\n")
+            if torn:
+                os.ftruncate(fd, got.offset + len(complete) + len(sep))
+                os.fsync(fd)
+            if sep:
+                self._parse(got, complete.decode("utf-8").split("\n"))  # (raises: the entry stays dropped)
+                got.offset += len(complete) + 1
+        if got.lines and got.neighbouring != self.neighbouring:
+            raise ValueError(f"client budget file {self.path} sums rho under {got.neighbouring!r}, this client "
+                             f"computes it under {self.neighbouring!r} (node config client-neighbouring); "
+                             "use another client-budget-path or the file's relation")
+        _PARSED[key] = got
+        while len(_PARSED) > _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        self._stages, self.file_id, self.lines = got.stages, got.file_id, got.lines
+        self._check_expected()
+        return got.charges
+
+    def _parse(self, got: _Parsed, lines: Sequence[str]) -> None:
+        for line in lines:
+            i = got.lines
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -366,22 +413,14 @@ class ClientBudget:
                 if not isinstance(rec, dict) or rec.get("format") != BUDGET_FORMAT:
                     raise ValueError(f"client budget file {self.path} does not start with a "
                                      f"{BUDGET_FORMAT} header")
-                self.file_id = str(rec.get("id", ""))
-                if rec.get("neighbouring") != self.neighbouring:
-                    raise ValueError(
-                        f"client budget file {self.path} sums rho under {rec.get('neighbouring')!r}, this "
-                        f"client computes it under {self.neighbouring!r} (node config client-neighbouring); "
-                        "use another client-budget-path or the file's relation")
-                continue
-            if isinstance(rec, dict) and rec.get("kind") == "stage":
-                self._stages.add((str(rec["run"]), int(rec["round"]), str(rec["stage"])))
-                continue
-            if not isinstance(rec, dict) or rec.get("kind") != "charge":
+                got.file_id, got.neighbouring = str(rec.get("id", "")), str(rec.get("neighbouring"))
+            elif isinstance(rec, dict) and rec.get("kind") == "stage":
+                got.stages.add((str(rec["run"]), int(rec["round"]), str(rec["stage"])))
+            elif isinstance(rec, dict) and rec.get("kind") == "charge":
+                got.charges.append(BudgetCharge.from_dict(rec))
+            else:
                 raise ValueError(f"client budget file {self.path} line {i + 1} is not a charge: {rec!r}")
-            charges.append(BudgetCharge.from_dict(rec))
-        self.lines = len(lines)
-        self._check_expected()
-        return charges
+            got.lines += 1
 
     def _check_expected(self) -> None:
         if self._expect is None:

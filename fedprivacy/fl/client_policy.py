@@ -48,6 +48,7 @@ and client operator, so a launcher may derive the policy from the run it was ask
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -97,6 +98,23 @@ def run_temp_dir(run_id: int) -> Path:
     root = os.environ.get(RUN_TEMP_ENV_VAR) or os.path.join(tempfile.gettempdir(),
                                                             f"fedprivacy-client-memory-{os.getuid()}")
     return Path(root) / f"run-{int(run_id)}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _path(text: str) -> Path:
+    return Path(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _memory_path(memory_dir: str, run_id: int, partition_id: int, env: tuple[str | None, ...]) -> Path:
+    """:meth:`ClientPolicy.memory_path` under the environment ``env`` (its variables' values: the cache
+    key), built once per node (a Path costs ~10 µs, a node's message a few of them)."""
+    del env  # (read again below; only the key)
+    if memory_dir == RUN_TEMP:
+        base = run_temp_dir(run_id)
+    else:
+        base = Path(memory_dir) if memory_dir else default_memory_dir()
+    return base / f"partition-{partition_id}.jsonl"
 
 
 SCHEDULES = ("active", "semi-honest")
@@ -461,15 +479,12 @@ class ClientPolicy:
         Named by the operator's ``partition-id``, never by the node id, which the server assigns: a new
         node id must not open a fresh memory (and a fresh budget)."""
         if self.budget_path:
-            return Path(self.budget_path)
-        if self.memory_dir == RUN_TEMP:
-            base = run_temp_dir(run_id)
-        else:
-            base = Path(self.memory_dir) if self.memory_dir else default_memory_dir()
-        return base / f"partition-{int(partition_id)}.jsonl"
+            return _path(self.budget_path)
+        env = tuple(os.environ.get(k) for k in (MEMORY_ENV_VAR, RUN_TEMP_ENV_VAR, "XDG_STATE_HOME", "HOME"))
+        return _memory_path(self.memory_dir, int(run_id), int(partition_id), env)
 
     def budget(self, *, charges: Sequence[BudgetCharge] = (), path: Path | None = None,
-               expect: tuple[str, int] | None = None) -> ClientBudget:
+               expect: tuple[str, int] | None = None, load: bool = True) -> ClientBudget:
         """This client's :class:`fedprivacy.fl.client_budget.ClientBudget`: the file ``path`` (default
         ``budget_path``; ``expect``: its id and length as the node state saw them), or ``charges`` when
         there is no file."""
@@ -478,7 +493,7 @@ class ClientPolicy:
         file = path or (Path(self.budget_path) if self.budget_path else None)
         return ClientBudget(max_rho_total=self.max_rho_total, max_slack_total=self.max_slack_total,
                             neighbouring=self.neighbouring, path=file, charges=() if file else charges,
-                            expect=expect)
+                            expect=expect, load=load)
 
     def disclosed(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Only the metrics this client may send."""
