@@ -44,7 +44,7 @@ from fedprivacy.fl.client_policy import ENV_VAR
 from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
 from server.engine.appspec import app_root, load_app_spec, parse_overrides
 from server.engine.processes import Watchdog, die_with_parent, stop_processes, stop_started_by
-from server.engine.run import make_run, server_context
+from server.engine.run import forget_run_memory, make_run, server_context
 
 __all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr", "status_path",
            "stop_processes", "stop_started_by"]
@@ -101,12 +101,15 @@ def _run_on_ray(spec: Any, overrides: dict[str, Any], fused: dict[str, Any], *, 
     context = server_context(run_id, fused)
     config: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
     config.update(dict(backend_config or {}))
-    with TaskIdentityScope(run_id):
-        result = run_simulation_as_flwr_run(
-            server_app_attr=server_app or spec.server_app_ref,
-            client_app_attr=client_app or spec.client_app_ref,
-            num_supernodes=num_supernodes, backend_name="ray", backend_config=config,
-            app_dir=str(spec.app_dir), run=run, server_app_context=context)
+    try:
+        with TaskIdentityScope(run_id):
+            result = run_simulation_as_flwr_run(
+                server_app_attr=server_app or spec.server_app_ref,
+                client_app_attr=client_app or spec.client_app_ref,
+                num_supernodes=num_supernodes, backend_name="ray", backend_config=config,
+                app_dir=str(spec.app_dir), run=run, server_app_context=context)
+    finally:
+        forget_run_memory(run_id)  # the simulated clients' memory of this run goes with it
     return result.context  # type: ignore[no-any-return]
 
 

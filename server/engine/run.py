@@ -33,7 +33,7 @@ from server.engine.appspec import AppSpec, load_app_spec, parse_overrides
 from server.engine.faults import FaultPlan
 from server.engine.grid import EngineStats, InProcessGrid
 
-__all__ = ["InProcessResult", "make_run", "run_inprocess", "server_context"]
+__all__ = ["InProcessResult", "forget_run_memory", "make_run", "run_inprocess", "server_context"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +109,16 @@ def _native_thread_limit(limit: int | None) -> Iterator[None]:
         yield
 
 
+def forget_run_memory(run_id: int) -> None:
+    """The simulated clients' durable memory of this run (their guards, in the run's own temporary area:
+    :func:`fedprivacy.fl.client_policy.run_temp_dir`) goes with the run."""
+    import shutil
+
+    from fedprivacy.fl.client_policy import run_temp_dir
+
+    shutil.rmtree(run_temp_dir(run_id), ignore_errors=True)
+
+
 def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
     *,
     run_config: Mapping[str, Any] | str = "",
@@ -169,6 +179,7 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
         finally:
             gc.unfreeze()
             grid.close()
+            forget_run_memory(run_id)
         t2 = time.monotonic()
     # no message count here: it is the sum of the cohort sizes, private when the run keeps its counts
     # private (review3 V8); it stays in InProcessResult.stats for benchmarks

@@ -464,3 +464,20 @@ def test_a_memory_that_cannot_be_created_is_refused_naming_the_key(tmp_path: Pat
     assert "cannot be created" in str(refused.value) and str(blocker) not in str(refused.value)  # the path stays here
     with pytest.raises(PolicyRefusal, match="set node config client-budget-path"):
         train(_message(weights), _context(**{"client-budget-path": str(blocker / "b.jsonl")}))
+
+
+def test_a_plain_round_replayed_after_a_node_state_rollback_is_refused_by_the_default_memory(weights) -> None:
+    # Arrange: the default configuration; the node answers local round 1, then its node-state save is lost
+    import copy
+
+    ctx = _context(run_id=10)
+    before = copy.deepcopy(ctx.state)
+    first = codec.decode_train_reply(train(_message(weights, round=1), ctx), 0)
+    for k in list(ctx.state.keys()):
+        del ctx.state[k]
+    for k, v in before.items():
+        ctx.state[k] = v
+    # Act / Assert: the same round again (fresh noise: averaging replies would shrink it) is refused
+    with pytest.raises(PolicyRefusal, match="round 1's admit stage of this run was already answered"):
+        train(_message(weights, round=1), ctx)
+    assert first.delta and len(_file_charges(_memory_of(ctx))) == 1

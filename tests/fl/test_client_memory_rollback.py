@@ -126,3 +126,21 @@ def test_a_rolled_back_node_state_gets_no_second_answer_at_any_secure_stage(
         assert [(s["kind"], s.get("stage")) for s in stages] == [
             ("stage", "admit"), ("stage", "share"), ("charge", None), ("stage", "consistency"), ("stage", "unmask")]
     assert ClientPolicy().budget_path == "" and ClientPolicy().memory_dir == ""
+
+
+def test_a_simulations_memory_goes_with_its_run(tmp_path: Path) -> None:
+    # the run-temporary area holds every node's file while the run lasts, and nothing after it
+    seen: list[Path] = []
+
+    def masked(msg: Message, context):
+        seen.extend(Path(os.environ["FEDPRIVACY_RUN_TEMP"]).glob("run-*/partition-*.jsonl"))
+        return real.secagg_masked(msg, context)
+
+    app = ClientApp()
+    app.query()(real.query)
+    for stage in ("advertise", "share", "consistency", "unmask"):
+        app.query(f"secagg_{stage}")(getattr(real, f"secagg_{stage}"))
+    app.train("secagg_masked")(masked)
+    run_inprocess(run_config={**BASE, "output-dir": str(tmp_path), "run-name": "tmp"}, num_supernodes=5,
+                  app_dir=REPO, node_id_seed=1, client_app=app)
+    assert seen and not list(Path(os.environ["FEDPRIVACY_RUN_TEMP"]).glob("run-*/*"))
