@@ -11,7 +11,8 @@ and CPU seconds. The figure,
 ``memory_over_round``, is those seconds over the rounds' own seconds (goal <= 0.05), over the steady
 rounds 2..R-1 as in ``scripts/secagg_round_bench.py`` (R >= 4); the CPU ratio is the load-robust one.
 The memory lives in the run-temporary area (``FEDPRIVACY_RUN_TEMP``, a fresh directory under
-``--memory-dir``, by default the system's temporary directory), removed afterwards.
+``--memory-dir``, by default where a simulation's clients keep it: ``/dev/shm`` where writable,
+:func:`fedprivacy.fl.client_policy.run_temp_base`; ``--memory-dir /tmp`` for a disk), removed afterwards.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def measure(*, clients: int, rounds: int, privacy: str, memory_dir: str | None) 
                 marks.append((time.process_time(), clock.wall, clock.cpu, clock.calls))
 
     handler = _Rounds()
+    from fedprivacy.fl.client_policy import run_temp_base
+
+    memory_dir = memory_dir or run_temp_base()
     with tempfile.TemporaryDirectory(dir=memory_dir) as tmp:
         os.environ["FEDPRIVACY_RUN_TEMP"] = str(Path(tmp) / "run-temp")
         for name in _TIMED:
@@ -104,7 +108,7 @@ def measure(*, clients: int, rounds: int, privacy: str, memory_dir: str | None) 
     steady = slice(1, -1) if len(secs) >= 4 else slice(1, None)
     return {
         "clients": clients, "rounds": rounds, "privacy": privacy, "schedule": "active",
-        "memory_fs": memory_dir or tempfile.gettempdir(),
+        "memory_fs": memory_dir,
         "round_seconds": secs, "memory_seconds": mem_wall, "round_cpu_seconds": cpu_round,
         "memory_cpu_seconds": mem_cpu, "memory_calls": calls,
         "memory_seconds_by_call": {k: round(v, 4) for k, v in clock.by_name.items()},

@@ -481,3 +481,14 @@ def test_a_plain_round_replayed_after_a_node_state_rollback_is_refused_by_the_de
     with pytest.raises(PolicyRefusal, match="round 1's admit stage of this run was already answered"):
         train(_message(weights, round=1), ctx)
     assert first.delta and len(_file_charges(_memory_of(ctx))) == 1
+
+
+def test_a_simulations_memory_is_in_ram_where_it_can_be(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedprivacy.fl.client_policy import RUN_TEMP, run_temp_base
+
+    monkeypatch.delenv("FEDPRIVACY_RUN_TEMP")
+    path = ClientPolicy(memory_dir=RUN_TEMP).memory_path(run_id=12, partition_id=3)
+    assert path == Path(run_temp_base()) / f"fedprivacy-client-memory-{os.getuid()}" / "run-12" / "partition-3.jsonl"
+    import tempfile
+
+    assert run_temp_base() == ("/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir())
