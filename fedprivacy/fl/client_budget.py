@@ -166,8 +166,9 @@ class ClientBudget:
             (``client-max-slack-total``; review8 A2); their truncation terms are capped by
             :data:`fedprivacy.fl.client_limits.MAX_TV_TOTAL`.
         neighbouring: the relation its ρ are computed under (``client-neighbouring``).
-        path: the budget file shared by the node's runs (``client-budget-path``); None: ``charges``
-            (the node state's record of this run) is the whole ledger.
+        path: the node's durable memory, shared by all its runs (``client-budget-path``, or the default
+            file, :meth:`fedprivacy.fl.client_policy.ClientPolicy.memory_path`); None: an in-memory
+            ledger of ``charges`` (for computations; the ClientApp always has a file).
         charges: the charges so far when there is no file.
         expect: ``(id, lines)`` of the file as the node state last recorded it: a file with another id
             (missing and re-created, or replaced) or fewer complete lines is refused
@@ -324,18 +325,6 @@ class ClientBudget:
             if round <= last:
                 raise PolicyRefusal(f"round {round} is not after the last round this client took part in "
                                     f"({last}, on record): refusing to take part twice")
-
-    # ------------------------------------------------------------------ node state (no file)
-    def to_state(self) -> dict[str, Any]:
-        """The node-state record of the charges (only without a file)."""
-        return {"charges": json.dumps([c.to_dict() for c in self._charges], allow_nan=False)}
-
-    @staticmethod
-    def charges_from_state(fields: Mapping[str, Any]) -> list[BudgetCharge]:
-        raw = json.loads(str(fields.get("charges", "[]")))
-        if not isinstance(raw, list):
-            raise ValueError("client budget state: charges must be a JSON list")
-        return [BudgetCharge.from_dict(c) for c in raw]
 
     # ------------------------------------------------------------------ the file
     @contextmanager

@@ -316,7 +316,7 @@ def test_the_total_epsilon_grows_with_every_charge_and_its_slack(rhos, slacks, t
     assert total_epsilon(charges, delta=1e-6) >= 2 * math.fsum(slacks[: len(charges)])
 
 
-def test_a_charges_slack_survives_the_file_and_the_node_state(tmp_path: Path) -> None:
+def test_a_charges_slack_survives_the_file(tmp_path: Path) -> None:
     path = tmp_path / "b.jsonl"
     budget = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
     budget.charge(0.5, run="1", round=1, mode="distributed", slack=4.27e-7, tv=1.7e-70)
@@ -325,8 +325,6 @@ def test_a_charges_slack_survives_the_file_and_the_node_state(tmp_path: Path) ->
     assert (lines[0]["slack"], lines[0]["tv"]) == (4.27e-7, 1.7e-70) and "slack" not in lines[1]
     again = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
     assert again.charges == budget.charges and again.epsilon(delta=1e-5) == budget.epsilon(delta=1e-5)
-    state = ClientBudget.charges_from_state(budget.to_state())
-    assert state == list(budget.charges)
     with pytest.raises(ValueError, match="slack must be finite"):
         BudgetCharge(run="1", round=3, mode="distributed", rho=0.5, slack=-1e-9)
 
