@@ -68,6 +68,7 @@ class _Parsed:
 
     dev: int
     ino: int
+    head: bytes = b""  # the header line (its random id): a new file under a reused inode differs there
     offset: int = 0
     lines: int = 0
     file_id: str = ""
@@ -370,7 +371,8 @@ class ClientBudget:
         st = os.fstat(fd)
         key = os.fspath(self.path)  # type: ignore[arg-type]
         got = _PARSED.pop(key, None)
-        if got is None or (got.dev, got.ino) != (st.st_dev, st.st_ino) or st.st_size < got.offset:
+        if (got is None or (got.dev, got.ino) != (st.st_dev, st.st_ino) or st.st_size < got.offset
+                or os.pread(fd, len(got.head), 0) != got.head):
             got = _Parsed(dev=st.st_dev, ino=st.st_ino)
         if st.st_size > got.offset:
             complete, sep, torn = os.pread(fd, st.st_size - got.offset, got.offset).rpartition(b"\n")
@@ -379,6 +381,8 @@ class ClientBudget:
                 os.fsync(fd)
             if sep:
                 self._parse(got, complete.decode("utf-8").split("\n"))  # (raises: the entry stays dropped)
+                if not got.offset:
+                    got.head = complete.split(b"\n", 1)[0] + b"\n"
                 got.offset += len(complete) + 1
         if got.lines and got.neighbouring != self.neighbouring:
             raise ValueError(f"client budget file {self.path} sums rho under {got.neighbouring!r}, this client "

@@ -490,3 +490,19 @@ def test_a_simulations_memory_is_in_ram_where_it_can_be(monkeypatch: pytest.Monk
     import tempfile
 
     assert run_temp_base() == ("/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir())
+
+
+def test_a_file_rewritten_in_place_is_read_again_from_its_start(tmp_path: Path) -> None:
+    # this process parses a file once and then only what was appended; a file rewritten under the same
+    # inode (larger than what was parsed) must not be taken for an append: its header (random id) differs
+    path = tmp_path / "b.jsonl"
+    ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path).charge(1.0, run="1", round=1, mode="local")
+    other = tmp_path / "other.jsonl"
+    fresh = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=other)
+    for rnd in (1, 2, 3):
+        fresh.charge(0.5, run="2", round=rnd, mode="local")
+    with path.open("r+b") as fh:  # the same inode, another file's bytes
+        fh.truncate(0)
+        fh.write(other.read_bytes())
+    again = ClientBudget(max_rho_total=10.0, neighbouring="add-remove", path=path)
+    assert [(c.run, c.round, c.rho) for c in again.charges] == [("2", 1, 0.5), ("2", 2, 0.5), ("2", 3, 0.5)]
