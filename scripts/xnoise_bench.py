@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from fedprivacy.accounting.distributed import XNoiseDesign
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.xnoise import ComponentSeeds, client_noise, excess_noise

@@ -7,6 +7,10 @@ the (cheap, looser) RDP answer, narrowed by interpolating log(epsilon) in log(z)
 points either side of the guess, with geometric bisection as the fallback. It stops when
 ``hi / lo - 1 <= rel_tol`` and returns ``hi``, whose epsilon was computed by the requested backend and
 is at most the target: the result never overshoots.
+
+The same search calibrates the completed-round pair of Poisson rounds whose completion is public
+(:func:`calibrate_completed`, :mod:`fedprivacy.accounting.completion`) and the dominating Gaussian of a
+distributed-DP run (:func:`calibrate_distributed`, :mod:`fedprivacy.accounting.release`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,17 @@ import math
 from collections.abc import Callable
 
 from fedprivacy.accounting.accountant import epsilon_for
-from fedprivacy.accounting.events import Neighbouring, Sampling
+from fedprivacy.accounting.audiences import AUDIENCES
+from fedprivacy.accounting.completion import CohortRuleSampling, epsilon_completed
+from fedprivacy.accounting.events import Neighbouring, NoSampling, PoissonSampling, Sampling
+from fedprivacy.accounting.release import SMOOTHING_VARIANCE, VARIANCE_MARGIN
 
-__all__ = ["calibrate_noise_multiplier"]
+__all__ = [
+    "accounted_noise_multiplier",
+    "calibrate_completed",
+    "calibrate_distributed",
+    "calibrate_noise_multiplier",
+]
 
 _Z_MIN = 1e-3
 _Z_MAX = 1e4
@@ -85,6 +97,82 @@ def calibrate_noise_multiplier(
             hi = 1.0  # RDP does not support this event; start from scratch
     bracket = _bracket(eps, target_epsilon, hi, step=0.85 if backend != "rdp" else 0.5)
     return _narrow(eps, target_epsilon, bracket, rel_tol=rel_tol)
+
+
+def calibrate_completed(*, target_epsilon: float, target_delta: float, sampling: CohortRuleSampling,
+                        steps: int, backend: str = "pld", rel_tol: float = 1e-3) -> float:
+    """Smallest noise multiplier (to ``rel_tol``) whose ``steps`` completed rounds meet the target
+    (the bracket-and-narrow of :func:`calibrate_noise_multiplier`, never overshoots)."""
+    _check_targets(target_epsilon, rel_tol)
+
+    def eps(z: float) -> float:
+        return epsilon_completed(noise_multiplier=z, sampling=sampling, steps=steps, delta=target_delta,
+                                 backend=backend)
+
+    # central DP's z at the inclusion rate q' is a lower bound of the answer: start just above it
+    hi = calibrate_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                    sampling=PoissonSampling(rate=min(1.0, sampling.inclusion_rate)),
+                                    steps=steps, backend="pld", rel_tol=rel_tol) * 1.02
+    bracket = _bracket(eps, target_epsilon, hi, step=0.98)
+    return _narrow(eps, target_epsilon, bracket, rel_tol=rel_tol)
+
+
+def accounted_noise_multiplier(*, noise_multiplier: float, clip_scale: float, l2_sensitivity: float,
+                               smoothing_variance: float = SMOOTHING_VARIANCE) -> float:
+    """``sqrt((z C s)^2 (1 - VARIANCE_MARGIN) - w) / Delta_2``: the Gaussian the ledger composes for a
+    run of noise ``z`` (:func:`fedprivacy.accounting.release.worst_case_release`)."""
+    v = (noise_multiplier * clip_scale) ** 2 * (1.0 - VARIANCE_MARGIN) - smoothing_variance
+    if not v > 0:
+        raise ValueError(f"noise variance (z C s)^2 = {(noise_multiplier * clip_scale) ** 2:g} must "
+                         f"exceed the smoothing variance {smoothing_variance:g}; raise the scale")
+    return math.sqrt(v) / l2_sensitivity
+
+
+def calibrate_distributed(*, target_epsilon: float, target_delta: float, steps: int,
+                          audience: str = "server", sampling: Sampling | CohortRuleSampling | None = None,
+                          neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+                          encoding_for: Callable[[float], tuple[float, float]],
+                          smoothing_variance: float = SMOOTHING_VARIANCE,
+                          max_slack: float = 1e-6, rel_tol: float = 1e-3) -> float:
+    """Smallest noise multiplier ``z`` whose ``audience`` epsilon over ``steps`` rounds meets the target.
+
+    Exact XNoise makes every completed round the same Gaussian release
+    (:func:`fedprivacy.accounting.audiences.audience_epsilons`), so the dominating Gaussian is
+    calibrated like central DP (:func:`calibrate_noise_multiplier`, ``pld``, never overshoots)
+    for the audience's sampling (``server``: none; ``observers``: ``sampling``), at
+    ``(target - 2 max_slack, delta e^-max_slack)`` so that any accepted slack ``H <= max_slack``
+    keeps the target. Then ``z`` is solved from ``z_acc = sqrt((z C s)^2 - w)/Delta_2``, where
+    ``encoding_for(z) -> (C s, Delta_2)`` gives the encoding the run would use at ``z`` (its scale
+    depends on the noise through the headroom check); iterated until the encoding at ``z`` carries
+    at least ``z_acc``.
+    """
+    if audience not in AUDIENCES:
+        raise ValueError(f"audience must be one of {AUDIENCES}, got {audience!r}")
+    if not target_epsilon > 2 * max_slack:
+        raise ValueError(f"target_epsilon must be > {2 * max_slack:g}, got {target_epsilon}")
+    samp = NoSampling() if audience == "server" or sampling is None else sampling
+    if isinstance(samp, CohortRuleSampling):  # the public's completed-round pair
+        if Neighbouring.parse(neighbouring) is not Neighbouring.ADD_REMOVE:
+            raise ValueError("the completed-round pair is proved for zero-out (neighbouring=add-remove) only")
+        z_acc = calibrate_completed(target_epsilon=target_epsilon - 2.0 * max_slack,
+                                    target_delta=target_delta * math.exp(-max_slack), sampling=samp,
+                                    steps=steps, rel_tol=rel_tol)
+    else:
+        z_acc = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon - 2.0 * max_slack,
+            target_delta=target_delta * math.exp(-max_slack), sampling=samp, steps=steps,
+            backend="pld", neighbouring=neighbouring, rel_tol=rel_tol)
+    z = z_acc
+    for _ in range(64):
+        clip_scale, l2 = encoding_for(z)
+        if (z * clip_scale) ** 2 * (1.0 - VARIANCE_MARGIN) > smoothing_variance and accounted_noise_multiplier(
+                noise_multiplier=z, clip_scale=clip_scale, l2_sensitivity=l2,
+                smoothing_variance=smoothing_variance) >= z_acc:
+            return z
+        z = max(z * (1 + 1e-12), math.sqrt(((z_acc * l2) ** 2 + smoothing_variance)
+                                           / (1.0 - VARIANCE_MARGIN)) / clip_scale)
+    raise ValueError("calibration did not converge: the encoding's scale keeps shrinking with the "
+                     "noise; raise secagg-bits")
 
 
 def _check_targets(target_epsilon: float, rel_tol: float) -> None:

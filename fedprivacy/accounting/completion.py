@@ -7,10 +7,10 @@ only when its cohort size ``n`` is in the set ``G`` of sizes the secure aggregat
 otherwise it aborts before anything is released. The public sees, per round, whether it completed
 (the model moves or not) and, if it did, the sum of the cohort's clipped updates plus Gaussian
 noise of std ``z Delta`` (the dominating Gaussian of the distributed discrete Gaussian,
-:mod:`fedprivacy.accounting.distributed`). Which rounds complete is therefore part of the release
-(review2 R8), and a completed round is more likely to contain a given client than ``q``.
+:mod:`fedprivacy.accounting.release`). Which rounds complete is therefore part of the release,
+and a completed round is more likely to contain a given client than ``q``.
 
-Neighbouring relation (the one distributed mode claims, :mod:`fedprivacy.accounting.distributed`):
+Neighbouring relation (the one distributed mode claims, :mod:`fedprivacy.accounting.kls`):
 zero-out, i.e. datasets ``D`` and ``D'`` differ in the *update* of one client ``i`` (``x_i`` with
 ``||x_i|| <= Delta`` against ``0``), while ``i`` stays in the population, is sampled with
 probability ``q`` and adds its noise share in both. Hence the cohort size has the same law under
@@ -89,7 +89,7 @@ Gaussian (Mironov, Talwar & Zhang 2019).
 
 Discrete noise and slack. The pair is about the dominating continuous Gaussian; the distributed
 discrete Gaussian is within ``e^(+-H')`` of it in every component (mixtures keep pointwise density
-ratio bounds; ``⊥`` atoms are exact), so :func:`fedprivacy.accounting.distributed.audience_epsilons`
+ratio bounds; ``⊥`` atoms are exact), so :func:`fedprivacy.accounting.audiences.audience_epsilons`
 adds its slack exactly as before.
 
 Not claimed. (1) Removing ``i`` from the population: in the revealed view, with ``b + 1 in G`` and
@@ -137,7 +137,6 @@ __all__ = [
     "CompletedRoundGaussian",
     "CompletionWeights",
     "CohortRuleSampling",
-    "calibrate_completed",
     "completion_weights",
     "epsilon_completed",
     "round_weights",
@@ -407,26 +406,3 @@ def epsilon_completed(*, noise_multiplier: float, sampling: CohortRuleSampling, 
     event = sampling.event_for(noise_multiplier).with_count(_check_int("steps", steps, 1))
     acc._check_event(event)
     return acc.epsilon_if(event, delta=delta)
-
-
-def calibrate_completed(*, target_epsilon: float, target_delta: float, sampling: CohortRuleSampling,
-                        steps: int, backend: str = "pld", rel_tol: float = 1e-3) -> float:
-    """Smallest noise multiplier (to ``rel_tol``) whose ``steps`` completed rounds meet the target
-    (the generic bracket-and-narrow of :mod:`fedprivacy.accounting.calibration`, never overshoots)."""
-    from fedprivacy.accounting.calibration import _bracket, _check_targets, _narrow
-
-    _check_targets(target_epsilon, rel_tol)
-
-    def eps(z: float) -> float:
-        return epsilon_completed(noise_multiplier=z, sampling=sampling, steps=steps, delta=target_delta,
-                                 backend=backend)
-
-    # central DP's z at the inclusion rate q' is a lower bound of the answer: start just above it
-    from fedprivacy.accounting.calibration import calibrate_noise_multiplier
-    from fedprivacy.accounting.events import PoissonSampling
-
-    hi = calibrate_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
-                                    sampling=PoissonSampling(rate=min(1.0, sampling.inclusion_rate)),
-                                    steps=steps, backend="pld", rel_tol=rel_tol) * 1.02
-    bracket = _bracket(eps, target_epsilon, hi, step=0.98)
-    return _narrow(eps, target_epsilon, bracket, rel_tol=rel_tol)

@@ -25,7 +25,7 @@ units that is noise ``σ/(2 k_b)``, so :func:`count_scale_for` takes ``k_b = ⌊
 The release is one discrete Gaussian sum on ``Z^(m+1)`` of L2 sensitivity ``hypot(Δ₂, k_b)``: its zCDP is
 ``(Δ₂² + k_b²)/(2V)``, the sum of the two blocks' (Canonne, Kamath & Steinke 2020, Thm 14; Bun & Steinke
 2016, Lemma 2.3), i.e. Theorem 1's "one Gaussian" in integer units
-(:mod:`fedprivacy.accounting.distributed` bounds the sum of discrete Gaussians, KLS 2021).
+(:mod:`fedprivacy.accounting.release` bounds the sum of discrete Gaussians, KLS 2021).
 """
 
 from __future__ import annotations

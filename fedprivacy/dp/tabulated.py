@@ -1,7 +1,7 @@
 """A discrete Gaussian sampler whose output distribution is known exactly (inversion of an integer CDF).
 
 Why. The privacy analysis of the distributed discrete Gaussian
-(:mod:`fedprivacy.accounting.distributed`) is about exact ``N_Z(0, v)`` noise. The vectorised
+(:mod:`fedprivacy.accounting.release`) is about exact ``N_Z(0, v)`` noise. The vectorised
 rejection sampler (:func:`fedprivacy.dp.discrete.sample_discrete_gaussian`) decides with float64
 ``log``/``exp`` and 53-bit uniforms, so its output law is only approximately the discrete Gaussian and
 its deviation has no rigorous bound. This sampler's output law ``q`` is an explicit table of integers,
@@ -25,7 +25,7 @@ Guarantee (:meth:`TabulatedDiscreteGaussian.ratio_bound`, :attr:`tail_mass`). Wi
 ``|q(x)/p~(x) - 1| <= r`` for every ``|x| <= K`` (same support), ``r`` computed from ``EXP_ERROR``,
 the rounded exponent (``|x^2/2v| u``) and the float division and normalisation; and
 ``TV(p~, p) <= tail_mass``. The accounting turns ``r`` into a density-ratio slack and the tail into an
-additive delta term (:func:`fedprivacy.accounting.distributed.sampler_slack`).
+additive delta term (:func:`fedprivacy.accounting.audiences.slack_epsilon`).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class BudgetCharge:
         mode: the privacy mode of the round.
         rho: its zCDP ρ (``math.inf``: released without the client's noise).
         slack: a ``distributed`` round's density-ratio slack ``eta + A`` (an additive epsilon of the
-            discrete release over its dominating Gaussian, :mod:`fedprivacy.accounting.distributed`).
+            discrete release over its dominating Gaussian, :mod:`fedprivacy.accounting.release`).
         tv: that round's sampler-truncation term ``G`` (total variation, an additive delta).
     """
 
@@ -144,12 +144,13 @@ def total_epsilon(charges: Sequence[BudgetCharge], *, delta: float) -> float:
     """The (ε, δ)-DP these releases compose to, against the server, at ``delta`` (inf if one is unbounded).
 
     ρ-zCDP composes additively (Bun & Steinke 2016, Lemma 2.3) and converts at ``δ'`` by
-    :func:`fedprivacy.accounting.distributed.zcdp_epsilon` (Canonne, Kamath & Steinke 2020, Cor. 13);
+    :func:`fedprivacy.accounting.kls.zcdp_epsilon` (Canonne, Kamath & Steinke 2020, Cor. 13);
     the ``distributed`` rounds' discrete slack is added by the same chain as the server's figure
-    (:func:`fedprivacy.accounting.distributed.slack_epsilon`: ``+2H'`` with ``H' = sum slack - log(1 -
+    (:func:`fedprivacy.accounting.audiences.slack_epsilon`: ``+2H'`` with ``H' = sum slack - log(1 -
     sum tv)``, at ``δ' = δ (1 - 1e-6) e^-H'``), so the total bounds the real discrete release (review6 Y1).
     """
-    from fedprivacy.accounting.distributed import slack_epsilon, zcdp_epsilon
+    from fedprivacy.accounting.audiences import slack_epsilon
+    from fedprivacy.accounting.kls import zcdp_epsilon
 
     rho = _total(charges)
     if math.isinf(rho):

@@ -61,7 +61,7 @@ from fedprivacy.fl.client_limits import MAX_TV_PER_ROUND, MAX_TV_TOTAL, PolicyRe
 from fedprivacy.fl.mechanisms import GaussianNoise, UnknownMechanism, get_client_mechanism, zcdp_rho
 
 if TYPE_CHECKING:
-    from fedprivacy.accounting.distributed import DistributedRelease
+    from fedprivacy.accounting.release import DistributedRelease
     from fedprivacy.config import RunConfig
     from fedprivacy.fl.client_budget import BudgetCharge, ClientBudget
     from fedprivacy.fl.mechanisms import ClientMechanism
@@ -174,7 +174,7 @@ class ClientPolicy:
             ``none`` mode costs ``ρ = ∞`` (its update leaves without the client's noise), so a finite
             total refuses those modes.
         max_slack_per_round: the largest discrete slack ``eta + A`` (an additive ε: the distributed
-            release against its dominating Gaussian, :mod:`fedprivacy.accounting.distributed`) of one
+            release against its dominating Gaussian, :mod:`fedprivacy.accounting.release`) of one
             distributed round it accepts; honest encodings carry ~4e-7 at 10⁶ coordinates, a server that
             shrinks C·scale under a large roster can make it ~6 (review8 A2).
         max_slack_total: the largest total slack it releases (with ``max_rho_total``: the total ε is then
@@ -203,7 +203,7 @@ class ClientPolicy:
     #: 10 rounds at the per-round cap; ε ≈ 50 at δ = 1e-5 (Bun & Steinke 2016, Prop. 1.3)
     max_rho_total: float = 20.0
     max_slack_per_round: float = 1e-4
-    #: the server's own bound on a whole run's slack (fedprivacy.accounting.distributed)
+    #: the server's own bound on a whole run's slack (fedprivacy.accounting.audiences)
     max_slack_total: float = 1e-3
     budget_path: str = ""
     memory_dir: str = ""

@@ -81,7 +81,7 @@ from fedprivacy.secagg.transcript import (
 )
 
 if TYPE_CHECKING:
-    from fedprivacy.accounting.distributed import XNoiseDesign
+    from fedprivacy.accounting.xnoise_design import XNoiseDesign
     from fedprivacy.secagg.xnoise import ComponentSeeds
 
 __all__ = ["ClientSession"]

@@ -7,9 +7,9 @@ Kairouz, Liu & Steinke 2021 (ICML), Algorithm 1 "DDGauss", per client:
 3. randomised Hadamard rotation with a public per-round seed (:mod:`.rotation`), zero-padded to
    ``m = 2^ceil(log2 d)``;
 4. conditional stochastic rounding: round (unbiasedly) until the L2 norm is at most
-   :func:`fedprivacy.accounting.distributed.rounded_l2_norm_bound` (each try succeeds w.p. >= 1-beta);
+   :func:`fedprivacy.accounting.kls.rounded_l2_norm_bound` (each try succeeds w.p. >= 1-beta);
 5. add discrete Gaussian noise. With ``xnoise`` (exact): the components of
-   :class:`fedprivacy.accounting.distributed.XNoiseDesign` for the round's roster
+   :class:`fedprivacy.accounting.xnoise_design.XNoiseDesign` for the round's roster
    (:mod:`.xnoise`); the server removes the survivors' excess from revealed seeds, so the released
    sum carries exactly ``sigma^2 = (z C s)^2`` for every survivor count. Legacy: ``N_Z(0, sigma_c^2)``
    per coordinate, ``sigma_c = sigma / sqrt(t_min)``, so any ``t_min`` or more survivors together
@@ -26,7 +26,7 @@ Thm 14; Bun & Steinke 2016, Lemma 2.3). The server reads the noised count with :
 
 The server unmasks the sum mod ``2^b``, lifts it to ``[-2^(b-1), 2^(b-1))``, rotates back and divides
 by ``s``. It never sees a sum without the clients' noise. The privacy of a completed round is
-computed by :func:`fedprivacy.accounting.distributed.distributed_round` from the survivors actually
+computed by :func:`fedprivacy.accounting.kls.distributed_round` from the survivors actually
 present.
 """
 
@@ -39,16 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedprivacy.accounting.distributed import (
+from fedprivacy.accounting.kls import DistributedRound, distributed_round, rounded_l2_norm_bound
+from fedprivacy.accounting.release import (
     DistributedRelease,
-    DistributedRound,
-    XNoiseDesign,
-    distributed_round,
     legacy_release,
     release_privacy,
-    rounded_l2_norm_bound,
     worst_case_release,
 )
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 from fedprivacy.dp.clipping import l2_norm
 from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
@@ -171,8 +169,8 @@ class DistributedDPConfig:
 
     def release(self, *, roster: int, survivors: int) -> DistributedRelease:
         """The privacy of a completed round from the noise left in its sum: XNoise
-        (:func:`~fedprivacy.accounting.distributed.release_privacy`) or the legacy share
-        (:func:`~fedprivacy.accounting.distributed.legacy_release`, not exact).
+        (:func:`~fedprivacy.accounting.release.release_privacy`) or the legacy share
+        (:func:`~fedprivacy.accounting.release.legacy_release`, not exact).
 
         A pure function of the (frozen) config and the counts, cached: every client of an in-process
         simulation checks the same round's release (``ClientPolicy.check_distributed``), ~1 ms each.
@@ -199,7 +197,7 @@ class DistributedDPConfig:
 
     def worst_release(self, *, max_roster: int, participant: bool = False) -> DistributedRelease:
         """One release dominating every completed XNoise round with roster ``<= max_roster`` and any
-        survivor count (:func:`~fedprivacy.accounting.distributed.worst_case_release`): the event and
+        survivor count (:func:`~fedprivacy.accounting.release.worst_case_release`): the event and
         the slack a run charges for each completed round, whatever its counts."""
         if not self.xnoise:
             raise ValueError("worst_release needs exact XNoise components (xnoise=True)")
@@ -210,7 +208,7 @@ class DistributedDPConfig:
 
     def slack_bound(self, *, roster: int) -> tuple[float, float]:
         """Per-round accounting slack ``(h, g)`` (``h = eta + sampler ratio``, ``g`` the sampler's
-        truncation TV; the ``H'`` and ``G`` of :mod:`fedprivacy.accounting.distributed`) of
+        truncation TV; the ``H'`` and ``G`` of :mod:`fedprivacy.accounting.audiences`) of
         :meth:`worst_release`: a bound for every roster ``<= roster`` and every survivor count."""
         r = self.worst_release(max_roster=roster)
         return r.eta + r.sampler_ratio, r.sampler_tv

@@ -64,7 +64,7 @@ from fedprivacy.secagg.transcript import (
 )
 
 if TYPE_CHECKING:
-    from fedprivacy.accounting.distributed import XNoiseDesign
+    from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
 __all__ = ["ServerSession"]
 

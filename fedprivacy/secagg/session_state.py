@@ -183,7 +183,7 @@ def _restore_view(s: ClientSession, f: _Fields) -> None:
 def _restore_design(s: ClientSession, f: _Fields) -> None:
     s._design = None
     if f["design.present"] is True:
-        from fedprivacy.accounting.distributed import XNoiseDesign
+        from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
         s._design = XNoiseDesign(
             total_variance=float(f["design.total_variance"]), roster=int(f["design.roster"]),

@@ -1,6 +1,6 @@
 """XNoise on the wire: the clients' seeded noise components and the server's removal of the excess.
 
-Design and privacy argument: :class:`fedprivacy.accounting.distributed.XNoiseDesign` (exact noise
+Design and privacy argument: :class:`fedprivacy.accounting.xnoise_design.XNoiseDesign` (exact noise
 for every agreed survivor count; Dordis, Jiang, Wang & Chen, EuroSys 2024, Sec. 4). This module only
 turns a design into integer vectors:
 
@@ -40,7 +40,7 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedprivacy.accounting.distributed import XNoiseDesign
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.dp.tabulated import sample_tabulated_discrete_gaussian
 from fedprivacy.secagg.quantize import to_ring

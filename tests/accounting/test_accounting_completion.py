@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from fedprivacy.accounting.calibration import calibrate_completed
 from fedprivacy.accounting.completion import (
     CohortRuleSampling,
     CompletedRoundGaussian,
-    calibrate_completed,
     completion_weights,
     epsilon_completed,
     round_weights,

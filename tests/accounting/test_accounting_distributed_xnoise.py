@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from fedprivacy.accounting.distributed import (
-    XNoiseDesign,
-    audience_epsilons,
+from fedprivacy.accounting.audiences import audience_epsilons
+from fedprivacy.accounting.events import NoSampling, PoissonSampling
+from fedprivacy.accounting.release import (
     gaussian_domination,
     release_privacy,
     sum_pmf_log_bounds,
     theta_excess,
 )
-from fedprivacy.accounting.events import NoSampling, PoissonSampling
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
 
 # ----------------------------------------------------------------------------- designs
@@ -235,8 +235,8 @@ def test_tiny_components_make_the_slack_visible_or_refused() -> None:
 # ----------------------------------------------------------------------------- calibration
 @pytest.mark.parametrize("audience", ["server", "observers"])
 def test_calibration_meets_the_audience_target_without_overshooting(audience: str) -> None:
-    from fedprivacy.accounting.distributed import accounted_noise_multiplier, calibrate_distributed
-    from fedprivacy.accounting.distributed import rounded_l2_norm_bound as bound
+    from fedprivacy.accounting.calibration import accounted_noise_multiplier, calibrate_distributed
+    from fedprivacy.accounting.kls import rounded_l2_norm_bound as bound
 
     dim, rounds, q = 2**12, 30, 0.2
 
@@ -264,7 +264,7 @@ def test_calibration_meets_the_audience_target_without_overshooting(audience: st
 
 
 def test_the_legacy_share_gets_the_pld_but_no_amplification() -> None:
-    from fedprivacy.accounting.distributed import legacy_release
+    from fedprivacy.accounting.release import legacy_release
 
     scale, t = 4096.0, 6
     rel = legacy_release(local_variance=scale**2 / t, survivors=6, clip_norm=1.0, scale=scale,
@@ -275,7 +275,7 @@ def test_the_legacy_share_gets_the_pld_but_no_amplification() -> None:
     exact = audience_epsilons([_release()] * 20, delta=1e-5, sampling=PoissonSampling(rate=0.1))
     assert exact.amplified and exact.observers < exact.server
     # the PLD of the legacy round is below its old zCDP/RDP figure (the tighter conversion)
-    from fedprivacy.accounting.distributed import distributed_round, zcdp_epsilon
+    from fedprivacy.accounting.kls import distributed_round, zcdp_epsilon
 
     old = distributed_round(clip_norm=1.0, scale=scale, dim=2**14, beta=math.exp(-0.5),
                             local_sigma=scale / math.sqrt(t), num_survivors=6)
@@ -283,7 +283,7 @@ def test_the_legacy_share_gets_the_pld_but_no_amplification() -> None:
 
 
 def test_the_samplers_deviation_is_charged_and_the_float_sampler_is_flagged() -> None:
-    from fedprivacy.accounting.distributed import legacy_release
+    from fedprivacy.accounting.release import legacy_release
     from fedprivacy.dp.tabulated import law_bounds
 
     rel = _release()
@@ -297,7 +297,8 @@ def test_the_samplers_deviation_is_charged_and_the_float_sampler_is_flagged() ->
 
 
 def test_the_claim_states_both_audiences_and_their_threat_models() -> None:
-    from fedprivacy.accounting.distributed import audience_claim, legacy_release
+    from fedprivacy.accounting.audiences import audience_claim
+    from fedprivacy.accounting.release import legacy_release
 
     eps = audience_epsilons([_release()] * 5, delta=1e-5, sampling=PoissonSampling(rate=0.1))
     c = audience_claim(eps, sampling_description="poisson(q=0.1)", colluders=0, exact_noise=True)

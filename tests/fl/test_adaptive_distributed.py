@@ -18,7 +18,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fedprivacy.accounting.accountant import Accountant
-from fedprivacy.accounting.distributed import audience_epsilons
+from fedprivacy.accounting.audiences import audience_epsilons
 from fedprivacy.config import RunConfig
 from fedprivacy.dp.adaptive_clipping import reachable_clip_range, update_noise_multiplier
 from fedprivacy.dp.rng import RandomSource

@@ -287,8 +287,8 @@ def test_a_crash_at_any_byte_keeps_every_charge_whose_line_was_complete(tmp_path
 
 def test_the_total_epsilon_adds_the_discrete_slack_by_the_servers_chain() -> None:
     # Reference (review6 Y1): rho-zCDP composed, converted at delta' = delta (1 - 1e-6) e^-H', plus 2H', with
-    # H' = sum slack - log(1 - sum tv) (fedprivacy.accounting.distributed, "Sampler"), computed by hand here
-    from fedprivacy.accounting.distributed import zcdp_epsilon
+    # H' = sum slack - log(1 - sum tv) (fedprivacy.accounting.audiences.slack_epsilon), computed by hand here
+    from fedprivacy.accounting.kls import zcdp_epsilon
 
     charges = [BudgetCharge(run="1", round=r, mode="distributed", rho=0.5, slack=4e-7, tv=3e-70) for r in (1, 2, 3)]
     charges.append(BudgetCharge(run="2", round=1, mode="local", rho=2.0))

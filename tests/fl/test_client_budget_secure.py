@@ -13,7 +13,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import client_app as real
-from fedprivacy.accounting.distributed import zcdp_epsilon
+from fedprivacy.accounting.kls import zcdp_epsilon
 from fedprivacy.fl.client_budget import ClientBudget
 from fedprivacy.fl.client_policy import PolicyRefusal
 from fedprivacy_flwr import codec

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fedprivacy.accounting.distributed import audience_epsilons
+from fedprivacy.accounting.audiences import audience_epsilons
 from fedprivacy.accounting.events import GaussianEvent, NoSampling, PoissonSampling
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.modes import get_mode

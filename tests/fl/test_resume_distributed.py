@@ -22,7 +22,7 @@ import pytest
 from test_secure_round import DirectTransport, _updates
 
 from fedprivacy.accounting import ChargeJournal
-from fedprivacy.accounting.distributed import audience_epsilons
+from fedprivacy.accounting.audiences import audience_epsilons
 from fedprivacy.config import RunConfig
 from fedprivacy.errors import ConfigError
 from fedprivacy.fl.modes import Transport

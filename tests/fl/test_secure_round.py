@@ -227,9 +227,9 @@ def test_distributed_round_accounts_the_survivors_noise() -> None:
     outcome = rnd(_instr(privacy="distributed"), list(range(8)), like, RandomSource.seeded(1))
     # Assert: exact XNoise — the 7 survivors' sum keeps exactly σ² = (zCs)² (not 7/5 of it, as the
     # legacy share did); the ledger gets its dominating Gaussian, std sqrt(σ² − w) over Δ₂
-    # (fedprivacy.accounting.distributed, Proposition)
-    from fedprivacy.accounting.distributed import SMOOTHING_VARIANCE, VARIANCE_MARGIN
+    # (fedprivacy.accounting.release, Proposition)
     from fedprivacy.accounting.events import GaussianEvent, NoSampling
+    from fedprivacy.accounting.release import SMOOTHING_VARIANCE, VARIANCE_MARGIN
 
     enc = make_encoding(cfg, population=8, dim=4000, threshold=5)
     ddp = enc.ddp()
@@ -395,7 +395,8 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
     # sampling for the server, the completed-round pair for observers while no client was lost
     import dp_accounting
 
-    from fedprivacy.accounting.distributed import SMOOTHING_VARIANCE, rounded_l2_norm_bound
+    from fedprivacy.accounting.kls import rounded_l2_norm_bound
+    from fedprivacy.accounting.release import SMOOTHING_VARIANCE
     from fedprivacy.fl.run import read_participation
 
     cfg = RunConfig.from_mapping({"privacy": "distributed", "secagg": True, "sample-rate": 0.5})

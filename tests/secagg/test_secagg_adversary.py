@@ -176,7 +176,7 @@ def test_item5_two_colluding_neighbours_are_refused_by_the_degree_rule() -> None
 @pytest.mark.parametrize("xnoise", [False, True])
 @pytest.mark.parametrize("colluders", [1, 2])
 def test_colluders_with_the_server_learn_only_the_honest_survivors_sum(colluders: int, xnoise: bool) -> None:
-    from fedprivacy.accounting.distributed import XNoiseDesign
+    from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
     n, k = 14, 6
     t = min_safe_threshold(k, colluders=colluders)
@@ -302,7 +302,7 @@ def test_random_malicious_schedules_reveal_only_allowed_sums(
     colluders = frozenset(rnd.sample(ids, c))
     noise = None
     if xnoise:  # exact noise whatever the survivors (issue 12): the attacker must not strip it
-        from fedprivacy.accounting.distributed import XNoiseDesign
+        from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
         def noise(roster: int) -> XNoiseDesign:
             return XNoiseDesign(total_variance=1e4, roster=roster,

@@ -8,14 +8,14 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from fedprivacy.accounting.accountant import Accountant
-from fedprivacy.accounting.distributed import (
+from fedprivacy.accounting.events import DiscreteGaussianEvent
+from fedprivacy.accounting.kls import (
     distributed_round,
     round_event,
     rounded_l2_norm_bound,
     sum_divergence_tau,
     zcdp_epsilon,
 )
-from fedprivacy.accounting.events import DiscreteGaussianEvent
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.ddp import DistributedDPConfig, decode_sum, encode_update
 from fedprivacy.secagg.local import run_round

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedprivacy.accounting.distributed import XNoiseDesign
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 from fedprivacy.dp.discrete import sample_discrete_gaussian
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.client_session import ClientSession

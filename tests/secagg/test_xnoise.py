@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fedprivacy.accounting.distributed import XNoiseDesign
+from fedprivacy.accounting.xnoise_design import XNoiseDesign
 from fedprivacy.dp.rng import RandomSource
 from fedprivacy.secagg.ddp import DistributedDPConfig, decode_sum, encode_update
 from fedprivacy.secagg.local import run_round

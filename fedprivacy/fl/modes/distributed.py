@@ -1,7 +1,7 @@
 """``distributed``: secure aggregation with distributed discrete Gaussian noise (Kairouz, Liu & Steinke
 2021), the mode whose server only ever unmasks a sum that already carries the survivors' noise.
 
-Noise: exact XNoise (:class:`fedprivacy.accounting.distributed.XNoiseDesign`, after Dordis): each
+Noise: exact XNoise (:class:`fedprivacy.accounting.xnoise_design.XNoiseDesign`, after Dordis): each
 client adds a base component from its own source and seeded components; the server removes the
 survivors' excess from seeds revealed under the certified survivor view, so the released sum carries
 exactly ``(zCs)^2`` of honest noise for every survivor count, all drawn by the exact-law sampler
@@ -56,7 +56,7 @@ _PRIVATE_COUNTS = ("per-round client counts, rosters, survivors, graph degrees, 
 
 def _adjacency(cfg: RunConfig) -> str:
     # KLS 2021's theorem covers neighbouring sums that differ in one client's update while every
-    # survivor's noise share is present in both (fedprivacy.accounting.distributed): say so.
+    # survivor's noise share is present in both (fedprivacy.accounting.release): say so.
     if Neighbouring.parse(cfg.neighbouring) is Neighbouring.ADD_REMOVE:
         return ("zero-out: one client's update replaced by 0, every survivor's noise share present "
                 "(KLS 2021); removing a client together with its noise share is not claimed")
@@ -87,7 +87,7 @@ def row_epsilon(accountant: Accountant, cfg: RunConfig, plan: PrivacyPlan) -> fl
     slack ``2H'`` of ``num-server-rounds`` rounds (review5 X4); when the ledger holds more releases than
     that (a round re-charged after a crash), ``2H'`` of every release at ``δ (1 - 1e-6) e^-H'`` for them
     (review7 Z3: the row was 3.4e-9 below the headline)."""
-    from fedprivacy.accounting.distributed import slack_epsilon
+    from fedprivacy.accounting.audiences import slack_epsilon
 
     releases = charged_releases(accountant, plan)
     if releases <= cfg.num_server_rounds:
@@ -99,8 +99,8 @@ def row_epsilon(accountant: Accountant, cfg: RunConfig, plan: PrivacyPlan) -> fl
 
 def _calibrate(cfg: RunConfig, *, population: int, dim: int, threshold: int, roster: int) -> float:
     """The smallest z meeting ``target-epsilon`` for ``privacy-audience``
-    (:func:`fedprivacy.accounting.distributed.calibrate_distributed`, slack included)."""
-    from fedprivacy.accounting.distributed import calibrate_distributed
+    (:func:`fedprivacy.accounting.calibration.calibrate_distributed`, slack included)."""
+    from fedprivacy.accounting.calibration import calibrate_distributed
 
     def encoding_for(z: float) -> tuple[float, float]:
         enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim,
@@ -158,7 +158,7 @@ class DistributedMode:
         if cfg.accountant not in ("pld", "rdp"):
             raise ValueError(
                 f"accountant must be 'pld' or 'rdp' when privacy={self.name!r} (each round is "
-                f"accounted as its dominating Gaussian, fedprivacy.accounting.distributed), got "
+                f"accounted as its dominating Gaussian, fedprivacy.accounting.release), got "
                 f"{cfg.accountant!r}")
         if cfg.noise_multiplier == 0 and cfg.target_epsilon == 0:
             raise ValueError(
@@ -175,7 +175,7 @@ class DistributedMode:
     def plan(self, cfg: RunConfig, *, population: int, dim: int | None) -> PrivacyPlan:
         """The plan; ``event`` is the worst case (``t`` survivors) for a ``dim``-parameter model.
 
-        The event is the round's dominating Gaussian (:mod:`fedprivacy.accounting.distributed`) for
+        The event is the round's dominating Gaussian (:mod:`fedprivacy.accounting.release`) for
         ``privacy-audience``; the budget the accountant checks is lowered by the run's worst-case
         accounting slack (``target_epsilon - 2H'`` at ``delta (1 - 1e-6) e^-H'``), so that a round the
         budget admits keeps the final figure, slack included, within the target.
@@ -219,7 +219,7 @@ class DistributedMode:
             epsilon_slack=2.0 * slack, slack_per_round=ddp.slack_bound(roster=roster),
             mechanism=(f"distributed discrete Gaussian under SecAgg+ (Kairouz, Liu & Steinke 2021): "
                        f"{how}; the server only sees the noised sum; accounted as its dominating "
-                       f"Gaussian (fedprivacy.accounting.distributed)"
+                       f"Gaussian (fedprivacy.accounting.release)"
                        + ("; adaptive clip norm (Andrew et al. 2021): each client's clipped-count bit is "
                           "one more coordinate of its secure-aggregation vector under the same noise, the "
                           "event is the pair composed (sensitivity hypot(Delta_2, k_b))" if spec else "")),
@@ -362,17 +362,18 @@ def unmodelled_round(cfg: RunConfig, reason: str | None, cohort_size: int | None
 
 
 def _is_void_charge(event: PrivacyEvent, plan: PrivacyPlan) -> bool:
-    """Whether ``event`` is an unamplified re-charge of ``FederatedRun._void_amplification`` (an
-    observers run's rounds are charged amplified events; only the void charges the plan's
-    ``unamplified_event``)."""
+    """Whether ``event`` is an unamplified re-charge of
+    :meth:`fedprivacy.fl.journal.WriteAheadJournal.void_amplification` (an observers run's rounds are
+    charged amplified events; only the void charges the plan's ``unamplified_event``)."""
     void = plan.unamplified_event
     return void is not None and event.with_count(1) == void.with_count(1)
 
 
 def charged_releases(accountant: Accountant, plan: PrivacyPlan) -> int:
     """The releases the ledger holds: every entry's count except the unamplified re-charges of an
-    observers run whose amplification was voided (``FederatedRun._void_amplification``), which charge
-    rounds already counted once (review3 V4 residue: counting them made a phantom cut-off round)."""
+    observers run whose amplification was voided
+    (:meth:`fedprivacy.fl.journal.WriteAheadJournal.void_amplification`), which charge rounds already
+    counted once (counting them again would make a phantom cut-off round)."""
     return sum(e.event.count for e in accountant.ledger if not _is_void_charge(e.event, plan))
 
 
@@ -400,7 +401,7 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
 
     ``ddps`` (adaptive clipping): per charged round, the encodings it can have run with (one for a
     completed round, its own clip norm); the round is charged the worst case over them."""
-    from fedprivacy.accounting.distributed import audience_claim, audience_epsilons
+    from fedprivacy.accounting.audiences import audience_claim, audience_epsilons
 
     t, _ = secagg_parameters(cfg, population=plan.population)
     ddp = make_encoding(cfg, population=plan.population, dim=dim, threshold=t).ddp()

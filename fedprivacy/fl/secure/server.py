@@ -79,8 +79,8 @@ from fedprivacy.secagg.messages import (
 from fedprivacy.secagg.server_session import ServerSession
 
 if TYPE_CHECKING:
-    from fedprivacy.accounting.distributed import XNoiseDesign
     from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.accounting.xnoise_design import XNoiseDesign
     from fedprivacy.config import RunConfig
     from fedprivacy.dp.rng import RandomSource
 
