@@ -39,6 +39,7 @@ from fedprivacy.fl.secure import (
     client_masked_round,
     client_share,
     client_unmask,
+    peer_auth,
 )
 from fedprivacy.fl.types import RoundInstructions
 from fedprivacy_flwr import codec
@@ -57,8 +58,9 @@ def _advertise(context: Context, setup: object, *, partition_id: int, policy: Cl
     """Stage 1 with the node's round record (:mod:`clients.round_log`): refused for a round it
     already took part in, on either path."""
     log = round_log.load(context)
+    peers = peer_auth(policy, run_id=int(context.run_id), partition_id=partition_id)  # signs its keys
     keys = client_advertise(_store(context), _key(context), setup, partition_id=partition_id,  # type: ignore[arg-type]
-                            policy=policy, log=log)
+                            policy=policy, log=log, peers=peers)
     budget_log.admit(context, policy, round=setup.round)  # type: ignore[attr-defined]  # durable, before it leaves
     round_log.save(context, log)
     return keys
@@ -108,14 +110,14 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
     # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it; a seeded
     # round's XNoise follows from the server's seed, so its sum carries no noise against the server (review6 Y3)
-    rho, slack = budget_log.secagg_cost(policy, encoding,
-                                        _store(context).get(_key(context), round=request.round).setup,
-                                        roster=len(request.node_ids))
+    session = _store(context).get(_key(context), round=request.round)
+    rho, slack = budget_log.secagg_cost(policy, encoding, session.setup, roster=len(request.node_ids))
     if policy.seed(instr.seed) >= 0:
         rho = math.inf
     budget_log.check(context, policy, rho, round=request.round, mode=instr.privacy, slack=slack)
     out = client_share(_store(context), _key(context), request, encoding=encoding, instructions=instr,
-                       cfg=cfg, policy=policy)
+                       cfg=cfg, policy=policy,  # its peers' long-term signatures checked (pins fsync'd)
+                       peers=peer_auth(policy, run_id=int(context.run_id), partition_id=session.node_id))
     budget_log.hold(context, policy, rho, round=request.round, slack=slack)
     # answered once per run and round, on record before it leaves (a rollback of the node state would let a
     # second share request with another roster split the same keys again: one roster's survivors revealing

@@ -148,6 +148,8 @@ NODE_CONFIG_KEYS = {
     "client-min-roster": "min_roster",
     "client-allow-seeded": "allow_seeded",
     "client-disclose": "disclose",
+    "client-identity-key": "identity_key",
+    "client-peer-directory": "peer_directory",
 }
 
 
@@ -195,6 +197,10 @@ class ClientPolicy:
         min_roster: the smallest roster of a secure round it shares its keys with.
         allow_seeded: whether the seeded research mode (not private) may be used.
         disclose: metrics it may send beside its update.
+        identity_key: its long-term Ed25519 key file (PEM): it signs its key advertisements and checks its
+            peers' (:mod:`fedprivacy.secagg.peers`); ``""``: peers are trusted as the server relays them.
+        peer_directory: the operator's node id -> public key file; ``""`` with an identity key: peers'
+            keys are pinned on first use beside the durable memory (:func:`fedprivacy.fl.secure.peer_auth`).
     """
 
     modes: tuple[str, ...] = ("local", "distributed")
@@ -217,6 +223,8 @@ class ClientPolicy:
     min_roster: int = 5
     allow_seeded: bool = False
     disclose: tuple[str, ...] = field(default=())
+    identity_key: str = ""
+    peer_directory: str = ""
 
     def __post_init__(self) -> None:
         if not all(isinstance(m, str) and m for m in self.modes):

@@ -9,7 +9,7 @@ with a signed peer set; 4 (active schedule) sign at most one checked view of the
 one kind of share per peer, for the certified view only.
 
 Threat model: a server that deviates arbitrarily, with at most ``c`` colluding clients; assuming
-faithful key relay (no PKI), no Sybils and secure primitives, the server learns per round and world
+authentic peer keys (:mod:`.peers`), no Sybils and secure primitives, the server learns per round and world
 at most the sum over the honest members of one certified survivor set (at least
 ``max(t, min_survivors, T) - c`` of them). The semi-honest schedule (no stage 4) is safe only against
 a server that follows the protocol. The argument is in ``docs/SECAGG.md``.

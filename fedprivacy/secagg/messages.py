@@ -83,7 +83,11 @@ class SetupRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdvertiseKeys:
-    """Stage 1, client -> server: three fresh public keys and the commitment to the self-mask seed."""
+    """Stage 1, client -> server: three fresh public keys and the commitment to the self-mask seed.
+
+    With authenticated peers (:mod:`.peers`): the client's long-term Ed25519 public key and its
+    signature over the advertisement (bound to the run, setup, round and node id); empty otherwise.
+    """
 
     round: int
     node_id: int
@@ -91,6 +95,8 @@ class AdvertiseKeys:
     mask_public: bytes
     sign_public: bytes
     seed_commitment: bytes
+    identity_public: bytes = b""
+    identity_signature: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +109,8 @@ class ShareKeysRequest:
     mask_publics: list[bytes]
     sign_publics: list[bytes]
     seed_commitments: list[bytes]
+    identity_publics: list[bytes] = field(default_factory=list)  # empty, or one per roster entry
+    identity_signatures: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

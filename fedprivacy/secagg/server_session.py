@@ -47,6 +47,7 @@ from fedprivacy.secagg.messages import (
     _check_vector,
     _Stage,
 )
+from fedprivacy.secagg.peers import identity_columns as _identity_columns
 from fedprivacy.secagg.prg import apply_masks
 from fedprivacy.secagg.robust import recover_secret
 from fedprivacy.secagg.transcript import (
@@ -187,7 +188,8 @@ class ServerSession:
             round=s.round, node_ids=ids, enc_publics=[roster[i].enc_public for i in ids],
             mask_publics=[roster[i].mask_public for i in ids],
             sign_publics=[roster[i].sign_public for i in ids],
-            seed_commitments=[roster[i].seed_commitment for i in ids])
+            seed_commitments=[roster[i].seed_commitment for i in ids],
+            **_identity_columns([roster[i] for i in ids]))
         self._world = world_id(s, request)
         self._neighbours = harary_neighbours(ids, degree=s.degree, seed=self._world)
         self._roster = roster

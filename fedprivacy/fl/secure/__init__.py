@@ -20,6 +20,7 @@ from fedprivacy.fl.secure.client import (
     client_masked_round,
     client_share,
     client_unmask,
+    peer_auth,
 )
 from fedprivacy.fl.secure.params import (
     encoding_kind,
@@ -51,5 +52,6 @@ __all__ = [
     "export_session",
     "import_session",
     "make_encoding",
+    "peer_auth",
     "secagg_parameters",
 ]

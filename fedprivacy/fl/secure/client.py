@@ -9,6 +9,7 @@ see ``clients/secagg_handlers.py``), never messages, metrics, logs or files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from fedprivacy.secagg.messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
+from fedprivacy.secagg.peers import PeerAuth
 from fedprivacy.secagg.session_state import RoundLog
 from fedprivacy.secagg.xnoise import ComponentSeeds
 
@@ -50,6 +52,7 @@ __all__ = [
     "client_masked_round",
     "client_share",
     "client_unmask",
+    "peer_auth",
 ]
 
 
@@ -192,16 +195,19 @@ class ExportedSessionStore(SessionStore):
 
 def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequest, *,
                      partition_id: int, policy: ClientPolicy | None = None,
-                     log: RoundLog | None = None) -> AdvertiseKeys:
+                     log: RoundLog | None = None, peers: PeerAuth | None = None) -> AdvertiseKeys:
     """Stage 1: a fresh session (fresh keys and self-mask seed) for this round, if the setup meets
     the client's own floor (``policy``, default :class:`ClientPolicy`'s safe defaults) and ``log`` (the
     node's record of rounds taken part in) has not seen this round. Sessions of rounds before the
-    previous one are forgotten (they can no longer complete)."""
+    previous one are forgotten (they can no longer complete). With ``peers`` the advertisement carries
+    the client's long-term signature (bound to the run ``key[0]``, the setup and the round)."""
     policy = policy if policy is not None else ClientPolicy()
     policy.check_secagg(setup)
     session = ClientSession(node_id=partition_id, setup=setup, colluders=policy.colluders,
                             require_active=policy.schedule == "active")
     reply = session.advertise_keys(log=log)
+    if peers is not None:
+        reply = peers.sign(reply, run_id=key[0], setup=setup)
     store.prune(key, before=setup.round - 1)
     store.put(key, session)
     return reply
@@ -209,7 +215,7 @@ def client_advertise(store: SessionStore, key: tuple[int, int], setup: SetupRequ
 
 def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRequest, *,
                  encoding: EncodingSpec, instructions: RoundInstructions, cfg: RunConfig,
-                 policy: ClientPolicy | None = None) -> SharedKeys:
+                 policy: ClientPolicy | None = None, peers: PeerAuth | None = None) -> SharedKeys:
     """Stage 2: check the round's encoding against the client's own floor, then Shamir-share the
     self-mask seed, the mask key and (distributed DP) the client's XNoise seeds.
 
@@ -217,7 +223,8 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
     (C, scale, bits, dimension, t, z, colluders) is checked against ``policy`` for the roster this
     client was shown (the ρ of the worst released sum), the XNoise design is built from it by the
     client itself, and the component seeds come from the client's own source (its seed rule:
-    ``policy.seed``). The masked stage encodes with exactly this encoding and these seeds.
+    ``policy.seed``). The masked stage encodes with exactly this encoding and these seeds. With
+    ``peers`` every roster entry must carry its peer's long-term signature (:mod:`fedprivacy.secagg.peers`).
     """
     policy = policy if policy is not None else ClientPolicy()
     session = store.get(key, round=request.round)
@@ -237,10 +244,28 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
                                           node_id=session.node_id, rng=rng)
     else:
         policy.check_mode("none")
+    if peers is not None:
+        peers.check_roster(request, node_id=session.node_id, run_id=key[0], setup=session.setup)
     reply = session.share_keys(request, components=components)
     store.put(key, session)
     store.put_encoding(key, request.round, encoding)
     return reply
+
+
+@functools.lru_cache(maxsize=64)
+def _peer_auth(identity: str, directory: str, pins: str) -> PeerAuth | None:
+    return PeerAuth.from_paths(identity=identity, directory=directory, pins=pins)
+
+
+def peer_auth(policy: ClientPolicy, *, run_id: int, partition_id: int) -> PeerAuth | None:
+    """The client's peer authentication (``client-identity-key``, ``client-peer-directory``): ``None``
+    without an identity key; else the directory, or pins in ``partition-<id>.peers.json`` beside the
+    node's durable memory file. ValueError (one line naming the key) on an unreadable file."""
+    if not policy.identity_key:
+        return _peer_auth("", policy.peer_directory, "")
+    memory = policy.memory_path(run_id=run_id, partition_id=partition_id)
+    return _peer_auth(policy.identity_key, policy.peer_directory,
+                      str(memory.with_name(f"partition-{int(partition_id)}.peers.json")))
 
 
 def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) -> None:
