@@ -33,7 +33,9 @@ from hypothesis import settings
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before numpy/torch load (workers and subprocesses inherit it)
-os.environ.setdefault("FEDPRIVACY_CACHE_DIR", tempfile.mkdtemp(prefix="fedprivacy-test-cache-"))
+if "FEDPRIVACY_CACHE_DIR" not in os.environ:  # the suite's own cache, removed at exit
+    os.environ["FEDPRIVACY_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedprivacy-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FEDPRIVACY_CACHE_DIR"], ignore_errors=True)
 # the clients' durable memory of what runs outside a test (module fixtures): the suite's own, removed at exit
 _MEMORY_ROOT = tempfile.mkdtemp(prefix="fedprivacy-test-client-memory-")
 atexit.register(shutil.rmtree, _MEMORY_ROOT, ignore_errors=True)
@@ -52,6 +54,7 @@ ENGINE_FILES = frozenset({
     "engine/test_cli_simulate.py",
     "server/test_flower_accountant_e2e.py",
     "sweep/test_sweep_runs.py",
+    "test_docs_examples.py",
 })
 _TESTS = Path(__file__).resolve().parent
 

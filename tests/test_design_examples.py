@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
-_BLOCK = re.compile(r"<!-- example: (?P<name>[a-z-]+) -->\s*```python\n(?P<code>.*?)```", re.S)
+_BLOCK = re.compile(r"<!-- example: (?P<name>[a-z-]+) -->\s*```python[^\n]*\n(?P<code>.*?)```", re.S)
 
 
 def _examples() -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +84,13 @@ def test_help_prints_the_whole_first_paragraph(name: str, capsys: pytest.Capture
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUICK))
-def test_script_runs_to_the_end_and_writes_json(name: str, tmp_path: Path) -> None:
+def test_script_runs_to_the_end_and_writes_json(name: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # scratch folders a script (or its child processes) makes land in the test's own folder
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / f"{name}.json"
     assert _main(name)([*QUICK[name], "--json", str(out)]) == 0
     assert isinstance(json.loads(out.read_text()), dict)

@@ -88,27 +88,33 @@ class ConsoleCallback(RunCallback):
 
 
 class CheckpointCallback(RunCallback):
-    """After every round, the model, the ledger and the records, atomically (``<run dir>/checkpoint``)."""
+    """After every round, the model, the ledger and the records, atomically (``<run dir>/checkpoint``).
+
+    A run without a folder (``run_dir=None``) is not checkpointed.
+    """
 
     def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
         from fedprivacy.fl.checkpoint import save_checkpoint
 
-        if run.run_dir is None:
-            raise ValueError("CheckpointCallback needs a run with a run_dir")
+        if run.run_dir is None:  # a run without a folder keeps nothing on disk
+            return
         save_checkpoint(run.run_dir / "checkpoint", round=record.round, weights=run.weights,
                         accountant=run.accountant, rows=[r.to_json() for r in run.records],
                         config=run.cfg.to_mapping(), extra=run.checkpoint_extra() or None)
 
 
 class OutputsCallback(RunCallback):
-    """At the end: results.json, rounds.csv, privacy_report.md and the plot (``<run dir>/``)."""
+    """At the end: results.json, rounds.csv, privacy_report.md and the plot (``<run dir>/``).
+
+    A run without a folder writes nothing; its results are in the returned RunResult.
+    """
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         from fedprivacy.fl.outputs import write_outputs
         from fedprivacy.report import privacy_report_md
 
-        if run.run_dir is None:
-            raise ValueError("OutputsCallback needs a run with a run_dir")
+        if run.run_dir is None:  # the results stay in the RunResult
+            return
         write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results,
                                                                           covers=run.mode.covers))
 
