@@ -1,9 +1,9 @@
-"""The node's record of the rounds it took part in (issue 10: "refuses to take part in one twice").
+"""The node's record of the rounds it took part in ("refuses to take part in one twice").
 
 One :class:`fedprivacy.secagg.session_state.RoundLog` per run in the node's ``context.state`` (client side
 only, never sent to the server), shared by the plain ``train`` path and the secure-aggregation
 advertise stage: a round number is taken part in once, on either path, and round numbers strictly
-increase (review2 R2: a server that sends the same local-mode round again and again would otherwise
+increase (a server that sends the same local-mode round again and again would otherwise
 average the client's fresh noise away). Node state can be rolled back: the same admission is also
 recorded in the node's durable memory (:func:`clients.budget_log.admit`), which does not.
 """

@@ -65,7 +65,7 @@ DEVICES = ("cpu", "cuda", "auto")  # auto: cuda when this torch has a device, el
 
 # The Flower app's defaults that differ from the library's, and why (the one place; pyproject.toml holds
 # the same values and tests/test_config.py pins both). The app runs secure aggregation with distributed
-# DP (issue 4); the library keeps central DP without SecAgg, so transport-free loops
+# DP; the library keeps central DP without SecAgg, so transport-free loops
 # (``fedprivacy.fl.run_federated``, notebooks, the attacks' targets) need no secure channel.
 APP_DEFAULTS: Mapping[str, Any] = MappingProxyType({"privacy": "distributed", "secagg": True})
 
@@ -305,7 +305,7 @@ class RunOptions:
     resume: bool = False
     client_timeout: float = 120.0
     max_failed_fraction: float = 0.5
-    # per-round participation counts in the published outputs of central mode (issue 11)
+    # per-round participation counts in the published outputs of central mode
     publish_participation: bool = False
     eval_every: int = 1
     # a simulation's Byzantine clients (fedprivacy.fl.byzantine); the launchers give it to the clients

@@ -135,7 +135,7 @@ def _covers(covers: Sequence[str], colluders: int | None = None) -> list[str]:
 
 
 def _accounting_section(p: dict[str, Any]) -> list[str]:
-    """Participation counts and the write-ahead journal (issue 11), when the run has them."""
+    """Participation counts and the write-ahead journal, when the run has them."""
     out: list[str] = []
     part = p.get("participation")
     if part:

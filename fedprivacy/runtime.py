@@ -1,6 +1,6 @@
 """Process-level tuning for the simulation's hot loops: keep freed memory for reuse (glibc malloc).
 
-Why (issue 16, measured): numpy temporaries of 0.1-16 MB (a 100k-parameter update in float64 is
+Why (measured): numpy temporaries of 0.1-16 MB (a 100k-parameter update in float64 is
 0.8 MB; the distributed-DP encoder makes about twenty) are served by glibc with ``mmap`` and handed
 back with ``munmap`` or a heap trim as soon as they are freed, because glibc's dynamic thresholds
 settle near the last freed size. The next temporary page-faults again: 2.8k minor faults and ~7 ms

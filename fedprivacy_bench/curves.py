@@ -146,7 +146,7 @@ def membership_markdown(settings: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------ issue 13 goals
+# ------------------------------------------------------------------------------------ the Fashion-MNIST goals
 def _iid_none(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [p for p in points if p["mode"] == "none" and "iid" in str(p["label"])]
 
@@ -165,7 +165,7 @@ def _chance_tpr(row: Mapping[str, Any], *, fpr: float = 0.01) -> bool:
 
 def curve_goals(points: Sequence[Mapping[str, Any]],
                 membership: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, str]]:
-    """Issue 13's goals against what ran: each entry ``goal``, ``verdict`` (met / missed / not
+    """The goals against what ran: each entry ``goal``, ``verdict`` (met / missed / not
     measured) and ``figures`` (the numbers and the setup they come from)."""
     goals: list[dict[str, str]] = []
     goal = "Non-DP CNN on Fashion-MNIST (IID) reaches ≥ 88% test accuracy, federated"
@@ -250,7 +250,7 @@ def curve_goals(points: Sequence[Mapping[str, Any]],
     return goals
 
 
-# ------------------------------------------------------- issue 12: distributed against central, same σ
+# ------------------------------------------------------- distributed against central, same σ
 def _pair_key(row: Row) -> str:
     """Everything of a run but its mode: two rows with equal keys ran the same σ, sampling and seed."""
     import json
@@ -355,10 +355,10 @@ def distributed_markdown(pairs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def distributed_goal(pairs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Issue 12's utility goal: distributed accuracy within 1 point of central at the same σ and
+    """The utility goal: distributed accuracy within 1 point of central at the same σ and
     sampling, on the benchmark setups, several seeds (met: every setup's mean difference ≥ −1 point;
     a setup with one seed is named as such: no spread)."""
-    goal = ("Issue 12: distributed accuracy within 1 point of central at the same σ and sampling "
+    goal = ("Distributed accuracy within 1 point of central at the same σ and sampling "
             "(several seeds)")
     older = [p for p in pairs if not p["recorded"]]
     pairs = [p for p in pairs if p["recorded"]]
@@ -419,7 +419,7 @@ def _tradeoff_panel(ax: Any, order: Sequence[Mapping[str, Any]], xs: Sequence[fl
 
 def plot_membership_tradeoff(settings: Sequence[Mapping[str, Any]], path: Path,
                              attacks: Sequence[str] | None = None) -> Path | None:
-    """Utility and privacy against ε side by side (issue 13), from ``scripts/user_membership.py --statistics``.
+    """Utility and privacy against ε side by side, from ``scripts/user_membership.py --statistics``.
 
     Left: the attacked models' test accuracy (mean, min-max band over the K models). Right, one row per
     level (user, example): AUC, TPR at 1% and at 0.1% FPR of every attack with its 95% interval (the
@@ -514,7 +514,7 @@ def membership_tested_markdown(settings: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out).rstrip("\n")
 
 
-# ------------------------------------------- issue 13: fedprivacy and Flower's DP strategies, same σ
+# ------------------------------------------- fedprivacy and Flower's DP strategies, same σ
 def _run_key(row: Row) -> tuple[Any, ...]:
     return (row.get("dataset"), row.get("label", ""), int(row.get("rounds", 0)), row.get("seed"))
 

@@ -42,7 +42,7 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "target-delta": spec.delta,
         "sampling": "poisson",
         "sample-rate": spec.sample_rate,
-        # distributed: each round is the PLD of its dominating Gaussian (issue 12; RDP cross-check in
+        # distributed: each round is the PLD of its dominating Gaussian (RDP cross-check in
         # results.json), like the central rows' PLD
         "accountant": "pld",
         "dpsgd": spec.mode == "dpsgd",
@@ -52,7 +52,7 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
         "run-name": spec.key(),
         "eval-every": spec.eval_every,
         # a benchmark row must not depend on the machine's load: with the default 120 s a loaded round
-        # left late clients out silently and the same seed gave another loss (perf, session 4)
+        # left late clients out silently and the same seed gave another loss (perf)
         "client-timeout": 3600.0,
         "server-optimizer": spec.server_optimizer,
         "server-learning-rate": spec.server_learning_rate,
@@ -68,7 +68,7 @@ def run_config_for(spec: BenchSpec, *, output_dir: str) -> dict[str, Any]:
 
 
 def distributed_epsilons(privacy: dict[str, Any]) -> dict[str, Any]:
-    """A distributed run's ε per audience as its ``results.json`` reports them (issue 12).
+    """A distributed run's ε per audience as its ``results.json`` reports them.
 
     ``server`` (no amplification: the server sees the cohorts), ``observers`` (the public, with the
     amplification of the sampling that ran), and the central-DP references at the same σ: the PLD of
@@ -115,7 +115,7 @@ def record_from_results(spec: BenchSpec, results: dict[str, Any], *, round_secon
                       f"fedprivacy {privacy.get('accountant', 'pld')} accountant, "
                       f"{privacy.get('sampling', 'Poisson')}"),
         rounds=len(rows),
-        # a run with private counts keeps each round's wall time in its private log (review3 V7):
+        # a run with private counts keeps each round's wall time in its private log:
         # run_fedprivacy reads it there (fedprivacy.fl.run.round_seconds)
         round_seconds=(list(round_seconds) if round_seconds is not None
                        else [float(r["seconds"]) for r in rows if "seconds" in r]),

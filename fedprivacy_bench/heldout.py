@@ -2,7 +2,7 @@
 
 The attacks on the curve's models have no training-split non-members (every training image is some
 client's, and all clients are sampled over T rounds), and Fashion-MNIST's official test images are a
-little harder than its training images even for a model that saw neither (mia5, session 5): the split
+little harder than its training images even for a model that saw neither (mia5): the split
 difference is a floor under every membership attack. This data set trains on the official training
 images ``0 .. 47,999`` only (2400 clients of 20 in the ``fedavgm-c300`` recipe) and keeps images
 ``48,000 .. 59,999`` out, as non-members drawn from the same split as the members. The test set is the

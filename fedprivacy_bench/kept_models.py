@@ -1,4 +1,4 @@
-"""A benchmark row's final global model, kept for the attacks (``--keep-models DIR``, issue 13).
+"""A benchmark row's final global model, kept for the attacks (``--keep-models DIR``).
 
 The membership-inference scripts attack the very models on the accuracy-ε curve: a fedprivacy row run
 with ``keep_dir`` leaves, per row, three files named by the spec's :meth:`BenchSpec.key` (format

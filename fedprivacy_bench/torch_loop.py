@@ -3,7 +3,7 @@
 Each round samples ``clients_per_round`` clients without replacement, trains a copy of the global
 model on each client's partition with the same local SGD (``fedprivacy.ml.train_local``), takes the
 example-weighted average (FedAvg) and evaluates on the server's test set. This is the floor every
-engine is compared against (issue 6: "each mode against a single-process torch loop doing the same
+engine is compared against ("each mode against a single-process torch loop doing the same
 local training"). A round's time includes its central evaluation, as fedprivacy's and the Flower
 baselines' round times do.
 """

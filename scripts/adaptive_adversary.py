@@ -1,7 +1,7 @@
 """Fixed cohorts under replace-one: the old figure, the adaptive adversary, and the accountant.
 
 For each case prints three epsilons at delta: ``two_directions`` (dp-accounting's remove and add PLDs
-composed separately, the larger one: what fedprivacy printed before issue 11, invalid against an
+composed separately, the larger one: what a direction-by-direction accountant prints, invalid against an
 adaptive adversary), ``adversary`` (what an adversary that switches direction round by round provably
 attains, ``fedprivacy.accounting.adversary``: a lower bound on the true epsilon) and ``accountant``
 (the "pld" backend: one pair for both directions, a valid upper bound). The true epsilon lies in
@@ -39,7 +39,7 @@ from fedprivacy.accounting.adversary import (
 )
 
 #: (mechanism, noise multiplier or Laplace epsilon, cohort, population, rounds, delta); the first two
-#: are issue 11's reported cases (the first is the README's example).
+#: are the reported cases (the first is the README's example).
 CASES = [
     ("gaussian", 2.0, 100, 1000, 50, 1e-5),
     ("gaussian", 1.0, 10, 100, 100, 1e-5),

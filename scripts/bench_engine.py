@@ -5,7 +5,7 @@ start-up time and peak memory are those of a fresh command. Peak memory is the p
 PSS (proportional set size, psutil) over the child's whole process tree,
 sampled every 0.2 s, so forked workers and Ray's processes are counted once for shared pages.
 
-Workload (issue 7): plain FedAvg (privacy ``none``), digits, 1000 clients, a fixed cohort of 100 per
+Workload: plain FedAvg (privacy ``none``), digits, 1000 clients, a fixed cohort of 100 per
 round, 1 local epoch; a ~10k-parameter MLP (hidden 128) and a ~100k one (``mlp-large``, hidden 288).
 
 - ``loop``: the same per-client work in a plain Python loop, no Flower: for each sampled client
@@ -129,10 +129,10 @@ def _app_dir(spec: dict[str, Any]) -> Path:
 
 
 def _engine_api() -> tuple[Any, Any]:
-    """(run_inprocess, resolve_run_config) of the tree this child runs (issue 14 moved them)."""
+    """(run_inprocess, resolve_run_config) of the tree this child runs."""
     try:
         from server.engine import resolve_run_config, run_inprocess
-    except ImportError:  # a baseline tree from before issue 14
+    except ImportError:  # a baseline tree with the older layout
         from server.inprocess import resolve_run_config, run_inprocess  # type: ignore[no-redef]
     return run_inprocess, resolve_run_config
 
@@ -191,7 +191,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         if path is None:
             raise RuntimeError("the run wrote no results.json")
         rows = json.loads(Path(path).read_text())["rounds"]
-        # with private counts the rounds' wall times are in the private log (review3 V7)
+        # with private counts the rounds' wall times are in the private log
         from fedprivacy.fl.run import round_seconds
 
         result["round_seconds"] = round_seconds(Path(path).parent)
@@ -217,7 +217,7 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
 
     try:
         from fedprivacy.fl.types import RoundInstructions
-    except ImportError:  # a baseline tree from before issue 14
+    except ImportError:  # a baseline tree with the older layout
         from fedprivacy.fl.client import RoundInstructions  # type: ignore[attr-defined,no-redef]
     resolve_run_config = _engine_api()[1]
     cfg = RunConfig.from_mapping(resolve_run_config(cfg_map, app_dir=_app_dir(spec)))
@@ -384,7 +384,7 @@ def _loop_seconds(w1: dict[str, Any] | None, loops: list[dict[str, Any]]) -> flo
 
 
 def _goals(rows: list[dict[str, Any]], *, population: int) -> dict[str, Any]:
-    """Issue 16's ratios, per tree, from the rows of this run (None where a row is missing)."""
+    """The ratios, per tree, from the rows of this run (None where a row is missing)."""
     out: dict[str, Any] = {}
     for tree in sorted({r.get("tree", "current") for r in rows}):
         mine = [r for r in rows if r.get("tree", "current") == tree and "error" not in r]
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10k model, 3 rounds, no Flower/scale")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="also run every loop/engine/default row with this checkout's library "
-                             "(e.g. main before issue 16), interleaved, in the same run")
+                             "(e.g. an older main), interleaved, in the same run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

@@ -2,7 +2,7 @@
 
 Measured (median of ``--repeats`` runs, interleaved so machine load hits all rows alike):
 
-- ``numpy_normal``: ``np.random.Generator(PCG64).normal`` (the reference of issue 2);
+- ``numpy_normal``: ``np.random.Generator(PCG64).normal`` (the reference);
 - ``secure_normal`` / ``seeded_normal``: ``RandomSource.normal`` (secure: AES-256-CTR keystream +
   Marsaglia polar method);
 - ``secure_laplace``, ``secure_uniform``, ``secure_integers`` (exact, range 3·2^20);

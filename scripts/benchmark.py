@@ -75,7 +75,7 @@ def calibrated_sigma(*, target_epsilon: float, sample_rate: float, rounds: int,
 
 
 # ------------------------------------------------------------------------------- Fashion-MNIST curves
-# Issue 13: accuracy against epsilon on real federated data. convnet (fedprivacy.ml.models, 28,938
+# accuracy against epsilon on real federated data. convnet (fedprivacy.ml.models, 28,938
 # parameters), 2 local epochs of SGD (lr 0.1, batch 10), clip C = 0.5 (about the median update norm in
 # the prototype), official 10k test set. IID: 3000 clients x 20 examples, the largest population with
 # >= 20 examples each; Dirichlet(0.5): 600 clients, the largest for which flwr-datasets' partitioner
@@ -170,7 +170,7 @@ BUDGET_SCOPE = [
     "**Not run**, and why: the issue's full design (T = 200 rounds, 3 seeds at every point, a "
     "Dirichlet(0.5) setup with 600 clients, distributed DP at every ε, local DP, Flower's "
     "`DifferentialPrivacyClientSideFixedClipping` at the same σ in the same run) needs ~16–17 hours of "
-    "an idle 2-core machine (estimate in the notes of issue 13); this page had about one hour of a "
+    "an idle 2-core machine (estimate); this page had about one hour of a "
     "2-core machine shared with ~8 other jobs (load average 10–17, an IID round 3–20 s instead of "
     "~2.5 s idle). Cut, in this order: rounds (200 → 30; three rows at 100), seeds (3 → 1–2), the "
     "Dirichlet setup, the local and Flower rows, distributed DP except at one σ. Server-optimizer "
@@ -192,7 +192,7 @@ BUDGET_SCOPE = [
     "(with 200 non-member clients the FPR resolution is 0.5%, so TPR at 0.1% FPR is not measured). "
     "With only 50 clients per model, user-level DP at small ε costs most of the accuracy: that is "
     "the population, not a defect (the noise on the mean update is σC/20 per coordinate).",
-    "The digits/Synthetic speed rows further down are the earlier full sweep (issue 6), rendered from "
+    "The digits/Synthetic speed rows further down are the earlier full sweep, rendered from "
     "its saved JSON, not re-run.",
 ]
 
@@ -217,7 +217,7 @@ def fashion_budget_sweep(*, rounds: int | None = None) -> list[BenchSpec]:
 
 
 # ------------------------------------------------------------------ named Fashion-MNIST setups
-# Issue 13's >= 88% goal (session 3). The budget recipe (FedAvg, T = 100: 0.827) was still rising
+# The >= 88% goal. The budget recipe (FedAvg, T = 100: 0.827) was still rising
 # ~0.3 points per 10 rounds. Only the server step changes here (same clients, model, local training,
 # clip): FedAdam (Reddi et al. 2021, Alg. 2; Flower's defaults lr 0.1, betas 0.9/0.99, tau 1e-3) or
 # FedAvgM (Hsu et al. 2019; server momentum is also the DP-FedAvg recipe of McMahan et al. 2018).
@@ -249,7 +249,7 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
             + "server FedAvgM (server lr 1.0, momentum 0.9)",
             training=dict(_FASHION_IID, clients_per_round=300, server_optimizer="fedavgm",
                           server_learning_rate=1.0, server_momentum=0.9)),
-        # Issue 13's "Flower's DP strategies at the same σ in the same run" (session 7): Flower's DP
+        # The "Flower's DP strategies at the same σ in the same run": Flower's DP
         # wrappers add their noise to what the wrapped strategy returns, after its server step, so
         # around FedAvgM they are another algorithm (docs/DESIGN.md, "Flower's DP wrappers around a
         # server optimizer"); this is fedavgm-c300 with the plain FedAvg step (server lr 1), the
@@ -260,13 +260,13 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
             + "server FedAvg (server lr 1.0: the new model is the released mean update applied as is)",
             training=dict(_FASHION_IID, clients_per_round=300, server_optimizer="fedavg",
                           server_learning_rate=1.0)),
-        # The non-IID side of the curve (issue 13: IID and Dirichlet(0.5), >= 20 examples per client,
+        # The non-IID side of the curve (IID and Dirichlet(0.5), >= 20 examples per client,
         # >= 100 per round): fedprivacy's "dirichlet" partitioner (flwr-datasets' DirichletPartitioner,
         # min_partition_size 20) over 600 clients, the largest population that gives every client >= 20
         # examples for seeds 0-2 (clients of 21-290 examples, mean 100; 650 fails for seeds 1 and 2),
         # 100 per round (q = 1/6) and fedavgm-c300's clients, model and server step. Its cost: 1.7x the
         # SGD steps of a fedavgm-c300 round (100 x 100 against 300 x 20 examples), yet the non-DP row took
-        # 7.3 s per round against fedavgm-c300's 8.2-9.0 non-DP on this machine (session 6: a third of the
+        # 7.3 s per round against fedavgm-c300's 8.2-9.0 non-DP on this machine (a third of the
         # clients per round). Its noise: at N = 600 the cohort does not help user-level DP (ε = 4, T = 120:
         # σ/m = 2.193/100 = 0.022, and 6.023/300 = 0.020 at 300 per round) against fedavgm-c300's
         # 1.470/300 = 0.0049, so central DP costs more here than on the IID setup: the population.
@@ -280,7 +280,7 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
             training=dict(FASHION_TRAINING, num_clients=600, clients_per_round=100, partitioner="dirichlet",
                           dirichlet_alpha=0.5, min_partition_size=20, eval_every=10, workers=1,
                           server_optimizer="fedavgm", server_learning_rate=1.0, server_momentum=0.9)),
-        # Issue 12's utility goal needs several seeds of distributed against central at the same σ
+        # The utility goal needs several seeds of distributed against central at the same σ
         # and sampling: the full sweep's main digits setup (100 of 1000 clients, ~100k parameters,
         # T = 15), where distributed reached 0.642 against central's 0.767 before exact XNoise.
         FashionSetup(
@@ -296,9 +296,9 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
 }
 
 
-# What the page says about the --setup runs (1 December 2026, session 3); rendered once per page.
+# What the page says about the --setup runs (1 December 2026); rendered once per page.
 SETUP_SCOPE: list[str] = [
-    "**Ran** for the ≥ 88% goal (session 3, 1 December 2026, 14:44–16:25 UTC, load average 5–14 "
+    "**Ran** for the ≥ 88% goal (1 December 2026, 14:44–16:25 UTC, load average 5–14 "
     "from other work; one process per row, at most two at a time): `--setup NAME` recipes = the "
     "budget recipe above with only the server step changed (and, for `fedavgm-c300`, the cohort). "
     "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100, "
@@ -316,7 +316,7 @@ SETUP_SCOPE: list[str] = [
     "or 1.586 (T = 150), divided by 300 instead of 100: about half the noise on the mean (0.0046 and "
     "0.0053 against 0.0085 per unit of C), for twice (T = 100) or three times (T = 150) the client work "
     "of 100 per round at T = 150.",
-    "**Membership inference, larger pools** (session 3; `scripts/user_membership.py`, commands above): "
+    "**Membership inference, larger pools** (`scripts/user_membership.py`, commands above): "
     "to keep DP models useful the noise on the mean update must shrink, so more clients per round: "
     "200 candidate clients x 100 images (100 per model, q = 0.4, 40 per round) at no DP and central "
     "ε = 2, 4, 1 (one run: 26 minutes wall, 9 of them paused by me while a benchmark row ran), and "
@@ -334,7 +334,7 @@ SETUP_SCOPE: list[str] = [
     "and distributed DP at the σ of central ε = 4 (seed 0; PLD accountant; its ε against the server and "
     "against observers in the issue-12 table; on the curve it sits at the observers' ε); "
     "`digits-100k` (the full sweep's main digits setup, T = 15): central and distributed at the σ of "
-    "ε = 3, seeds 0–2, for issue 12's several-seed comparison.",
+    "ε = 3, seeds 0–2, for the several-seed comparison.",
     "**Ran** in session 5 (1 December 2026, 20:55–22:26 UTC, load average 5–9 from other work; same "
     "way, each command at the top, every row with `--keep-models`: its final global model kept for the "
     "attacks of docs/ATTACKS.md): `fedavgm-c300` at T = 120: central ε = 1 and 8 at seeds 1 and 2, ε = 2 "
@@ -370,7 +370,7 @@ SETUP_SCOPE: list[str] = [
     "DP here. Not comparable to the IID setup point for point (another population and cohort, and its "
     "clients hold 5× the data, hence the higher non-DP accuracy at T = 120); one seed: no spread.",
     "**Ran** in session 7 (5 December 2026, 00:30–01:54 UTC, 84 minutes, load average 3.3–6.3 from other work; one "
-    "invocation, one row at a time, its command at the top): issue 13's \"Flower's DP strategies at the "
+    "invocation, one row at a time, its command at the top): the \"Flower's DP strategies at the "
     "same σ in the same run\" on `fedavg-c300` (`fedavgm-c300` with the plain FedAvg step, server lr 1: "
     "the algorithm both frameworks run as DP-FedAvg; around FedAvgM Flower's wrapper is another "
     "algorithm, docs/DESIGN.md), seed 0, T = 120, σ = 1.4702 (central ε = 4 at Poisson q = 0.1, PLD). "
@@ -627,7 +627,7 @@ def sweep_notes(specs: Sequence[BenchSpec], *, quick: bool,
         "default.",
         "The torch loop is one process, no Flower: sample the cohort, train each client with the "
         "same `train_local`, average weighted by examples, evaluate.",
-        "Fashion-MNIST curves (issue 13): `convnet` (28,938 parameters; 11,274 at width 16 in the "
+        "Fashion-MNIST curves: `convnet` (28,938 parameters; 11,274 at width 16 in the "
         "quick sweep), 2 local epochs of SGD (lr 0.1, batch 10), clip C = 0.5, the official 10k test "
         "set; IID 3000 clients x 20 examples and Dirichlet(0.5) 600 clients (>= 20 examples each), "
         "100 clients per round (Poisson), seeds 0-2. Central: σ calibrated to ε ∈ {1, 2, 4, 8} "

@@ -385,7 +385,7 @@ def _fmt(r: dict, key: str) -> str:
 def _verdict(r: dict, floor: dict | None) -> str:
     """'chance' (no permutation p-value < 0.05), else whether the attack beats the split floor: the
     reference-only row (models that saw no candidate) of the same level, by its 95% upper bounds. A figure
-    is listed only if it also beats chance itself (its own p < 0.05; review7 Z5)."""
+    is listed only if it also beats chance itself (its own p < 0.05)."""
     if r["attack"] == "reference-only":
         return "split floor" + (" (chance)" if r["at_chance_5pct"] else "")
     if r["at_chance_5pct"]:

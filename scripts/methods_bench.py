@@ -1,4 +1,4 @@
-"""Issue 17's utility goals on real data: DP-FedAdam vs DP-FedAvg at one ε, adaptive vs fixed clip norms.
+"""The utility goals on real data: DP-FedAdam vs DP-FedAvg at one ε, adaptive vs fixed clip norms.
 
 Every row is a set of run-config overrides of fedprivacy's own apps, run on the in-process engine
 (``server.engine.run_inprocess``), so the rows can be copied into ``scripts/benchmark.py`` as they are.

@@ -3,7 +3,7 @@
 Usage: ``python scripts/secagg_bench.py [--clients 100] [--dim 100000] [--neighbours 0] [--dropout 0.1]
 [--modes distributed,none] [--repeats 3] [--baseline-tree DIR] [--flower] [--json PATH]``
 
-**Floor** (issue 16): what one client's cryptography and encoding must cost, each primitive timed
+**Floor**: what one client's cryptography and encoding must cost, each primitive timed
 alone at its best (min over repeats) in this run: ``k`` X25519 agreements with HKDF, 2 Shamir splits
 of ``t``-of-``(k+1)`` (the self-mask seed and the mask key), ``k`` AEAD seals of a share pair,
 ``k+1`` AES-256-CTR keystream expansions of the (padded) vector into a preallocated buffer and, in
@@ -16,7 +16,7 @@ floor* (``xnoise_protocol_floor``, when a run's XNoise design is given: ``secagg
 reported beside the other two, not replacing them) swaps the floor's one
 discrete Gaussian vector for what XNoise must sample: every component a client draws (the design's
 variances, the tabulated sampler) plus, per client, the components the server regenerates when every
-client survives (issue 16: the floor list names one Gaussian, XNoise draws 1 + log2-many per client).
+client survives (the floor list names one Gaussian, XNoise draws 1 + log2-many per client).
 
 **Achieved**: a whole round of the real state machines (``fedprivacy.secagg.local.run_round``) with
 every public method of ``ClientSession`` and ``ServerSession`` timed (outermost calls only), plus
@@ -272,7 +272,7 @@ def measure_achieved(mode: str, p: dict[str, Any], repeats: int) -> dict[str, An
                 c0, w0 = CPU(), WALL()
                 inputs[i] = encode(updates[i % 4], RandomSource.secure())
                 timer.add(i, "encode", CPU() - c0, WALL() - w0)
-            extra = {"active": True} if p.get("active") else {}  # the consistency stage (issue 10)
+            extra = {"active": True} if p.get("active") else {}  # the consistency stage
             setup = SetupRequest(round=rep + 1, threshold=t, degree=k, modulus_bits=p["bits"], dim=length,
                                  **extra)
             w0 = WALL()
@@ -343,7 +343,7 @@ def _child(tree: Path | None, mode: str, args: argparse.Namespace, *, floor: boo
            "--clients", str(args.clients), "--dim", str(args.dim), "--neighbours", str(args.neighbours),
            "--dropout", str(args.dropout), "--stage", args.stage, "--bits", str(args.bits)]
     cmd += ["--with-floor"] if floor else []
-    if args.active and tree is None:  # a baseline tree older than issue 10 has no active schedule
+    if args.active and tree is None:  # a baseline tree from before the active schedule has no active schedule
         cmd.append("--active")
     env = dict(os.environ)
     if args.allocator == "tuned":  # what fedprivacy.runtime.keep_freed_memory sets, for either tree

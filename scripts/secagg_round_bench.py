@@ -8,13 +8,13 @@ Each mode runs the real ServerApp/ClientApp (``server.engine.run_inprocess``, on
 same seed; "seconds per round" is the median over the steady rounds 2..R-1 (R >= 4; else 2..R): round 1
 carries one-off warm-up and its own key stages, and on the secure schedules the last round is cheaper (no
 round r+1 key stages ride on its messages: 0.40 against 0.55 CPU s at 100 clients). ``mlp-large`` has
-3,466 parameters at the run config's ``hidden-units = 32``; issue 16's 100k workload is
+3,466 parameters at the run config's ``hidden-units = 32``; the 100k workload is
 ``--set hidden-units=288`` (104,842); each row prints and saves its ``dim``.
 Modes: ``plain`` (privacy none), ``central`` (central DP, σ = 1, PLD), ``secure`` (privacy none +
 secagg, fixed point), ``distributed`` (secagg + distributed discrete Gaussian, σ = 1, RDP), both on
 the default actively secure schedule, and ``secure-semi`` / ``distributed-semi`` on the semi-honest one.
 
-Issue 16's ratios, printed as JSON at the end (from the rows of this one run), each from wall seconds
+The ratios, printed as JSON at the end (from the rows of this one run), each from wall seconds
 and, load-robust, from CPU seconds per round (this process: the server and every client):
 
 * ``distributed_over_central``: distributed DP + SecAgg round over the central-DP round (goal <= 2 on
@@ -69,7 +69,7 @@ def setup_config(name: str, *, epsilon: float, setup_rounds: int | None) -> tupl
     """(run config, population) of ``scripts/benchmark.py --setup NAME``'s central row at target ``epsilon``
     (its data, partitioner, model, local training, clip, Poisson q, server step, seed 0, and the σ
     calibrated for ``setup_rounds`` rounds, the setup's own T by default): the real-data workload of
-    issue 13's curve, run here for a few rounds per mode. A mode changes only ``privacy`` and ``secagg``
+    the curve, run here for a few rounds per mode. A mode changes only ``privacy`` and ``secagg``
     (the rows' accountant stays the setup's PLD)."""
     from fedprivacy_bench.fedprivacy_runner import run_config_for
 
@@ -104,7 +104,7 @@ def run_mode(mode: str, *, clients: int, rounds: int, model: str, out: Path,
 
     ckpt = load_checkpoint(out / mode / "checkpoint")
     dim = int(sum(int(w.size) for w in ckpt.weights)) if ckpt is not None else None
-    # with private counts the rounds' wall times are in the private log (review3 V7)
+    # with private counts the rounds' wall times are in the private log
     from fedprivacy.fl.run import round_seconds
 
     secs = round_seconds(out / mode)
@@ -179,7 +179,7 @@ def _floor(mode: str, *, clients: int, dim: int, run_config: dict[str, Any] | No
 
 
 def goals(rows: list[dict[str, Any]], *, clients: int, real_data: bool = False) -> dict[str, Any]:
-    """Issue 16's ratios from this run's rows (None where a mode did not run); ``real_data``: the rows ran
+    """The ratios from this run's rows (None where a mode did not run); ``real_data``: the rows ran
     a benchmark setup, whose distributed/central goal is 1.3, not digits' 2."""
     by = {r["mode"]: r for r in rows}
     sec = {m: by[m]["seconds_per_round"] for m in by}

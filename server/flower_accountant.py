@@ -28,15 +28,15 @@ What Flower's strategies release, and what is accounted (read from flwr 1.42's s
   the round fail on one of the two datasets only: ``FedAvg`` samples ``max(int(fraction_train N),
   min_train_nodes)`` of the ``N`` connected nodes and the DP wrapper raises unless that is exactly
   ``num_sampled_clients``, so whether a round releases anything depends on ``N`` (README's example: 10
-  nodes release, 9 raise). No add/remove claim holds for that, whatever the sensitivity (review8 A1), even
+  nodes release, 9 raise). No add/remove claim holds for that, whatever the sensitivity, even
   though ``NeighboringRelation.ADD_OR_REMOVE`` is the only relation Flower's config accepts with
   ``NO_AMPLIFICATION``; the relation is this adapter's ``adjacency`` argument instead. ``"replace-one"``
   (the default: the population fixed, one client's data replaced) composes the Gaussian at sensitivity
   ``2C``. ``"zero-out"`` (one client's update replaced by zero, the cohort size fixed; Kairouz et al. 2021,
   "Practical and private (deep) learning without sampling or shuffling", Sec. 2) composes it at ``C``,
   which is what Flower's own ``RdpAccountant`` computes: under add/remove an exact lower bound exceeds it
-  once the cohort is a large share of the population (review5 X2: z = 1.041, T = 15, m/N = 0.3 gives 26.1
-  against 22.1). Both labels are kept in the saved state (review7 Z4).
+  once the cohort is a large share of the population (z = 1.041, T = 15, m/N = 0.3 gives 26.1
+  against 22.1). Both labels are kept in the saved state.
 * Amplified accounting is given only for a cohort that fedprivacy drew itself:
   :class:`SecureCohortFedAvg` (a ``FedAvg`` with the same aggregation) draws exactly ``cohort_size``
   of a fixed set of exactly ``population_size`` nodes with the operating system's CSPRNG, and records
@@ -95,7 +95,7 @@ __all__ = [
     "attach_accountant",
 ]
 
-STATE_SCHEMA_VERSION = 2  # 2: the adjacency the figure is claimed under (review7 Z4)
+STATE_SCHEMA_VERSION = 2  # 2: the adjacency the figure is claimed under
 NODE_WAIT_SECONDS = 60.0
 #: ``get_delta`` bisects epsilon(delta) in log space until the bracket is this narrow (relative).
 DELTA_RELATIVE_TOLERANCE = 1e-9

@@ -14,7 +14,7 @@ Parallel runs (pytest-xdist, a pinned dev dependency: ``pytest -q -n 2 --dist lo
 test that starts a Flower engine, Ray, SuperLinks/SuperNodes or a launcher's process tree (``tests/e2e/``
 and the files in ``ENGINE_FILES``) is put in one ``xdist_group``, so those run one after the other on
 one worker while the other worker takes the rest; two engines never compete for ports, the two cores or
-each other's processes (the ``flock /work/.e2e.lock`` rule, inside one run). Native thread pools
+each other's processes. Native thread pools
 (OpenBLAS, OpenMP, MKL) default to one thread per process: two workers that each spin two BLAS threads
 on two cores run slower than one thread each, and the library's own training already uses one torch
 thread (``fedprivacy.fl.task``).

@@ -133,7 +133,7 @@ def test_epsilon_fixed_replace_one_is_above_the_adaptive_adversary() -> None:
 
 
 def test_readme_fixed_cohort_example_is_valid_against_an_adaptive_adversary() -> None:
-    """The README's command: 5.148 before issue 11 (beaten by an adaptive adversary), 5.538 now."""
+    """The README's command: 5.538 (the direction-by-direction 5.148 is beaten by an adaptive adversary)."""
     out = run_json(
         "epsilon",
         "--noise-multiplier",

@@ -1,4 +1,4 @@
-"""The "How to add ..." examples of docs/DESIGN.md run as written (issue 14: optimizer, local objective,
+"""The "How to add ..." examples of docs/DESIGN.md run as written (optimizer, local objective,
 mechanism, data set, attack; each is the whole change: one file, or for the new distribution's three parts one file too)."""
 
 from __future__ import annotations

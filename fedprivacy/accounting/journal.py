@@ -162,7 +162,7 @@ class ChargeJournal:
         self.accountant.spend(
             event,
             round=round,
-            # no wall-clock time on disk (review4 W8): the journal is world-readable, and the time between
+            # no wall-clock time on disk: the journal is world-readable, and the time between
             # charges is a round's duration, which grows with the (possibly private) cohort size
             write_ahead=lambda entry: self._append({"kind": "charge", "entry": {**entry.to_dict(), "timestamp": 0.0}}),
             released=released,

@@ -83,7 +83,7 @@ def _bounds(pmf: pld_pmf.DensePLDPmf, num_times: int, tail: float) -> tuple[int,
 # the process, and a plan holds tables of about 2 x 16 bytes a point. The T-fold composition has a
 # new length every round (its support grows with T), so a run kept 16 plans of ~2M points, 0.6-1 GB,
 # that it never used again: a central run at 100 of 1000 clients with 100k parameters grew from 0.43
-# to 1.08 GB of RSS by round 24, against 0.39 GB without DP (issue 16's memory goal). Transforms of
+# to 1.08 GB of RSS by round 24, against 0.39 GB without DP (the memory goal). Transforms of
 # these small lengths (more than the cache holds) push them out; the next composition plans its own
 # length as it would have anyway, with the same tables, so the floats are unchanged. scipy.fft has no
 # call that clears the cache.

@@ -1,6 +1,6 @@
 """Membership inference against a *released* global model: the very model a federation published.
 
-Setting (issue 13): a federation trained one model on every training example (the benchmark's
+Setting: a federation trained one model on every training example (the benchmark's
 ``fedavgm-c300`` rows: 3000 clients x 20 Fashion-MNIST images = the 60k training set); the attacker holds
 the final global model (black-box: its logits on a candidate) and candidates from the same distribution,
 and must tell members (training examples; at user level, the clients) from non-members (the 10k test

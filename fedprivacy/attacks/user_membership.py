@@ -1,6 +1,6 @@
 """User-level membership inference against federated models: was this *client* in the federation?
 
-Setting (issue 13, "a non-DP setting where the attack clearly succeeds"): a pool of ``U`` candidate
+Setting ("a non-DP setting where the attack clearly succeeds"): a pool of ``U`` candidate
 clients with ``n`` examples each is drawn from a data set; ``K`` federated models are trained, each on
 a random half of the clients (whole clients: every example of a member client is a member), through
 fedprivacy's own run loop and client pipeline (:func:`fedprivacy.attacks.membership.train_on_clients`:

@@ -79,7 +79,7 @@ class TabulatedDiscreteGaussian:
         xs = np.arange(-k, k + 1, dtype=np.float64)
         arg = (xs * xs) / (2.0 * v)  # x^2 exact (|x| < 2^26), one rounding in the division
         w = np.exp(-arg)
-        check_exp_accuracy()  # this platform's exp, once per process (review F7)
+        check_exp_accuracy()  # this platform's exp, once per process
         _spot_check(arg, w)  # and the very weights of this table, at a few entries
         # scaled just below 1 so that the exact integer total stays below 2^S (rejection ~2^-40)
         frac = w / (math.fsum(w.tolist()) * (1.0 + 2.0**-40))
@@ -143,7 +143,7 @@ class TabulatedDiscreteGaussian:
     def _bucket_entries(self, top: np.ndarray) -> np.ndarray:
         """The guide's entry for each word's bucket. ``np.take`` with an int64 view of the bucket numbers
         (< 2^GUIDE_BITS, so the view is exact): indexing with the uint64 array made numpy convert the
-        131k indices first (the same values, ~25% of a component's sampling; issue 16)."""
+        131k indices first (the same values, ~25% of a component's sampling)."""
         return np.take(self._guide, (top >> self._shift).view(np.int64))
 
     def _settle(self, idx: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -201,7 +201,7 @@ def check_exp_accuracy() -> float:
     arguments in ``[-180, 0]``, against ``decimal`` (34 digits); raises ArithmeticError above
     :data:`EXP_ERROR`, the bound the sampler's law (:func:`law_bounds`) assumes.
 
-    Why here (review F7): the client's platform draws the noise, so the client checks its own ``exp``
+    Why here: the client's platform draws the noise, so the client checks its own ``exp``
     before it builds a table (cached once per process: ~0.2 s), instead of trusting a test run on the
     developers' machine. A failing platform refuses to encode rather than add noise whose law is
     outside the charged bound.

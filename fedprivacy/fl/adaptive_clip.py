@@ -140,7 +140,7 @@ class AdaptiveClipRound(_QuantileState):
                  rng: RandomSource) -> RoundOutcome:
         c = self.estimator.clip_norm
         updates, failures = self.exchange(dataclasses.replace(instr, clip_norm=c), cohort, weights)
-        before_release()  # write-ahead charge (issue 11) before the noised sum and count exist
+        before_release()  # write-ahead charge before the noised sum and count exist
         agg = PlainAggregator(clip_norm=c, noise_std=self.spec.update_noise_multiplier * c).aggregate(
             updates, like=weights, denominator=self.denominator, rng=rng)
         first: dict[int, Any] = {}

@@ -56,11 +56,11 @@ class ConsoleCallback(RunCallback):
 
     def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
         sample_level = ""
-        # the worst client's figure moves with the cohorts: printed only where the counts are (review4 W2)
+        # the worst client's figure moves with the cohorts: printed only where the counts are
         if record.dpsgd is not None and record.dpsgd.epsilon is not None and run.publishes_participation:
             sample_level = f"  (example-level DP-SGD ε {record.dpsgd.epsilon:.3f}, worst client)"
         # with counts private the round's wall time goes to the private log too: it grows with the
-        # cohort (review3 V7)
+        # cohort
         clients, seconds = ((f"clients {record.clients_aggregated}/{record.clients_sampled}",
                              f"  {record.seconds:.2f}s") if run.publishes_participation
                             else ("clients (private)", ""))

@@ -1,6 +1,6 @@
 """Write-ahead charging: a round function marks the point after which its release can be seen.
 
-A round's privacy cost must be on disk before anyone can observe what the round releases (issue 11).
+A round's privacy cost must be on disk before anyone can observe what the round releases.
 Where that point is depends on the mode, and only the round function knows it:
 
 * central (and none): after the updates arrived, before the server adds its noise and the aggregate

@@ -45,7 +45,7 @@ def save_checkpoint(
 ) -> None:
     """Save round ``round`` atomically (see module docstring). The folder is owner-only (0700): its
     rows keep what the published outputs leave out (counts, survivors, un-noised losses) and its
-    ``extra`` the per-client DP-SGD ledgers (review3 V1)."""
+    ``extra`` the per-client DP-SGD ledgers."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     model_name = f"model-{round:05d}.npz"

@@ -1,6 +1,6 @@
 """The client's own privacy floor: what it agrees to, decided on the client's side only.
 
-Threat model (issue 10, items 2-4): the server chooses every field of its messages, and in a Flower
+Threat model: the server chooses every field of its messages, and in a Flower
 deployment ``context.run_config`` is chosen by whoever submits the run, normally the server side. Only
 ``node_config`` (set by the SuperNode's operator) and the ClientApp's own code belong to the client.
 So the privacy mode, the minimum noise multiplier, the largest per-round privacy loss, the colluders
@@ -178,7 +178,7 @@ class ClientPolicy:
         max_slack_per_round: the largest discrete slack ``eta + A`` (an additive ε: the distributed
             release against its dominating Gaussian, :mod:`fedprivacy.accounting.release`) of one
             distributed round it accepts; honest encodings carry ~4e-7 at 10⁶ coordinates, a server that
-            shrinks C·scale under a large roster can make it ~6 (review8 A2).
+            shrinks C·scale under a large roster can make it ~6.
         max_slack_total: the largest total slack it releases (with ``max_rho_total``: the total ε is then
             at most ε_zCDP(ρ, δ′) + 2(slack − ln(1 − tv)), :func:`fedprivacy.fl.client_budget.total_epsilon`).
         budget_path: the node's durable memory file, shared by all its runs ("" = ``memory_dir``'s).
@@ -422,7 +422,7 @@ class ClientPolicy:
                                 "this client adds only exact XNoise components (xnoise=true)")
         from fedprivacy.dp.tabulated import check_exp_accuracy
 
-        try:  # the exact sampler's bound assumes this platform's exp (review F7): check before sharing
+        try:  # the exact sampler's bound assumes this platform's exp: check before sharing
             check_exp_accuracy()
         except ArithmeticError as exc:
             raise PolicyRefusal(str(exc)) from None
@@ -446,7 +446,7 @@ class ClientPolicy:
         release = self.distributed_release(config, roster=roster)
         rho = self._rho(release.noise_multiplier)
         slack = release.eta + release.sampler_ratio
-        if slack > self.max_slack_per_round:  # the accounting's own looseness is a cost too (review8 A2)
+        if slack > self.max_slack_per_round:  # the accounting's own looseness is a cost too
             raise PolicyRefusal(f"distributed encoding's discrete slack {slack:.3g} (an additive epsilon of the "
                                 f"release over its dominating Gaussian) > {self.max_slack_per_round:g} (node config "
                                 "client-max-slack-per-round): its C x scale is too small for its roster and dimension")
@@ -463,7 +463,7 @@ class ClientPolicy:
         the server could finish the round with (any survivor count, any roster up to ``roster``;
         :meth:`fedprivacy.secagg.ddp.DistributedDPConfig.worst_release`, the same one the server's
         ledger charges). Its dominating Gaussian gives the round's ρ and its ``eta + sampler_ratio``
-        and ``sampler_tv`` the discrete slack the client's total adds (review6 Y1). Raises
+        and ``sampler_tv`` the discrete slack the client's total adds. Raises
         :class:`PolicyRefusal` when the encoding cannot be accounted (e.g. a scale too small)."""
         try:
             return config.worst_release(max_roster=roster)

@@ -48,16 +48,16 @@ class PrivacyPlan:
     target_epsilon: float
     mechanism: str = ""
     adjacency: str = ""  # how the claim states the adjacency, when it says more than ``neighbouring``
-    adaptive_clip: AdaptiveClipSpec | None = None  # clip norm follows a private quantile (issue 17)
+    adaptive_clip: AdaptiveClipSpec | None = None  # clip norm follows a private quantile
     # the server's (unamplified) event of a completed round, when ``event`` claims the public's
     # amplification (distributed, privacy-audience=observers): charged for every completed round if an
-    # abort the public's pair does not model voids that amplification (review3 V4b)
+    # abort the public's pair does not model voids that amplification
     unamplified_event: PrivacyEvent | None = None
     # what a row's epsilon adds to the ledger's (evaluated at ``target_delta``) to be a valid bound: the
-    # distributed encoding's accounting slack 2H' of ``num-server-rounds`` worst-case rounds (review5 X4)
+    # distributed encoding's accounting slack 2H' of ``num-server-rounds`` worst-case rounds
     epsilon_slack: float = 0.0
     # one worst-case round's slack ``(eta + A, G)``, for a ledger holding more releases than
-    # ``num-server-rounds`` (a round re-charged after a crash, review7 Z3)
+    # ``num-server-rounds`` (a round re-charged after a crash)
     slack_per_round: tuple[float, float] = (0.0, 0.0)
 
     @property

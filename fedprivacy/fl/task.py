@@ -88,7 +88,7 @@ def _process_model(name: str, input_shape: tuple[int, ...], num_classes: int, hi
     (``set_weights`` overwrites every parameter and buffer), and plain training draws only from its
     own seeded generator, so results are bit-identical to building a model per call (golden runs),
     at none of the cost (a build re-initialises every layer and reseeds torch: 3-9 ms per client at
-    100k parameters, issue 16). Not for DP-SGD: Opacus attaches hooks to the module it wraps. One
+    100k parameters). Not for DP-SGD: Opacus attaches hooks to the module it wraps. One
     client at a time per process (the engines run clients sequentially within a process).
     """
     from fedprivacy.ml.models import build_model
@@ -141,7 +141,7 @@ def local_training(
         if cfg.dpsgd
         else None
     )
-    # DP-SGD's noise and Poisson batches come from fedprivacy's RandomSource (issue 11): a fresh
+    # DP-SGD's noise and Poisson batches come from fedprivacy's RandomSource: a fresh
     # secure source in a secure run, the round's seed only in the seeded research mode.
     from fedprivacy.dp.rng import RandomSource
 

@@ -175,7 +175,7 @@ class SecureRoundInfo:
         roster: clients in the round's roster (the XNoise design's ``n``; None if aborted early).
         dim: the padded dimension the clients encoded (the accounting's ``m``).
         late: survivors (in the sum) that missed a later stage (consistency, unmask), None if none: the
-            round's completion then also depended on the other survivors' shares (review3 V9).
+            round's completion then also depended on the other survivors' shares.
     """
 
     threshold: int
@@ -326,7 +326,7 @@ class ModelHooks:
         num_classes: number of classes (sent to the clients in the round instructions).
         dpsgd_schedule: ``partition id -> (steps, sample rate)`` of the DP-SGD that client's local
             training runs in one round (:func:`fedprivacy.ml.train.dpsgd_schedule` of its partition's
-            size); the server charges it before the instructions leave (issue 11, review2 R9). None:
+            size); the server charges it before the instructions leave. None:
             DP-SGD spends are journaled when the replies arrive.
     """
 

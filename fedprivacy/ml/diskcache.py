@@ -1,4 +1,4 @@
-"""A small on-disk cache of derived index and array files (partitions, data splits), issue 16.
+"""A small on-disk cache of derived index and array files (partitions, data splits).
 
 Where: ``$FEDPRIVACY_CACHE_DIR`` (default ``$XDG_CACHE_HOME/fedprivacy``, else ``~/.cache/fedprivacy``);
 an empty value turns it off. What: ``.npz`` files named by a caller's SHA-256 key, which must hash

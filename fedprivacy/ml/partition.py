@@ -22,7 +22,7 @@ Every training index lands in exactly one partition; a configuration that would 
 or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
 splitting, not privacy noise) and cached per process: a simulation asks for partition i many times.
 
-It is also cached on disk (:mod:`fedprivacy.ml.diskcache`, issue 16), so that the next run and every
+It is also cached on disk (:mod:`fedprivacy.ml.diskcache`), so that the next run and every
 worker process skip the partitioning (and, for the non-IID partitioners, flwr-datasets' import).
 The key hashes everything the result depends on: the :class:`DataSpec` fields, ``num_partitions``,
 the training labels (and groups) actually loaded, numpy's and flwr-datasets' versions and the file
@@ -126,7 +126,7 @@ def _partition_indices(
 
 
 # flwr_datasets is imported inside the two builders, not above: it (datasets, pandas, matplotlib) costs
-# ~2.7 s of CPU, which the default IID partitioning never needs (issue 16: command to the end of round 1)
+# ~2.7 s of CPU, which the default IID partitioning never needs (command to the end of round 1)
 def _dirichlet(*, num_partitions: int, alpha: float, min_partition_size: int, seed: int) -> Any:
     from flwr_datasets.partitioner import DirichletPartitioner
 

@@ -345,7 +345,7 @@ def dpsgd_schedule(*, num_examples: int, batch_size: int, epochs: int) -> tuple[
     rate for a loader of that length), ``epochs`` times: the call is ``steps`` compositions of the
     Poisson-subsampled Gaussian of rate ``q`` (Abadi et al. 2016, Alg. 1; Mironov, Talwar & Zhang 2019
     for its RDP). It depends only on the partition's size and the round's instructions, so the server
-    can charge it before it sends the instructions (issue 11, review2 R9).
+    can charge it before it sends the instructions.
     """
     for name, value in (("num_examples", num_examples), ("batch_size", batch_size), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

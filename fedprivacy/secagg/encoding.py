@@ -1,6 +1,6 @@
 """How a client turns its clipped float update into residues mod ``2^b`` for secure aggregation (pure).
 
-Moved out of ``fedprivacy/fl/secure.py`` (issue 14) with explicit parameters instead of a run config;
+Moved out of ``fedprivacy/fl/secure.py`` with explicit parameters instead of a run config;
 :mod:`fedprivacy.fl.secure.params` maps a ``RunConfig`` onto these functions.
 
 Encodings (:class:`EncodingSpec`), both on the client, from the update it already clipped to ``C``:

@@ -152,7 +152,7 @@ class MaskedInput:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConsistencyRequest:
-    """Stage 4, server -> survivors: the proposed view (U3, D and every survivor's signed peer set).
+    """Stage 4, server -> survivors: the proposed view (D and every survivor's signed peer set).
 
     ``peer_counts[i]`` peers of ``survivors[i]`` follow each other in ``peer_flat``.
     """

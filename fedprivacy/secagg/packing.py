@@ -1,7 +1,7 @@
 """Pack ``b``-bit ring residues into ``ceil(m b / 8)`` bytes for the upload (and back).
 
 A masked input is ``m`` residues mod ``2^b``; sending them as uint32 costs 4 bytes per coordinate
-whatever ``b``. Packed, 16 bits cost 2 B and 20 bits 2.5 B per coordinate (issue 12's upload goal).
+whatever ``b``. Packed, 16 bits cost 2 B and 20 bits 2.5 B per coordinate (the upload goal).
 Layout: little-endian bit stream, residue ``i`` in bits ``[i b, (i+1) b)``; the tail is zero-padded
 to a whole byte and :func:`unpack_residues` refuses a payload of the wrong length or with nonzero
 padding, so a malformed upload is detected rather than decoded into garbage.

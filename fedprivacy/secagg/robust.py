@@ -8,7 +8,7 @@ unique and Gao's decoder (Gao 2003, "A new algorithm for decoding Reed-Solomon c
 one partial extended Euclid on ``(prod_i (X - x_i), interpolant)``.
 
 Secure aggregation uses it so that one faulty or malicious holder cannot silently corrupt a
-reconstructed self-mask seed or mask key (issue 10, item 6): every secret also has a public check —
+reconstructed self-mask seed or mask key: every secret also has a public check —
 the seed commitment ``SHA-256(.. b)`` advertised in stage 1, or the X25519 public key of a mask key —
 so a wrong reconstruction is *detected* even beyond ``e`` errors (then the round aborts: the sum is
 never silently wrong), and the holders whose shares disagree with the decoded polynomial are named.

@@ -9,7 +9,7 @@ vector, every coordinate of ``H D v`` is sub-Gaussian with variance proxy ``||v|
 The signs are *public*: every client and the server expand the same public seed with AES-256-CTR;
 they are not a privacy mechanism and need not be secret.
 
-Speed (the transform is the largest cost of a distributed-DP client, issue 16). The fast transform
+Speed (the transform is the largest cost of a distributed-DP client). The fast transform
 applies the ``log2 m`` butterfly levels ``(a, b) -> (a + b, a - b)`` in the textbook order, level
 ``h = 1, 2, 4, ...``, and scales by ``1/sqrt(m)`` last, so every output is the same sequence of IEEE
 operations as the plain loop and the result is bit-identical to it (tested against the plain loop).

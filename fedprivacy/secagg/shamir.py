@@ -15,7 +15,7 @@ per set of abscissae with a single modular inversion (``lagrange_weights``). Coe
 :func:`secrets.randbelow` (the OS CSPRNG).
 
 **Limbed scheme** (:func:`split_secrets`, :func:`reconstruct_secrets`, :func:`encode_shares`,
-:func:`decode_shares`), for speed (issue 16): a secret of ``B`` bytes is cut into
+:func:`decode_shares`), for speed: a secret of ``B`` bytes is cut into
 ``L = ceil(8 B / 30)`` limbs of 30 bits (9 for 32 bytes), and each limb is shared with its own
 independent random polynomial over the Mersenne prime field ``q = 2^31 - 1``; all limbs of all
 secrets are evaluated at once with numpy (``uint64``: a product of two field elements is below

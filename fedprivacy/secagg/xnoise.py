@@ -165,7 +165,7 @@ def excess_noise(design: XNoiseDesign, revealed: Mapping[int, Mapping[int, bytes
         for j in idx:
             _check_component(got[j], variance=var[j], round=round, node_id=node, index=j)
     # component by component (an integer sum in any order): each variance's table stays in cache
-    # for all the survivors instead of alternating between the design's tables (issue 16)
+    # for all the survivors instead of alternating between the design's tables
     for j in sorted({j for idx in want.values() for j in idx}):
         for node, idx in want.items():
             if j in idx:

@@ -86,7 +86,7 @@ def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers:
     summary: dict[str, Any] = {
         "workers": res.workers, "seconds": res.seconds, "startup_seconds": res.startup_seconds,
         "results_path": None if res.results_path is None else str(res.results_path)}
-    # message, reply, error and drop counts sum the cohorts (review3 V8): only when the run publishes
+    # message, reply, error and drop counts sum the cohorts: only when the run publishes
     # participation; otherwise they stay in the run folder's private log like the per-round counts
     if str(overrides.get("publish-participation", "")).lower() in ("true", "1"):
         summary.update({"messages": res.stats.messages, "replies": res.stats.replies,

@@ -76,7 +76,7 @@ def run_flower_simulation(  # pylint: disable=too-many-arguments
     fused = fuse_dicts(spec.default_config, overrides)
     # The simulated clients' floor, as `flwr run` (run_flwr) and the in-process engine give it: without
     # it every client refused e.g. privacy 'none' (code defaults: distributed or local only) and a
-    # "round" here was 100 refusals (issue 16's Ray figures). Ray's processes, started below, inherit
+    # "round" here was 100 refusals (the Ray figures). Ray's processes, started below, inherit
     # this process's environment.
     policy = dict(simulation_node_config(fused))
     saved = os.environ.get(ENV_VAR)

@@ -1,4 +1,4 @@
-"""A fast in-process engine for fedprivacy's Flower apps (issue 7).
+"""A fast in-process engine for fedprivacy's Flower apps.
 
 ``InProcessGrid`` implements Flower's ``flwr.serverapp.Grid``. It hands every
 instruction Message straight to the ClientApp object (``ClientApp.__call__(message,

@@ -103,7 +103,7 @@ def run_job(app: ClientApp, job: Job) -> Outcome:
             )
     except Exception as ex:  # noqa: BLE001 - turned into an Error reply, as Flower does
         # DEBUG, not ERROR: one console line per failing client counts the failures of a round, which
-        # with private counts (and "every one of them") gives the cohort size (review4 W6); the reason
+        # with private counts (and "every one of them") gives the cohort size; the reason
         # reaches the server in the error reply, and the run logs it where its counts may be read
         log(DEBUG, "ClientApp error on node %s: %s", context.node_id, ex)
         reply = _error_reply(message, ex)

@@ -140,8 +140,9 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
         workers: 1 runs clients in this process; >= 2 in a forked process pool.
         faults: optional deterministic fault plan.
         app_dir: the directory holding ``pyproject.toml``.
-        server_app, client_app: app references (or objects) overriding the components
-            named in ``pyproject.toml``.
+        server_app: an app reference (or object) overriding the ServerApp named in
+            ``pyproject.toml``.
+        client_app: the same for the ClientApp.
         node_id_seed: reproducible node ids (default: random, as Flower).
         native_threads: cap on BLAS/OpenMP threads while the run lasts (``None``: leave
             as is). Many small clients gain nothing from multi-threaded BLAS and lose a
@@ -170,7 +171,7 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
         t1 = time.monotonic()
         # The objects that exist now (torch, flwr and every imported module: ~250k) are moved out of the
         # cyclic collector's reach for the run: each full collection, triggered by the run's many small
-        # Messages and records, scanned them all (~60-90 ms each, several per round; issue 16). Undone
+        # Messages and records, scanned them all (~60-90 ms each, several per round). Undone
         # after the run, so a caller's later collections see them again. No effect on results.
         gc.freeze()
         try:
@@ -182,7 +183,7 @@ def run_inprocess(  # pylint: disable=too-many-arguments,too-many-locals
             forget_run_memory(run_id)
         t2 = time.monotonic()
     # no message count here: it is the sum of the cohort sizes, private when the run keeps its counts
-    # private (review3 V8); it stays in InProcessResult.stats for benchmarks
+    # private; it stays in InProcessResult.stats for benchmarks
     log(INFO, "in-process engine: %d supernodes, %d worker(s), %.2f s", num_supernodes, grid.workers, t2 - t1)
     path = results_path_of(context.state)
     return InProcessResult(context=context, run_config=fused, stats=grid.stats, seconds=t2 - t1,

@@ -5,8 +5,8 @@ chooses after seeing the earlier outputs which way round the subsampled pair goe
 dynamic programme over the rounded-down privacy loss, computed from scipy's normal and Laplace CDFs
 only (no dp-accounting), and it is a lower bound on the true delta. So an accountant whose epsilon
 lets the adversary's delta exceed the target delta is wrong. The "two directions composed
-separately" figure of dp-accounting's add/remove PLD, which the fixed-cohort path used to print
-(issue 11), is beaten; the current one is not.
+separately" figure of dp-accounting's add/remove PLD, which the fixed-cohort path used to print,
+is beaten; the current one is not.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_one_round_is_unchanged_and_composition_is_not() -> None:
 
 # --------------------------------------------------------- the adversary beats the old figure
 def test_issue_case_readme_example_old_figure_is_beaten_new_is_not() -> None:
-    """Issue 11: z = 2, 100 of 1000, T = 50, delta = 1e-5 printed 5.148; an adversary reaches more."""
+    """Z = 2, 100 of 1000, T = 50, delta = 1e-5 printed 5.148; an adversary reaches more."""
     z, m, n, steps, delta = 2.0, 100, 1000, 50, 1e-5
     orientations = fixed_cohort_orientations(
         mechanism="gaussian", noise_multiplier=z, sample_rate=m / n, grid=FINE
@@ -165,7 +165,7 @@ def test_issue_case_readme_example_old_figure_is_beaten_new_is_not() -> None:
 
 @pytest.mark.slow
 def test_issue_case_small_population_old_figure_is_beaten_new_is_not() -> None:
-    """Issue 11: 10 of 100, z = 1, T = 100 printed 31.37 < the adversary's 31.46."""
+    """10 of 100, z = 1, T = 100 printed 31.37 < the adversary's 31.46."""
     z, m, n, steps, delta = 1.0, 10, 100, 100, 1e-5
     orientations = fixed_cohort_orientations(
         mechanism="gaussian", noise_multiplier=z, sample_rate=m / n, grid=FINE

@@ -2,7 +2,7 @@
 
 (a) brute force from the mechanism's definition (every subset of the other clients, the cohort-size
 rule applied literally, hockey-stick divergences integrated numerically) for T = 1 and 2;
-(b) lower bounds: review2's (the adversary whose other updates are 0) and the stronger adversary
+(b) lower bounds: the (the adversary whose other updates are 0) and the stronger adversary
 whose other clients all send the same vector and whose target sends an orthogonal one (the sum then
 carries their count); (c) central DP's Poisson PLD for the same rounds (the pair is never below it
 when every cohort size above the threshold completes); dp-accounting's own PLDs mixed as pmfs.
@@ -163,7 +163,7 @@ def _orthogonal_adversary(*, n: int, q: float, m0: int, z: float, rounds: int) -
 
 
 def test_the_public_figure_is_above_every_lower_bound_at_the_reference_setting() -> None:
-    # N = 100, q = 0.1, T = 100 completed rounds, z = 1, t = 6 (review2 R8's setting)
+    # N = 100, q = 0.1, T = 100 completed rounds, z = 1, t = 6
     n, q, t, z, rounds = 100, 0.1, 6, 1.0, 100
     sampling = CohortRuleSampling.of(round_weights(population=n, sample_rate=q, completes=_at_least(t)),
                                      rate=q)
@@ -171,7 +171,7 @@ def test_the_public_figure_is_above_every_lower_bound_at_the_reference_setting()
     central = epsilon_completed(noise_multiplier=z, sampling=CohortRuleSampling(rate=q, gaussian_weight=0.0),
                                 steps=rounds, delta=DELTA)
     orthogonal = _orthogonal_adversary(n=n, q=q, m0=t, z=z, rounds=rounds)
-    # review2's lower bounds (the adversary whose other updates are 0): 7.0957 a priori, 7.0807 given
+    # the lower bounds (the adversary whose other updates are 0): 7.0957 a priori, 7.0807 given
     # the pattern; central DP's Poisson 7.0466; the orthogonal adversary above them
     assert central == pytest.approx(7.0466, abs=2e-3)
     assert 7.35 < orthogonal < ours

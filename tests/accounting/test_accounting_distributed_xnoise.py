@@ -216,7 +216,7 @@ def test_rdp_cross_check_is_looser_and_replace_one_doubles_the_sensitivity() -> 
     ref = pld_lib.from_gaussian_mechanism(standard_deviation=rel.noise_multiplier / 2)
     assert math.isclose(b.server, ref.self_compose(10).get_epsilon_for_delta(1e-6), rel_tol=2e-3)
     # beyond ~150 the sampler's truncation term cannot be certified by the PLD path; the RDP curve
-    # is not a valid fallback (truncation changes the support, review F5): reported, not used
+    # is not a valid fallback (truncation changes the support): reported, not used
     huge = audience_epsilons([rel] * 50, delta=1e-6, neighbouring="replace-one")
     assert huge.server_pld == math.inf and huge.server == math.inf and huge.server_rdp > 150
 

@@ -44,7 +44,7 @@ def test_charges_recover_to_the_same_accountant(tmp_path: Path) -> None:
         return [{k: v for k, v in e.items() if k != "timestamp"} for e in acc.to_json()["entries"]]
 
     assert untimed(again.accountant) == untimed(journal.accountant)
-    # no wall-clock time on disk: charge-to-charge differences would give each round's duration (review4 W8)
+    # no wall-clock time on disk: charge-to-charge differences would give each round's duration
     assert {e["timestamp"] for e in again.accountant.to_json()["entries"]} == {0.0}
     assert again.accountant.epsilon(delta=DELTA) == journal.accountant.epsilon(delta=DELTA)
     assert again.charged_rounds == (1, 2, 3, 4)

@@ -1,4 +1,4 @@
-"""The event set is open (issue 14): a registered mechanism carries its own RDP curve / PLD, the
+"""The event set is open: a registered mechanism carries its own RDP curve / PLD, the
 backends ask it and refuse what it cannot bound; the built-ins are untouched."""
 
 from __future__ import annotations

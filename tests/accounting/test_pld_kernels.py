@@ -1,4 +1,4 @@
-"""The accountant's fast PLD paths give dp-accounting's figures float for float (issue 16).
+"""The accountant's fast PLD paths give dp-accounting's figures float for float.
 
 ``fedprivacy.accounting.pld_kernels`` re-does two dp-accounting 0.6 operations with cached Chernoff
 moments and a vectorised epsilon scan, and the ``Accountant`` caches the plan of the next event; no

@@ -1,4 +1,4 @@
-"""Gradient leakage on 28x28 Fashion-MNIST images (issue 13), through the shipped defences."""
+"""Gradient leakage on 28x28 Fashion-MNIST images, through the shipped defences."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_a_federation_that_held_clients_out_is_attacked_with_those_images(tmp_pa
 
 
 def test_a_figure_is_listed_above_the_floor_only_if_it_beats_chance_itself() -> None:
-    # review7 Z5: the held-out ε=4 rows listed TPR@1% (p 0.065, 0.060) as above the floor because another figure
+    # the held-out ε=4 rows listed TPR@1% (p 0.065, 0.060) as above the floor because another figure
     # of the row beat chance
     mi = _script()
     floor = {"auc_ci95": [0.49, 0.51], "tpr_at_fpr_0.01_ci95": [0.008, 0.011], "tpr_at_fpr_0.001_ci95": [0.0, 0.0012]}

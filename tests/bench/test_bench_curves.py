@@ -358,7 +358,7 @@ def test_the_page_leads_with_the_issue_13_goals_and_the_headline_figure(tmp_path
 
     md = report.render_markdown(payload, plots=[str(p) for p in plots])
 
-    order = [md.index(h) for h in ("## Goals (issue 13)", f"img/{report.HEADLINE_PLOT}",
-                                   "## Goals of the digits and Synthetic sweep (issue 6)", "## Plots")]
+    order = [md.index(h) for h in ("## Goals", f"img/{report.HEADLINE_PLOT}",
+                                   "## Goals of the digits and Synthetic sweep", "## Plots")]
     assert order == sorted(order)
     assert md.count(f"img/{report.HEADLINE_PLOT}") == 1  # not repeated under Plots

@@ -114,7 +114,7 @@ def test_several_saved_sweeps_render_on_one_page_with_the_membership_figure(tmp_
     text = (out / "BENCHMARKS.md").read_text()
     assert "`python scripts/benchmark.py --budget` — 2 configurations" in text and "load average at the end 9.1" in text
     assert "`python scripts/benchmark.py --full` — 0 configurations" in text
-    assert "## Goals (issue 13)" in text and "- not run: Dirichlet" in text
+    assert "## Goals" in text and "- not run: Dirichlet" in text
     assert "`python scripts/benchmark.py --budget --rounds 100` — 1 configurations, 15.0 minutes" in text
     assert text.count(bench.BUDGET_NOTES[0]) == 1 and "0.830 (mean of seeds [0]" in text
     assert "python scripts/user_membership.py --models 4" in text and "budget note" not in text  # script's
@@ -146,7 +146,7 @@ def test_named_setup_pairs_non_dp_and_calibrated_private_rows_and_never_writes_t
     rc = bench.main(["--setup", "fedavgm", "--only", "no-such-row", "--no-docs"])
     assert rc == 0  # nothing ran, nothing written
     assert bench.main(["--setup", "fedavgm", "--seeds", "x"]) == 2
-    # a setup on other data keeps its own label and says where its data comes from (issue 12's pairs)
+    # a setup on other data keeps its own label and says where its data comes from (the pairs)
     digits = bench.setup_sweep("digits-100k", seeds=(0, 1), epsilons=(3.0,), modes=("central", "distributed"))
     assert {(s.dataset, s.label, s.rounds, s.clients_per_round) for s in digits} == {
         ("digits", "digits 100k setup", 15, 100)}
@@ -193,7 +193,7 @@ def test_local_rows_are_calibrated_under_replace_one_as_fedprivacy_accounts_them
     assert 3.9 < reported <= 4.0 + 1e-6  # what a local run's accountant reports for that σ
 
 
-# --keep-models: a row keeps the very model it evaluated, for the attacks (issue 13)
+# --keep-models: a row keeps the very model it evaluated, for the attacks
 def test_kept_model_is_the_evaluated_final_model_with_its_partition_and_privacy(tmp_path: Path) -> None:
     from fedprivacy_bench import task
     from fedprivacy_bench.kept_models import FORMAT, client_partitions, load_kept_model

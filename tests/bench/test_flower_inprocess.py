@@ -1,4 +1,4 @@
-"""Flower 1.42's DP baselines on fedprivacy's in-process engine (issue 13: Flower's DP strategies at the
+"""Flower 1.42's DP baselines on fedprivacy's in-process engine (Flower's DP strategies at the
 same σ in the same run), for real on a tiny configuration: the released model's deviation from the
 noiseless clipped mean (recomputed here with the same clients' training) has Flower's std σC/m, and the
 row reports Flower's own RdpAccountant's ε for the releases that ran."""

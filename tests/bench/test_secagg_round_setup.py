@@ -1,4 +1,4 @@
-"""``scripts/secagg_round_bench.py --setup``: the real-data workload of issue 13's curve, mode by mode.
+"""``scripts/secagg_round_bench.py --setup``: the real-data workload of the curve, mode by mode.
 
 The run config must be the benchmark row's own (population, cohort, data, model, local training, clip,
 σ), so that the ratio it prints is the one of the rows on docs/BENCHMARKS.md; only the privacy mode and

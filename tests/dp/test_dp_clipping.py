@@ -147,7 +147,7 @@ def test_flatten_unflatten_round_trip() -> None:
         unflatten(v[:7], like)
 
 
-# ---- clip_narrow_flat: clip_arrays of float64 copies, raveled and joined, bit for bit (issue 16)
+# ---- clip_narrow_flat: clip_arrays of float64 copies, raveled and joined, bit for bit
 narrow_lists = st.lists(
     st.sampled_from([np.float32, np.float16]).flatmap(lambda dt: hnp.arrays(
         dt, hnp.array_shapes(min_dims=1, max_dims=2, max_side=30),

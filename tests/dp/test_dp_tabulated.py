@@ -139,7 +139,7 @@ def test_law_bounds_sup_covers_every_variance_in_its_range() -> None:
 
 @pytest.mark.parametrize("variance", [2.0, 100.0, 2500.0, 40000.0, 4e6])
 def test_guide_table_of_any_size_locates_what_a_plain_bisection_locates(variance: float) -> None:
-    """The guide table only speeds up the search (issue 16: its size now follows the table's): for
+    """The guide table only speeds up the search (its size now follows the table's): for
     every size, random words, every table word and its neighbours, and the extremes, the located
     index is the plain ``searchsorted`` answer, so the seeded stream cannot change with it."""
     import fedprivacy.dp.tabulated as tab
@@ -164,7 +164,7 @@ def test_guide_table_of_any_size_locates_what_a_plain_bisection_locates(variance
 
 @pytest.mark.parametrize("variance", [0.3, 2.0, 100.0, 2500.0, 40000.0, 4e6])
 def test_a_draw_in_a_clean_bucket_is_what_the_whole_table_search_gives(variance: float) -> None:
-    """The guide's clean buckets (issue 16: their draws skip the search and the tie/rejection checks):
+    """The guide's clean buckets (their draws skip the search and the tie/rejection checks):
     for every bucket's first and last word, every table word and its neighbours and random words, a
     word in a clean bucket locates to the bucket's entry, ties with no table word and is not
     rejected; most random words are clean."""

@@ -1,4 +1,4 @@
-"""Issue 15's goal: a new user's sweep over 20 configs through ``fedprivacy simulate``, some invalid on
+"""The goal: a new user's sweep over 20 configs through ``fedprivacy simulate``, some invalid on
 purpose and one killed mid-way, gets the right exit code for each, one readable line for each bad one,
 and leaves nothing running or lying in /tmp.
 

@@ -42,7 +42,7 @@ def test_simulate_inprocess_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     assert out["engine"] == "inprocess" and out["num_supernodes"] == 3
     assert out["rounds"] == 1
-    # the engine's message/error counts sum the cohorts: private like the rows (review3 V8)
+    # the engine's message/error counts sum the cohorts: private like the rows
     assert not {"messages", "replies", "errors", "dropped"} & set(out)
     assert out["results_path"] == str(tmp_path / "cli" / "results.json")
     rows = read_participation(Path(out["results_path"]).parent)  # central: counts kept private

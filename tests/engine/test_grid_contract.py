@@ -249,7 +249,7 @@ def test_load_apps_takes_objects_or_references_and_refuses_the_wrong_kind(toyapp
 
 
 def test_engine_log_line_does_not_disclose_the_message_count(toyapp_dir: Path) -> None:
-    """review3 V8: the closing line counted every message (the sum of the cohort sizes, private when
+    """The closing line counted every message (the sum of the cohort sizes, private when
     the run keeps its counts private); it names supernodes, workers and seconds only."""
     import logging
 

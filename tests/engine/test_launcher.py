@@ -1,5 +1,5 @@
-"""The ``flwr run`` launcher stops only what its own run started (review D2), and the in-process engine
-reports the results path the ServerApp wrote, not the newest file in ``output-dir`` (review D9)."""
+"""The ``flwr run`` launcher stops only what its own run started, and the in-process engine
+reports the results path the ServerApp wrote, not the newest file in ``output-dir``."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_results_path_is_the_one_the_server_app_wrote(tmp_path: Path) -> None:
 
 def test_ray_simulation_sets_the_runs_client_floor_for_its_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """``run_flower_simulation`` puts the floor of the run asked for in ``FEDPRIVACY_CLIENT_POLICY`` while
-    Ray starts (its processes inherit it) and restores the caller's value afterwards (issue 16: without
+    Ray starts (its processes inherit it) and restores the caller's value afterwards (without
     it every client refused privacy 'none' and bench_engine's Ray rows timed refusals)."""
     import json as _json
 

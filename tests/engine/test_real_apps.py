@@ -118,7 +118,7 @@ def test_dropout_and_crash_do_not_stop_the_round(tmp_path: Path) -> None:
 
 
 def test_discovery_asks_again_the_nodes_whose_query_reply_was_lost(tmp_path: Path) -> None:
-    """Issue 16: at 1000 SuperNodes Ray answered ~680 partition queries in one pass and discovery never
+    """At 1000 SuperNodes Ray answered ~680 partition queries in one pass and discovery never
     asked the rest again. Here the first ask to partitions 2 and 5 gets no reply (a drop: the query's
     group_id is its attempt); the second ask finds them and the run is the run without faults."""
     plan = FaultPlan.parse("drop:type=query,rounds=1,partitions=2|5")
@@ -182,7 +182,7 @@ def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
 def test_ray_simulation_gives_the_clients_the_floor_of_the_run(tmp_path: Path) -> None:
     """``run_flower_simulation`` (bench_engine's Ray rows): the clients get the floor of the run asked
     for, as with ``flwr run``. Privacy ``none`` is outside the code defaults (distributed, local): every
-    client refused it and the run stopped after one "round" of refusals (issue 16's Ray figures)."""
+    client refused it and the run stopped after one "round" of refusals (the Ray figures)."""
     import os
     import subprocess
     import sys

@@ -16,7 +16,7 @@ at ``POINT`` of round ``ROUND`` the process kills itself with SIGKILL (no cleanu
   (the server can see it), before the round function returns.
 
 Every train reply (round, partition, DP-SGD steps and rate it reports) is logged before it leaves the
-ClientApp, so the parent knows every example-level release too (review2 R9).
+ClientApp, so the parent knows every example-level release too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Adaptive clipping in distributed mode (issue 17): the clipped-count bit inside secure aggregation.
+"""Adaptive clipping in distributed mode: the clipped-count bit inside secure aggregation.
 
 The bit is one extra integer coordinate ``k_b (2b - 1)`` of each client's vector, noised by the client's
 own XNoise components like every coordinate; the release is accounted as the two discrete-Gaussian

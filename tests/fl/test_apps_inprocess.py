@@ -73,7 +73,7 @@ def test_a_distributed_client_whose_training_diverges_still_takes_part(tmp_path:
     # A learning rate of 1e38 overflows float32 in the first step, so every local update is non-finite.
     # The server is the adversary in distributed mode: an error reply or a dropout would tell it that
     # a client's training diverged on its data. Each client releases a zero update with its noise instead,
-    # so every sampled client is aggregated and the round completes (review3 V6's residue).
+    # so every sampled client is aggregated and the round completes.
     run_config = {"num-server-rounds": 1, "seed": 2, "output-dir": str(tmp_path), "run-name": "diverged",
                   "local-epochs": 1, "learning-rate": 1e38, "privacy": "distributed", "secagg": True,
                   "target-delta": 1e-3}
@@ -85,7 +85,7 @@ def test_a_distributed_client_whose_training_diverges_still_takes_part(tmp_path:
 
 
 def test_the_engine_prints_no_line_per_failing_client(tmp_path: Path) -> None:
-    # review4 W6: one console line per failing client counts a round's failures (with private counts and
+    # one console line per failing client counts a round's failures (with private counts and
     # "every one of them", the cohort size). Without privacy a diverged update is a real ClientApp error.
     import logging
 

@@ -44,7 +44,7 @@ def test_non_finite_update_is_not_released_without_privacy() -> None:
 
 
 def test_a_diverged_update_in_central_mode_is_a_zero_update() -> None:
-    # review4 W5: a failure would reach the published console and stop reason (a data-dependent bit)
+    # a failure would reach the published console and stop reason (a data-dependent bit)
     out = privatize_update([np.array([1.0, np.inf, 2.0])], clip_norm=1.0, mechanism=None, noise_multiplier=0.0, private=True,
                            rng=RandomSource.seeded(0))
     np.testing.assert_array_equal(out[0], np.zeros(3))
@@ -143,7 +143,7 @@ def test_distributed_plan_never_builds_a_model(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(models, "build_model", refuse)
     cfg = RunConfig(privacy="distributed", secagg=True, accountant="rdp", target_delta=1e-3)
-    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"  # (D1: tests/test_layers.py)
+    assert plan_privacy(cfg, population=10, dim=100).mode == "distributed"  # (tests/test_layers.py)
 
 
 def test_the_distributed_worst_case_depends_on_the_dimension() -> None:

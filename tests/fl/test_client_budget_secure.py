@@ -1,4 +1,4 @@
-"""The client's budget on the secure path against a deviating server (review6 Y2, Y3), with the real
+"""The client's budget on the secure path against a deviating server, with the real
 ClientApp handlers on the in-process engine: node state rolled back after a masked reply, and seeded rounds."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _rolled_back(context, before) -> None:
 
 
 def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_path: Path) -> None:
-    # Arrange (review6 Y2): the reply leaves, then Flower's node-state save is lost (the state goes back to
+    # Arrange: the reply leaves, then Flower's node-state save is lost (the state goes back to
     # what it was before the masked stage) and the server sends the same round's masked request again: the
     # same masks and XNoise would answer it, and the difference of the two replies is the client's update
     budget = tmp_path / "budget.jsonl"
@@ -97,7 +97,7 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
     assert "already released by this client" in seen["masked"]
     lines = [json.loads(line) for line in budget.read_text().splitlines()[1:]]
     assert [(c["round"], c["mode"]) for c in lines if c["kind"] == "charge"] == [(1, "distributed")]
-    # and the charge carries its release's discrete slack, which the client's total adds (review6 Y1)
+    # and the charge carries its release's discrete slack, which the client's total adds
     (charge,) = [c for c in lines if c["kind"] == "charge"]
     assert charge["slack"] > 0 and charge["tv"] > 0
     total = ClientBudget(max_rho_total=20.0, neighbouring="add-remove", path=budget)
@@ -105,7 +105,7 @@ def test_a_masked_request_replayed_after_the_node_state_was_lost_is_refused(tmp_
 
 
 def test_a_masked_request_replayed_under_another_run_of_the_series_is_refused(tmp_path: Path) -> None:
-    # Arrange (review7 Z1): as above, node 0's node-state save is lost after its masked reply; the server then
+    # Arrange: as above, node 0's node-state save is lost after its masked reply; the server then
     # opens another run of the same run series (Flower 1.42's SuperNode hands it the series' node state, and the
     # submitter picks the series), so the budget file's (run, round) records would not see a repeat
     budget = tmp_path / "budget.jsonl"
@@ -129,7 +129,7 @@ def test_a_masked_request_replayed_under_another_run_of_the_series_is_refused(tm
 
 
 def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> None:
-    # Arrange (review6 Y3): the operator allows the seeded research mode; the server's seed fixes the XNoise,
+    # Arrange: the operator allows the seeded research mode; the server's seed fixes the XNoise,
     # so the server can subtract it: the round costs an unbounded rho, which a finite total cannot pay
     budget = tmp_path / "budget.jsonl"
     floor = {"client-max-rho-total": 20.0, "client-allow-seeded": True}
@@ -144,7 +144,7 @@ def test_a_seeded_secure_round_is_refused_by_a_finite_total(tmp_path: Path) -> N
 
 
 def test_a_seed_sent_only_with_the_masked_request_costs_an_unbounded_rho(tmp_path: Path) -> None:
-    # Arrange (review7 Z2): the share stage is unseeded (its finite rho is held), then the server puts a seed in
+    # Arrange: the share stage is unseeded (its finite rho is held), then the server puts a seed in
     # the masked request only: the client's rounding and XNoise base component would follow from it, which the
     # server can regenerate (with every client surviving, the base is the whole released noise)
     budget = tmp_path / "budget.jsonl"
@@ -178,7 +178,7 @@ def _answered_twice(handler, seen: dict[str, Any], name: str):
 
 def test_the_share_consistency_and_unmask_stages_are_answered_once_despite_a_lost_node_state(
         tmp_path: Path) -> None:
-    # Arrange (review6 Y2's residue): after a rollback the session no longer knows it split its keys, signed a
+    # Arrange: after a rollback the session no longer knows it split its keys, signed a
     # view or revealed shares; a second share request (another roster) would split the same keys again, and a
     # second unmask request with another dropped set would reveal a survivor's other share
     budget = tmp_path / "budget.jsonl"

@@ -1,4 +1,4 @@
-"""Issue 10, items 2-4 against the real ClientApp: a server that tampers with its instructions gets a
+"""The client's floor against the real ClientApp: a server that tampers with its instructions gets a
 refusal or the client's own floor, whatever the run config says (the server chooses that too)."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_metrics_are_disclosed_only_when_the_client_allows_it() -> None:
 
 @pytest.mark.parametrize("floor", [{}, {"client-privacy-modes": "distributed"}])
 def test_a_distributed_round_on_the_plain_train_path_is_refused(floor: dict) -> None:
-    # review2 R1: a server that skips the secagg stages and sends the plain train message with
+    # a server that skips the secagg stages and sends the plain train message with
     # privacy="distributed" would read the clipped update itself (no noise is added on this path);
     # whatever the floor admits, the client refuses before it trains
     msg, _ = _message(privacy="distributed", client_mechanism="xnoise")
@@ -111,7 +111,7 @@ def test_a_distributed_round_on_the_plain_train_path_is_refused(floor: dict) -> 
 
 
 def test_a_client_takes_part_in_a_round_once_on_the_plain_path() -> None:
-    # review2 R2: a server that sends local-mode round 1 again and again would average the client's
+    # a server that sends local-mode round 1 again and again would average the client's
     # fresh noise away (40 replies: noise std / sqrt(40)); the node's round record refuses a repeat
     from fedprivacy.secagg.messages import ProtocolViolation
 

@@ -1,4 +1,4 @@
-"""The client's own floor (issue 10, items 2-4): a server request outside it is refused, whatever
+"""The client's own floor: a server request outside it is refused, whatever
 the server sends; the policy comes from node_config keys with safe defaults in code."""
 
 import dataclasses
@@ -134,7 +134,7 @@ def test_simulation_policy_is_what_the_user_asked_for() -> None:
     assert p.modes == ("distributed",) and p.min_noise_multiplier == 1.2 and p.allow_seeded
     assert p.disclose == () and p.max_rho_per_round == math.inf
     assert ClientPolicy.for_simulation(RunConfig(privacy="central")).disclose  # the server is trusted
-    # SecAgg is run against the server: nothing goes beside the masked vector, even without DP (review5 X3)
+    # SecAgg is run against the server: nothing goes beside the masked vector, even without DP
     assert ClientPolicy.for_simulation(RunConfig(privacy="none", secagg=True)).disclose == ()
     # the round trip through the launcher's environment variable keeps it
     import json
@@ -166,7 +166,7 @@ def test_a_client_whose_exp_is_off_refuses_before_sharing(monkeypatch: pytest.Mo
                                                            (28_938, 60, 40, 2.0**6)])
 def test_the_charged_release_dominates_every_sum_the_server_can_finish_the_round_with(
         dim: int, roster: int, survivors: int, scale: float) -> None:
-    # Arrange (review6 Y1): the server picks the survivor set after the client has charged the round, so the
+    # Arrange: the server picks the survivor set after the client has charged the round, so the
     # client's rho and its discrete slack must bound the release for every survivor count it may choose
     cfg = _encoding(dim=dim, min_survivors=survivors, scale=scale, max_clients=max(40, roster))
     # Act
@@ -213,7 +213,7 @@ def _secure_cost(policy: ClientPolicy, dim: int, clip: float, scale: float, z: f
 
 
 def test_an_encoding_whose_discrete_slack_is_not_negligible_is_refused_before_any_secret_leaves() -> None:
-    # Arrange (review8 A2): C x scale tiny under a large roster: the XNoise components fall below the smoothing
+    # Arrange: C x scale tiny under a large roster: the XNoise components fall below the smoothing
     # variance, so the domination lemma's slack is ~6.6 per round while rho stays under the per-round cap
     deviating = (1000, 0.01, 1024.0, 1.0, 100, 51)
     digits_size = (650, 1.0, 8.0, 1.3, 100, 51)

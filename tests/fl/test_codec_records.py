@@ -1,5 +1,5 @@
 """``codec.record_dict`` / ``metric_record`` / ``arrays_to_record`` build what Flower's constructors
-build (issue 16: without their per-entry checks), or let Flower decide."""
+build (without their per-entry checks), or let Flower decide."""
 
 from __future__ import annotations
 

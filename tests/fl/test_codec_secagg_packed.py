@@ -1,4 +1,4 @@
-"""The masked upload on the wire: b-bit residues packed to ceil(m b / 8) bytes (issue 12's upload goal)."""
+"""The masked upload on the wire: b-bit residues packed to ceil(m b / 8) bytes (the upload goal)."""
 
 from __future__ import annotations
 

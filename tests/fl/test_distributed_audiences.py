@@ -1,4 +1,4 @@
-"""Who each distributed-DP figure is against (review F1, F2, F6), checked by playing each adversary.
+"""Who each distributed-DP figure is against, checked by playing each adversary.
 
 The setting is the review's: N = 100 clients, Poisson q = 0.1, T = 100 rounds, z = 1, δ = 1e-5, the
 digits MLP (the public's printed ε ~7.05). Lower bounds come from dp-accounting PLDs with the
@@ -80,7 +80,7 @@ def test_a_participating_client_gets_no_amplification(figures: dict) -> None:
     one = _mixture([(Q * Q, _gauss(1.0, z)), (Q * (1 - Q), None), (1 - Q, _gauss(Q, z))])
     lower = one.self_compose(T).get_epsilon_for_delta(DELTA)
     assert aud["observers"]["amplification"]
-    # the completed-round pair (which rounds completed is public, review2 R8): above review2's lower
+    # the completed-round pair (which rounds completed is public): above the lower
     # bounds (7.0957 a priori, 7.0807 given the pattern), below no amplification
     assert 7.0957 < aud["observers"]["epsilon"] < 9.0
     assert lower > 1.15 * aud["observers"]["epsilon"]  # the public's figure would be far too low for j
@@ -130,7 +130,7 @@ def test_published_outputs_do_not_depend_on_the_counts(figures: dict) -> None:
 
 def test_published_counts_lose_the_amplification(figures: dict) -> None:
     # Adversary: the public knows each round's count n ~ Bin(N, q); given n the cohort is a uniform
-    # n-subset, so the round is a mixture over n of Gaussians sampled at rate n/N (review F2). With
+    # n-subset, so the round is a mixture over n of Gaussians sampled at rate n/N. With
     # publish-participation the figure must not claim the count-unknown Poisson amplification.
     z = figures["z"]
     pn = stats.binom.pmf(np.arange(N + 1), N, Q)
@@ -154,7 +154,7 @@ def test_colluders_make_the_noise_depend_on_the_survivors_so_no_amplification() 
 
 
 def test_the_public_sees_which_rounds_completed_and_the_rate_is_conditioned_on_it() -> None:
-    # review2 R8: a Poisson round completes only if its cohort n >= m0 = max(t, 3); given completion
+    # a Poisson round completes only if its cohort n >= m0 = max(t, 3); given completion
     # the target is in the cohort with probability q P[Bin(N-1, q) >= m0-1] / P[Bin(N, q) >= m0] > q.
     # The public's pair has at least that inclusion rate; its Gaussian weight is "i decided it".
     # A round aborted by the cohort-size rule is inside the pair; another abort loses amplification.
@@ -177,7 +177,7 @@ def test_the_public_sees_which_rounds_completed_and_the_rate_is_conditioned_on_i
     plan = get_mode("distributed").plan(cfg, population=N, dim=DIM)
     records = _records(cfg, [(10, 10), (10, 10)])
     for reason, cohort, amplified in ((f"{COHORT_RULE_ABORT}4 is below the secagg threshold 6", 4, True),
-                                      # a cohort the secure round never completes (review3 V4a), any reason
+                                      # a cohort the secure round never completes, any reason
                                       ("secure aggregation aborted: unsafe for the 2 clients present", 2, True),
                                       ("secure aggregation aborted: 5 survivors, fewer than 6", 10, False)):
         run = records + [dataclasses.replace(records[-1], round=3, aborted=reason, clients_sampled=cohort,
@@ -203,13 +203,13 @@ def test_the_cohort_rule_abort_reason_is_the_secure_rounds() -> None:
 
 @pytest.mark.parametrize("audience", ["server", "observers"])
 def test_a_completed_round_that_lost_clients_gets_no_amplification_for_the_public(audience: str) -> None:
-    # review3 V9's run: N = 20, q = 0.5, T = 3, round 2 completed with 8 of its 11 sampled clients
+    # N = 20, q = 0.5, T = 3, round 2 completed with 8 of its 11 sampled clients
     # (dropouts at the masked stage). Its completion then depended on the survivors, which the pair
     # does not model. Adversaries the figure must be above, both data-independent dropout patterns:
     # (1) the one that hurts most: whenever client i is not sampled the others drop out, so every
     # completed round contains i: the exact pair is the plain Gaussian (dp-accounting, optimistic);
     # (2) independent dropouts at rate p: the clients in the sum are Poisson(q(1-p)) and completion
-    # follows their number: the completed-round pair at rate q(1-p) (review3's 5.967 / 6.158 at
+    # follows their number: the completed-round pair at rate q(1-p) (the 5.967 / 6.158 at
     # p = 0.5 / 0.6 above the 5.929 printed before), built from dp-accounting's own PLDs.
     from fedprivacy.accounting.completion import round_weights
     from fedprivacy.fl.secure.params import completes
@@ -236,5 +236,5 @@ def test_a_completed_round_that_lost_clients_gets_no_amplification_for_the_publi
         w = round_weights(population=n_pop, sample_rate=q * (1 - p), completes=rule)
         pair = reference_pld(z=z, q=q * (1 - p), gaussian_weight=w.gaussian, null_weight=w.null, grid=GRID)
         independent.append(pair.self_compose(rounds).get_epsilon_for_delta(DELTA))
-    assert max(independent) > before["epsilon"]  # review3 V9: the pattern exists
+    assert max(independent) > before["epsilon"]  # the pattern exists
     assert obs["epsilon"] >= max(independent)

@@ -46,7 +46,7 @@ def test_observers_get_the_amplification_of_the_sampling_that_ran() -> None:
                                              population=20, dim=DIM)
     server = get_mode("distributed").plan(_cfg(privacy_audience="server", sample_rate=0.5),
                                           population=20, dim=DIM)
-    # at the rate given that the round completes (which the public sees: review2 R8)
+    # at the rate given that the round completes (which the public sees)
     from fedprivacy.accounting.completion import CompletedRoundGaussian
     from fedprivacy.fl.secure.params import public_sampling
 
@@ -107,7 +107,7 @@ def test_calibration_for_the_public_meets_the_target_with_the_completed_round_pa
 
 
 def test_a_rows_slack_covers_every_release_the_ledger_holds_after_a_re_charge() -> None:
-    # Arrange (review7 Z3): a round re-charged after a crash leaves the ledger with more releases than
+    # Arrange: a round re-charged after a crash leaves the ledger with more releases than
     # num-server-rounds; the row's slack must then be that of every release, as the headline's is
     from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.fl.modes.distributed import row_epsilon
@@ -132,7 +132,7 @@ def test_a_rows_slack_covers_every_release_the_ledger_holds_after_a_re_charge() 
 
 
 def acc_epsilon_at(plan, rounds: int) -> float:
-    """The plan's row formula (review5 X4) for ``rounds`` releases of its event."""
+    """The plan's row formula for ``rounds`` releases of its event."""
     from fedprivacy.accounting.accountant import Accountant
 
     acc = Accountant(backend="pld", neighbouring=plan.neighbouring)

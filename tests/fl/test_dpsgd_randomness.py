@@ -32,7 +32,7 @@ def test_secure_run_draws_fresh_dpsgd_noise_seeded_run_repeats() -> None:
 
 
 def test_the_servers_planned_dpsgd_spend_is_what_the_client_runs() -> None:
-    # review2 R9: the server charges each sampled client's DP-SGD spend before it sends instructions,
+    # the server charges each sampled client's DP-SGD spend before it sends instructions,
     # from the partition's size (default_hooks' dpsgd_schedule); it must be what local training reports
     from fedprivacy.fl.task import default_hooks
     from fedprivacy.ml.partition import load_partition
@@ -57,7 +57,7 @@ def test_the_servers_planned_dpsgd_spend_is_what_the_client_runs() -> None:
 
 
 def test_a_dpsgd_client_does_not_send_its_un_noised_training_loss() -> None:
-    """review3 V2's residue: the example-level claim covers the DP-SGD-noised update only, so the
+    """The example-level claim covers the DP-SGD-noised update only, so the
     client's un-noised training loss is not sent beside it (a plain-SGD client in mode none sends it)."""
     from fedprivacy.fl.client import train_client
 

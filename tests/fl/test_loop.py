@@ -108,7 +108,7 @@ def test_central_epsilon_equals_epsilon_for_and_outputs_are_written(tmp_path: Pa
     assert saved["privacy"]["rng_mode"] == "seeded" and saved["config"]["sample-rate"] == 0.5
     assert set(saved["rounds"][0]) >= {"round", "test_loss", "test_accuracy", "epsilon", "delta"}
     # central mode: participation counts, the train loss (clients' un-noised losses) and each round's
-    # wall time (it grows with the cohort, review3 V7) are private (issue 11, review-dp N2): not in
+    # wall time (it grows with the cohort) are private (review-dp N2): not in
     # results.json, rounds.csv or the console, only in the server's private log (owner-only); the
     # report says so; the run's total time stays published
     assert not {"clients_sampled", "clients_aggregated", "train_loss", "seconds"} & set(saved["rounds"][0])
@@ -150,7 +150,7 @@ def test_nan_update_is_left_out_logged_and_accounting_unchanged(tmp_path: Path) 
     counts = read_participation(tmp_path / "nan")
     assert len(counts) == 2
     assert all(r["clients_sampled"] == N and r["clients_aggregated"] == N - 2 for r in counts)
-    # central: who was left out is private (review3 V6): in the private log, not on the console
+    # central: who was left out is private: in the private log, not on the console
     assert not any("client 3" in line or "client 5" in line for line in lines)
     assert any("clients left out (ids and reasons in the private log)" in line for line in lines)
     assert all("NaN" in r["left_out"]["3"] and "boom" in r["left_out"]["5"] for r in counts)
@@ -216,7 +216,7 @@ def test_none_mode_claims_nothing(tmp_path: Path) -> None:
     assert res["rounds"][-1]["test_loss"] < res["rounds"][0]["test_loss"]
 
 
-# ---------------------------------------------------------------------- resume re-accounting (issue 11)
+# ---------------------------------------------------------------------- resume re-accounting
 def _kill_after(rnd: int):
     def log(line: str) -> None:
         if line.startswith(f"round {rnd:3d}/"):
@@ -413,7 +413,7 @@ def test_a_killed_dpsgd_run_keeps_the_example_level_spends_of_the_cut_off_round(
 
 
 def test_a_dpsgd_only_journal_without_a_checkpoint_is_replayed_only_by_the_run_that_wrote_it(tmp_path: Path) -> None:
-    # Arrange (review5 X1): privacy none + DP-SGD (its only DP claim is the example-level figure), killed in
+    # Arrange: privacy none + DP-SGD (its only DP claim is the example-level figure), killed in
     # round 1 after the planned spends at z = 0.5 were on disk (the instructions had left), before any
     # checkpoint; there is no user-level journal to check a relaunch against
     kw = {"privacy": "none", "dpsgd": True, "dpsgd-noise-multiplier": 0.5, "sample-rate": 1.0, "run-name": "x1",
@@ -456,7 +456,7 @@ def test_a_dpsgd_only_journal_without_a_checkpoint_is_replayed_only_by_the_run_t
 def test_dpsgd_spends_are_on_disk_before_the_instructions_leave(tmp_path: Path) -> None:
     # Arrange: an exchange that looks at the DP-SGD journal the moment the instructions would leave
     # the server, then the clients train and reply, and the server dies before the round function
-    # returns (review2 R9: the replies were seen, the old code had journaled nothing of the round)
+    # returns (the replies were seen, the old code had journaled nothing of the round)
     kw = {"privacy": "central", "dpsgd": True, "dpsgd-noise-multiplier": 1.2, "sample-rate": 0.5,
           "run-name": "wa"}
     seen: dict[int, list] = {}
@@ -499,7 +499,7 @@ def test_dpsgd_spends_are_on_disk_before_the_instructions_leave(tmp_path: Path) 
 
 def test_dpsgd_charges_every_client_sent_instructions_and_more_if_it_reports_more(tmp_path: Path) -> None:
     # Arrange: client 0 fails (no reply), client 1's update is non-finite (dropped from the sum) and
-    # client 2 reports 7 steps at rate 0.2 where the server planned 5 at 0.1 (review2 R9's second half:
+    # client 2 reports 7 steps at rate 0.2 where the server planned 5 at 0.1 (the reply beyond the plan:
     # the old code charged only aggregated clients, from their reports)
     inner = _dpsgd_exchange(5, 0.1)
 
@@ -531,7 +531,7 @@ def test_dpsgd_charges_every_client_sent_instructions_and_more_if_it_reports_mor
 
 
 def test_a_journal_only_resume_checks_the_config_and_says_it_resumed(tmp_path: Path) -> None:
-    # Arrange: killed after round 1's charge, before any checkpoint (review2 R3)
+    # Arrange: killed after round 1's charge, before any checkpoint
     kw = {"privacy": "central", "sample-rate": 0.5, "run-name": "jo"}
     with pytest.raises(_Killed):
         _run(_cfg(tmp_path, **kw), aggregator=_KillingAggregator(clip_norm=1.0, noise_std=1.0))
@@ -549,7 +549,7 @@ def test_a_journal_only_resume_checks_the_config_and_says_it_resumed(tmp_path: P
 
 def test_an_event_released_beyond_the_charge_is_charged_even_over_the_budget(tmp_path: Path) -> None:
     # Arrange: a round function that charges the plan's event at its release point but reports that
-    # it released more (z = 0.5); the budget admits the first charge and not both (review2 R6)
+    # it released more (z = 0.5); the budget admits the first charge and not both
     from fedprivacy.accounting import Accountant, PrivacyEvent
     from fedprivacy.fl.modes.base import plain_round
 
@@ -575,7 +575,7 @@ def test_an_event_released_beyond_the_charge_is_charged_even_over_the_budget(tmp
 
 
 def test_with_counts_private_no_published_dpsgd_figure_depends_on_the_cohorts(tmp_path: Path) -> None:
-    # review4 W2: the worst client's example-level ledger moves only in rounds its client is sampled, and
+    # the worst client's example-level ledger moves only in rounds its client is sampled, and
     # its step is a function of the client's (public) partition size, so a published per-round "worst
     # client" figure tells who took part, which central mode's amplified ε assumes secret.
     # Arrange: client 0's class (3 steps at 1/3) differs from everyone else's (5 at 0.2); two seeds

@@ -1,4 +1,4 @@
-"""Server optimizers and adaptive clipping inside a real ``FederatedRun`` (issue 17).
+"""Server optimizers and adaptive clipping inside a real ``FederatedRun``.
 
 The tiny numpy federation of ``test_loop.py`` (clients pull the model towards their own targets, real
 ``privatize_update``): selection by config key, checkpoint/resume bit for bit, ε unchanged by the

@@ -1,4 +1,4 @@
-"""The privacy report states the assumptions its ε was computed under (issue 11): colluders,
+"""The privacy report states the assumptions its ε was computed under: colluders,
 participation counts, and charges of rounds a crash cut off."""
 
 from __future__ import annotations

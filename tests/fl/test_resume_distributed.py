@@ -1,4 +1,4 @@
-"""A resumed distributed run never prints less than was released (issue 11, review-dp F3).
+"""A resumed distributed run never prints less than was released (review-dp F3).
 
 Real secure-aggregation rounds (the real client steps, ``DirectTransport`` of
 ``tests/fl/test_secure_round.py``) in a transport-free :class:`FederatedRun`, killed after a

@@ -32,7 +32,7 @@ def test_a_round_where_every_client_fails_stops_the_run_with_its_own_status(tmp_
     res, lines = _run(_cfg(tmp_path, **{"num-server-rounds": 4}), exchange=_exchange(fail=set(range(N))))
     assert res["status"] == "clients-failed" and exit_code_for(res["status"]) == ExitCode.CLIENTS_FAILED
     assert [r["round"] for r in res["rounds"]] == [1]
-    # central: counts and who took part are private (review3 V6): the published reason names neither
+    # central: counts and who took part are private: the published reason names neither
     assert "sampled clients failed (every one of them)" in res["stopped"] and "of 12" not in res["stopped"]
     assert "boom" in res["stopped"] and "\n" not in res["stopped"] and "first: client" not in res["stopped"]
     assert not any("left out:" in line for line in lines)
@@ -54,7 +54,7 @@ def test_non_finite_updates_count_as_failures(tmp_path: Path) -> None:
     res, _ = _run(_cfg(tmp_path, **{"num-server-rounds": 2, "max-failed-fraction": 0.0}),
                   exchange=_exchange(poison={3}))
     assert res["status"] == "clients-failed" and "NaN/Inf" in res["stopped"]
-    assert "client 3" not in res["stopped"]  # central: who took part is private (review3 V6)
+    assert "client 3" not in res["stopped"]  # central: who took part is private
 
 
 def test_resume_of_a_missing_run_is_refused_naming_the_runs_there(tmp_path: Path) -> None:
@@ -106,8 +106,8 @@ def test_outputs_are_readable_like_any_file_the_user_writes(tmp_path: Path) -> N
     assert {p.name for p in files} >= {"results.json", "rounds.csv", "privacy_report.md",
                                        "accuracy_epsilon.png"}
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o644)}
-    # except the server's private log (central mode: participation counts, issue 11) and the checkpoint
-    # (its rows keep the counts, review3 V1): owner-only folders
+    # except the server's private log (central mode: participation counts) and the checkpoint
+    # (its rows keep the counts): owner-only folders
     assert {oct(stat.S_IMODE((run_dir / d).stat().st_mode)) for d in owner_only} == {oct(0o700)}
     private = [p for p in run_dir.rglob("*") if p.is_file() and "private" in p.relative_to(run_dir).parts]
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in private} <= {oct(0o600)}
@@ -122,7 +122,7 @@ def _readable_by_others(run_dir: Path, path: Path) -> bool:
 
 @pytest.mark.parametrize("mode", ["central", "none"])
 def test_nothing_others_can_read_in_the_run_folder_names_a_cohort_or_a_count(tmp_path: Path, mode: str) -> None:
-    # review3 V1: the checkpoint's rows (counts, train loss) and the DP-SGD journal (each round's cohort)
+    # the checkpoint's rows (counts, train loss) and the DP-SGD journal (each round's cohort)
     # were world-readable while results.json and rounds.csv left exactly these out
     from tests.fl.test_loop import _dpsgd_exchange, _dpsgd_hooks
 

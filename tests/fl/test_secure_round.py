@@ -324,7 +324,7 @@ def test_engine_secure_round_equals_plain_fedavg_with_dropouts_at_masked_and_unm
     row = secure["rounds"][0]
     assert row["clients_aggregated"] == plain["rounds"][0]["clients_aggregated"] == 5
     assert row["secagg_survivors"] == 5 and row["secagg_exchanges"] == 5  # active: + consistency
-    # the server learnt no client's loss or size beside the masked vectors (review5 X3): no train loss
+    # the server learnt no client's loss or size beside the masked vectors: no train loss
     assert row["train_loss"] is None and plain["rounds"][0]["train_loss"] is not None
     bound = row["secagg_max_abs_error"] / 6 + 1e-6  # n/s on the sum, /denominator; float32 weights
     for w_s, w_p in zip(secure["_weights"], plain["_weights"], strict=True):
@@ -355,7 +355,7 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
     aud = d["audiences"]
     # the headline: the server's figure, never below the ledger's (they differ at ~1e-12 by discretisation)
     # the headline: every slack term, and never below the ledger or a published row, each row the ledger
-    # plus the run's slack (review5 X4)
+    # plus the run's slack
     assert res["privacy"]["epsilon"] == max(aud["server"]["epsilon"], d["ledger_epsilon"], r3["epsilon"])
     assert d["ledger_epsilon"] < r3["epsilon"] == pytest.approx(d["ledger_epsilon"], rel=1e-6)
     # the ledger composes the dominating Gaussians; the figure is the smaller of that plus its slack
@@ -382,7 +382,7 @@ def test_engine_distributed_run_states_survivors_noise_and_aborted_round_spends_
 
 def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_does(tmp_path: Path) -> None:
     # Arrange: 12 clients, Poisson q = 0.5, exact XNoise, budgeted for the public; dropouts at the masked
-    # stage of round 3, which still completes (review3 V9: its completion then also depended on the
+    # stage of round 3, which still completes (its completion then also depended on the
     # survivors, which the public's pair does not model)
     faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", rounds=(3,),
                                         partition_ids=(3, 8)),))
@@ -401,12 +401,12 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
 
     cfg = RunConfig.from_mapping({"privacy": "distributed", "secagg": True, "sample-rate": 0.5})
     t, _ = secagg_parameters(cfg, population=12)
-    # the counts are not published (the public's amplified figure needs them secret, review F2):
+    # the counts are not published (the public's amplified figure needs them secret):
     # they are in the server's private log
     private = [r for r in read_participation(tmp_path / "ddp-sampled") if "secagg_survivors" in r]
     rows = [r for r in res["rounds"] if r["epsilon"] is not None]
     assert private and all(r["secagg_survivors"] <= r["secagg_roster"] for r in private)
-    for row in res["rounds"]:  # nor each round's wall time, which grows with the cohort (review3 V7)
+    for row in res["rounds"]:  # nor each round's wall time, which grows with the cohort
         assert not {"secagg_survivors", "secagg_roster", "secagg_degree", "clients_sampled",
                     "clients_aggregated", "noise_std_sum", "aborted", "seconds"} & set(row)
     assert all(r["seconds"] > 0 for r in private) and res["seconds"] > 0
@@ -447,7 +447,7 @@ def test_engine_sampled_distributed_run_reports_two_audiences_as_dp_accounting_d
     assert aud["observers"]["epsilon"] == pytest.approx(aud["server"]["epsilon"], rel=1e-12)
     ledger = res["privacy"]["distributed"]["ledger_epsilon"]
     assert res["privacy"]["epsilon"] == rows[2]["epsilon"] == pytest.approx(ledger, rel=1e-6)
-    assert rows[2]["epsilon"] > ledger  # the row carries the run's slack (review5 X4)
+    assert rows[2]["epsilon"] > ledger  # the row carries the run's slack
     assert rows[2]["epsilon"] > plain(3) and res["privacy"]["rounds"] == 3  # releases, not ledger steps (6)
     assert res["privacy"]["distributed"]["charged_without_record"] == 0
     # round 3 is the last: the run completed (nothing left to stop); its final model is published
@@ -583,7 +583,7 @@ def test_a_refused_next_round_part_fails_alone_and_round_rs_reply_still_goes_bac
 
 def test_engine_observers_run_charges_unamplified_and_stops_after_an_abort_the_pair_does_not_model(
         tmp_path: Path) -> None:
-    """review3 V4b: dropouts abort round 2 of a Poisson run budgeted for the public; the public's pair
+    """Dropouts abort round 2 of a Poisson run budgeted for the public; the public's pair
     does not model that abort, so every released round is charged the server's unamplified event too
     and the run stops there (the ledger, the budget and every row's ε stay valid)."""
     import dp_accounting
@@ -614,10 +614,10 @@ def test_engine_observers_run_charges_unamplified_and_stops_after_an_abort_the_p
     plain = pld.get_epsilon(res["privacy"]["delta"])
     ledger = res["privacy"]["distributed"]["ledger_epsilon"]
     assert rows[1]["epsilon"] == pytest.approx(ledger, rel=1e-6) and rows[1]["epsilon"] > ledger > plain > amplified
-    # the headline agrees with the last row (review3 V4 residue: the re-charge is not a cut-off round)
+    # the headline agrees with the last row (the re-charge is not a cut-off round)
     assert res["privacy"]["distributed"]["charged_without_record"] == 0
     assert res["privacy"]["epsilon"] == rows[1]["epsilon"] and res["privacy"]["rounds"] == 1  # 1 released
-    # review4 W1: the void is final; a resume (whose rounds would be charged amplified) is refused
+    # the void is final; a resume (whose rounds would be charged amplified) is refused
     from fedprivacy.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"resume=true: run .*obs is final.*privacy-audience='observers'"):
@@ -625,7 +625,7 @@ def test_engine_observers_run_charges_unamplified_and_stops_after_an_abort_the_p
 
 
 def test_engine_observers_budget_discards_a_round_whose_lost_clients_void_the_amplification(tmp_path: Path) -> None:
-    """review3 V9 with a budget for the public: round 3 completes after losing two sampled clients, so
+    """Round 3 completes after losing two sampled clients, so
     every released round is charged unamplified as well; that takes ε above target-epsilon, so round 3's
     model is discarded (the server saw the sum, the public never sees the model) and the run stops."""
     import dp_accounting
@@ -651,7 +651,7 @@ def test_engine_observers_budget_discards_a_round_whose_lost_clients_void_the_am
     assert d["audiences"]["observers"]["amplification"] is False  # from the ledger: round 3 has no record
     assert d["audiences"]["observers"]["epsilon"] == pytest.approx(d["audiences"]["server"]["epsilon"], rel=1e-12)
     assert res["privacy"]["epsilon"] >= d["ledger_epsilon"]
-    # review4 W1: the records show no void (round 3 was discarded), the ledger does: a resume is refused
+    # the records show no void (round 3 was discarded), the ledger does: a resume is refused
     from fedprivacy.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"is final"):
@@ -661,7 +661,7 @@ def test_engine_observers_budget_discards_a_round_whose_lost_clients_void_the_am
 
 def test_engine_a_client_in_the_sum_that_misses_the_unmask_stage_voids_the_publics_amplification(
         tmp_path: Path) -> None:
-    """review3 V9, later stage: every sampled client's masked input is in round 3's sum, but some miss the
+    """Every sampled client's masked input is in round 3's sum, but some miss the
     unmask stage; the round completes only because enough of the others' shares arrived, so its
     completion depended on the survivors: the public's pair does not model it (counted, kept private)."""
     # Arrange: the first engine test's seeded cohorts; partitions 3 and 8 vanish at round 3's unmask stage
@@ -684,5 +684,5 @@ def test_engine_a_client_in_the_sum_that_misses_the_unmask_stage_voids_the_publi
     assert aud["observers"]["epsilon"] == pytest.approx(aud["server"]["epsilon"], rel=1e-12)
     ledger = res["privacy"]["distributed"]["ledger_epsilon"]
     assert res["privacy"]["epsilon"] == res["rounds"][-1]["epsilon"] == pytest.approx(ledger, rel=1e-6)
-    assert res["rounds"][-1]["epsilon"] > ledger  # the row carries the run's slack (review5 X4)
+    assert res["rounds"][-1]["epsilon"] > ledger  # the row carries the run's slack
     assert res["rounds"][-1]["epsilon"] > aud["server"]["epsilon"]  # 3 amplified + 3 unamplified charges

@@ -1,4 +1,4 @@
-"""What the secure round's own lines say about the cohort (review4 W4: the V6 class of disclosure)."""
+"""What the secure round's own lines say about the cohort (the V6 class of disclosure)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The client's session in the node state (fl/secure/session.py; issue 16): packed list fields and the
+"""The client's session in the node state (fl/secure/session.py): packed list fields and the
 per-record copy of the live session change nothing a session holds or does, at any stage; a state that did
 not come from this process's own record (another object, a pickle, an edit) is parsed and validated."""
 
@@ -200,7 +200,7 @@ def test_the_packed_roster_cache_exports_what_an_export_without_it_does() -> Non
 
 @pytest.mark.parametrize("reload", ["memo", "parse"])
 def test_a_record_made_under_another_run_or_node_is_refused_not_used(reload: str) -> None:
-    # Arrange (review7 Z1): Flower hands a new run of the same series the old run's node state
+    # Arrange: Flower hands a new run of the same series the old run's node state
     from fedprivacy.fl.client_policy import PolicyRefusal
     from fedprivacy.secagg.encoding import EncodingSpec
 

@@ -1,4 +1,4 @@
-"""Write-ahead charging (issue 11): a real run SIGKILLed at each point of a round, then resumed.
+"""Write-ahead charging: a real run SIGKILLed at each point of a round, then resumed.
 
 Each case runs ``tests/fl/kill_run.py`` (the real ServerApp glue and ClientApp on the in-process
 engine) in a subprocess that kills itself with SIGKILL at one point of round 2 (and once of round 1,
@@ -39,7 +39,7 @@ MODES: dict[str, dict[str, Any]] = {
                 "noise-multiplier": 1.1},
     "distributed": {"privacy": "distributed", "secagg": True, "accountant": "rdp",
                     "target-delta": 1e-3},
-    # issue 17: the clip norm moves with the released counts; a cut-off round is re-accounted at the
+    # the clip norm moves with the released counts; a cut-off round is re-accounted at the
     # worst clip norm it can have used, and the resumed run continues the estimate from its checkpoint
     "adaptive-distributed": {"privacy": "distributed", "secagg": True, "accountant": "rdp",
                              "target-delta": 1e-3, "adaptive-clip": True, "adaptive-clip-count-std": 2.0},
@@ -111,7 +111,7 @@ DPSGD = {"privacy": "central", "secagg": False, "accountant": "rdp", "sample-rat
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["sent", "replied", "released"])
 def test_a_killed_dpsgd_run_pays_for_every_example_level_release(tmp_path: Path, point: str) -> None:
-    # review2 R9: a DP-SGD client's reply is an example-level release the server sees on arrival. Kill
+    # a DP-SGD client's reply is an example-level release the server sees on arrival. Kill
     # the server after round 2's instructions reached a client (before it trained), after a client's
     # reply left it (before the round function returned), or after the round (before its checkpoint).
     # Arrange

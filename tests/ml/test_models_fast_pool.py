@@ -1,6 +1,6 @@
 """The models' max pool (``fedprivacy.ml.models.MaxPool2d``, a channels-last copy into torch's kernel) is
 ``torch.nn.MaxPool2d`` bit for bit: values (ties, signed zeros, infinities, NaNs), gradients, second
-derivatives (the gradient-leakage attacks), and whole training runs, plain and DP-SGD (issue 16)."""
+derivatives (the gradient-leakage attacks), and whole training runs, plain and DP-SGD."""
 
 from __future__ import annotations
 

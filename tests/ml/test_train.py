@@ -201,7 +201,7 @@ def test_bad_training_arguments(digits) -> None:
         train_local(_mlp(), (train.x, train.y))
 
 
-# ------------------------------------------------------------------ DP-SGD randomness (issue 11)
+# ------------------------------------------------------------------ DP-SGD randomness
 def _flat(model: torch.nn.Module) -> np.ndarray:
     return np.concatenate([w.ravel().astype(np.float64) for w in get_weights(model)])
 

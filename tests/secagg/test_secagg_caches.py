@@ -1,4 +1,4 @@
-"""Caches of pure secagg functions (issue 16): the same values as the uncached code, and no caller
+"""Caches of pure secagg functions: the same values as the uncached code, and no caller
 can change what the next caller gets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fast encoder paths give bit-identical outputs to the plain step-by-step code (issue 16).
+"""The fast encoder paths give bit-identical outputs to the plain step-by-step code.
 
 The plain versions below are the implementations main had before the speed work (8cd920e), kept
 here verbatim in substance as the reference: a speed-up must not change one bit of any output or the
@@ -317,7 +317,7 @@ def test_a_try_that_fails_in_its_first_chunk_still_draws_all_its_uniforms() -> N
 
 
 def _world_id_plain(setup, roster) -> bytes:  # type: ignore[no-untyped-def]
-    """protocol.world_id as written before issue 16's glue pass (one hash update per field)."""
+    """protocol.world_id as written before the glue pass (one hash update per field)."""
     import hashlib
     import struct
 

@@ -443,7 +443,7 @@ def test_active_client_signs_only_a_consistent_view() -> None:
 
 
 def test_active_client_refuses_a_view_with_one_sided_or_weakly_connected_edges() -> None:
-    # the server forwards to the victim only t - 1 of its neighbours' shares (issue 10, item 1)
+    # the server forwards to the victim only t - 1 of its neighbours' shares
     n, t = 9, 5
     ids = list(range(10, 10 + n))
     victim, keep = ids[0], ids[1:t]

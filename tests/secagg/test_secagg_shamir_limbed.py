@@ -174,7 +174,7 @@ def test_encoding_round_trips_and_refuses_non_field_values() -> None:
 @settings(max_examples=60, deadline=None)
 @given(num=st.integers(0, 3), nbytes=st.sampled_from([1, 16, 32]), data=st.data())
 def test_decode_many_is_decode_shares_of_each_item(num: int, nbytes: int, data: st.DataObject) -> None:
-    """Issue 16's one-pass decode: the stacked decodings, or the error decode_shares raises for the
+    """The one-pass decode: the stacked decodings, or the error decode_shares raises for the
     first item it refuses (wrong length, out of the field, not bytes)."""
     limbs = shamir.limbs_per_secret(nbytes)
     good = st.lists(st.integers(0, shamir.LIMB_PRIME - 1), min_size=num * limbs, max_size=num * limbs).map(

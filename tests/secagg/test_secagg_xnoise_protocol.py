@@ -1,4 +1,4 @@
-"""XNoise seeds in the protocol (issue 12, protocol side): shared with the self-mask seed, the excess
+"""XNoise seeds in the protocol (protocol side): shared with the self-mask seed, the excess
 revealed only for the agreed survivor count, removed exactly by the server."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def test_a_corrupt_component_share_is_corrected_or_detected() -> None:
 
 
 def _unmask_points_plain(server, m, node, holds, *, surv, dropped, seed_pts, key_pts, comp_pts):
-    """The server's reading of one unmask reply before issue 16's one-pass decode: check and decode
+    """The server's reading of one unmask reply before the one-pass decode: check and decode
     share by share."""
     from fedprivacy.secagg import shamir
 
@@ -209,7 +209,7 @@ _BAD_SHARES = [b"\x01" * 35, b"\xff" * 36, "not bytes", None, bytearray(36), mem
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_one_pass_unmask_decoding_reads_and_refuses_replies_as_share_by_share_decoding(data) -> None:
-    """Issue 16: the server decodes an unmask reply's shares in one pass (shamir.decode_many); for
+    """The server decodes an unmask reply's shares in one pass (shamir.decode_many); for
     honest replies and for replies with up to three faults (malformed, out-of-field, non-bytes or
     bytearray shares, owners it may not reveal, duplicate owners, a missing component index) at any
     positions, the decoded points or the error (type and text: the first fault in the order of the

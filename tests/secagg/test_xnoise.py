@@ -141,7 +141,7 @@ def test_the_public_encoding_carries_xnoise_and_colluders_through_its_record() -
 
 
 def _excess_node_by_node(design, revealed, *, survivors, round, size):  # type: ignore[no-untyped-def]
-    """The server's removal before issue 16's component-by-component order (reference)."""
+    """The server's removal before the component-by-component order (reference)."""
     want = removable_components(design, survivors)
     if set(revealed) != set(want):
         raise ValueError(f"revealed seeds must cover exactly the survivors {sorted(want)}, "
@@ -159,7 +159,7 @@ def _excess_node_by_node(design, revealed, *, survivors, round, size):  # type: 
 
 @pytest.mark.parametrize("roster,t,c,s", [(10, 6, 0, 9), (12, 5, 0, 7), (9, 6, 1, 8), (20, 12, 0, 20)])
 def test_component_by_component_removal_is_the_node_by_node_sum_and_refuses_alike(roster, t, c, s) -> None:
-    """Issue 16 reorders the server's regeneration (each variance's table stays in cache); the sum
+    """The fast path reorders the server's regeneration (each variance's table stays in cache); the sum
     of integers is the same, and a malformed revealed set (bad seed length, missing or extra index,
     a node id out of range) is refused with the error the node-by-node expansion raises first."""
     design = XNoiseDesign(total_variance=4e6, roster=roster, min_survivors=t, colluders=c)

@@ -135,7 +135,7 @@ def test_unamplified_epsilon_is_fedprivacys_and_below_flowers_rdp(z: float, step
     assert ours.get_epsilon(DELTA) == ref
     assert ours.get_epsilon(DELTA) < flowers.get_epsilon(DELTA)
     assert ours.num_releases == flowers.num_releases == replace_one.num_releases == steps
-    # review7 Z4 / review5 X2: one client's data replaced moves the fixed-size mean's sum by up to 2C
+    # one client's data replaced moves the fixed-size mean's sum by up to 2C
     assert replace_one.get_epsilon(DELTA) == epsilon_for(noise_multiplier=z, sampling=NoSampling(), steps=steps,
                                                         delta=DELTA, neighbouring="replace-one")
     assert replace_one.get_epsilon(DELTA) == pytest.approx(
@@ -398,7 +398,7 @@ def test_the_documented_example_runs() -> None:
 
 
 def test_the_adjacency_is_one_the_sampling_can_claim() -> None:
-    # review8 A1: whether Flower's wrapper releases at all depends on the number of connected nodes (it raises
+    # whether Flower's wrapper releases at all depends on the number of connected nodes (it raises
     # unless exactly num_sampled_clients are sampled), so no add/remove claim is offered
     with pytest.raises(ValueError, match="adjacency must be one of 'replace-one', 'zero-out'"):
         FedprivacyAccountant(_config(), adjacency="add-remove")
@@ -409,7 +409,7 @@ def test_the_adjacency_is_one_the_sampling_can_claim() -> None:
 
 
 def test_the_saved_state_names_the_relation_each_figure_holds_under() -> None:
-    # review8 A1 addendum: the zero-out figure is composed at sensitivity C by the ledger's add-remove setting,
+    # the zero-out figure is composed at sensitivity C by the ledger's add-remove setting,
     # but the state a reader sees must not call it add-remove
     for adjacency, label in [("zero-out", "zero-out"), ("replace-one", "replace-one")]:
         acc = FedprivacyAccountant(_config(), adjacency=adjacency)

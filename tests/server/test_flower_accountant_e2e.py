@@ -102,7 +102,7 @@ def test_flowers_strategy_with_flowers_sampling_gets_unamplified_pld(wrapper: ty
     assert ours == pytest.approx(cli, rel=0.01)
     assert ours < flowers
     assert out["strategy"].privacy_spent().epsilon == ours
-    # the default replace-one claim of the same releases: sensitivity 2C (review8 A1: no add/remove claim)
+    # the default replace-one claim of the same releases: sensitivity 2C (no add/remove claim)
     replace_one = FedprivacyAccountant(_config(10, SamplingMethod.NO_AMPLIFICATION))
     for e in acc.events:
         replace_one.compose(e)
@@ -156,7 +156,7 @@ def test_budget_stops_flowers_strategy_before_the_release_that_would_exceed_it()
 
 @pytest.mark.slow
 def test_flower_ray_simulation_with_fedprivacys_accountant() -> None:
-    # Flower's own Simulation Engine (Ray); run under `flock /work/.e2e.lock` (COORDINATION.md).
+    # Flower's own Simulation Engine (Ray).
     from flwr.simulation import run_simulation
 
     acc = _AlsoFlowersRdp(_config(6, SamplingMethod.NO_AMPLIFICATION), adjacency="zero-out")

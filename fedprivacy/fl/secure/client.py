@@ -129,7 +129,7 @@ class ExportedSessionStore(SessionStore):
     state of its run *series*, and the submitter (or a deviating SuperLink) picks the series, so without
     the check a replayed masked request under a new run id would be answered from the old run's session
     with the same masks and XNoise, and the budget file's once-per-run records would not see it as a
-    repeat (review7 Z1). A run never inherits another run's secure session.
+    repeat. A run never inherits another run's secure session.
     """
 
     def __init__(self, holder: Any, *, field_name: str = "secagg-session",

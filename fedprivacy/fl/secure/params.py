@@ -27,14 +27,14 @@ def expected_cohort_size(cfg: RunConfig, *, population: int) -> int:
 
 def largest_roster(cfg: RunConfig, *, population: int) -> int:
     """The largest roster a round can have: ``cohort-size`` (fixed cohorts), else the population
-    (Poisson sampling may pick everyone). Runs account every round at this worst case (review F6)."""
+    (Poisson sampling may pick everyone). Runs account every round at this worst case."""
     if cfg.sampling == "fixed":
         return int(cfg.cohort_size)
     return int(population)
 
 
 def counts_private(cfg: RunConfig) -> bool:
-    """Whether a distributed run keeps its per-round counts out of the published outputs (review F2):
+    """Whether a distributed run keeps its per-round counts out of the published outputs:
     when the public's figure claims amplification, i.e. clients are sampled, the noise is exact
     (no colluders) and ``publish-participation`` is off."""
     sampled = cfg.sampling == "fixed" or cfg.sample_rate < 1.0
@@ -77,7 +77,7 @@ def is_cohort_rule_abort(reason: str | None) -> bool:
 
 def public_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortRuleSampling:
     """The sampling the public's figure may claim: none unless :func:`counts_private`; else the run's,
-    with Poisson rounds accounted as the public sees them (review2 R8; the issue-12 audience stream).
+    with Poisson rounds accounted as the public sees them (the issue-12 audience stream).
 
     Which rounds completed is public (the model moves or not), and a Poisson round completes only
     for the cohort sizes :func:`completes` accepts. Every completed round is then the labelled

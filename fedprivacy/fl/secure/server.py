@@ -259,7 +259,7 @@ class SecureRound:
             views = self._stage("consistency", ureqs, progress, round=rnd, ahead=ahead)
             ureqs = server.receive_consistency(list(views.values()))
         # The survivors (server.u3) and hence the round's event are known here, before the unmask
-        # requests go out: the write-ahead charge of the release (issue 11; raises on the budget).
+        # requests go out: the write-ahead charge of the release (raises on the budget).
         before_release(self._event(enc, len(server.u3), progress.info())[0])
         unm = self._stage("unmask", ureqs, progress, round=rnd, ahead=ahead)
         return server.receive_unmask(list(unm.values())), updates
@@ -282,7 +282,7 @@ class SecureRound:
         ddp = enc.ddp()
         rel = ddp.release(roster=info.roster or survivors, survivors=survivors)
         # charged: the run's one worst case (largest roster, slack sup over survivor counts), so that
-        # nothing published depends on this round's counts (review F2, F6); it must dominate the
+        # nothing published depends on this round's counts; it must dominate the
         # realised release, which carries at least its honest noise
         largest = largest_roster(self.cfg, population=self.population)
         worst = ddp.worst_release(max_roster=max(self.threshold, largest))
@@ -354,7 +354,7 @@ class SecureRound:
         else:
             for pid, reason in missed.items():
                 self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
-        if missed:  # the completion depended on the other survivors' shares (review3 V9): the row says how many
+        if missed:  # the completion depended on the other survivors' shares: the row says how many
             info = dataclasses.replace(info, late=len(missed))
         agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
                               denominator=float(self.denominator))

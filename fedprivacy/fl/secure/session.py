@@ -1,7 +1,7 @@
 """A client's SecAgg session as flat fields for the node's own state (the state machine serialises
 itself: :meth:`fedprivacy.secagg.client_session.ClientSession.to_state` / ``from_state``).
 
-Two costs of that state are cut here without changing what it holds (issue 16; at 100 clients they were
+Two costs of that state are cut here without changing what it holds (at 100 clients they were
 ~30% of a distributed round's CPU):
 
 - **Packed lists.** The roster-sized list fields (node ids, public keys, held shares, the graph) are

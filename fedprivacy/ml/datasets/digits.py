@@ -54,7 +54,7 @@ def load_digits_split(*, seed: int, test_fraction: float) -> tuple[Split, Split]
 def _cache_key(*, seed: int, test_fraction: float) -> str:
     """Everything the split depends on: the arguments and scikit-learn's version (its data file and
     its stratified split). Cached on disk because importing scikit-learn costs ~1.5 s of CPU before
-    round 1 of the default run (issue 16); the cached entry is the same arrays, bit for bit."""
+    round 1 of the default run; the cached entry is the same arrays, bit for bit."""
     fields = ("fedprivacy/digits/v1", int(seed) % 2**32, float(test_fraction),
               diskcache.package_version("scikit-learn"), np.__version__)
     return hashlib.sha256(repr(fields).encode()).hexdigest()
