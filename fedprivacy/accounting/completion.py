@@ -53,7 +53,7 @@ for every real ``eps``, in both orders. So this pair (:class:`CompletedRoundGaus
 completed round for every choice of the others' data and of ``x_i``: it is exact for the revealed
 view and an upper bound for the real one. Forgetting the label gives the pair
 ``(q' N(1) + (1 - q') N(0), N(0))`` with ``q' = w_g + w_s q = P[i in S | round completes]``, the exact
-pair of the adversary whose other updates are 0 (review2's lower bounds): so the figure is never
+pair of the adversary whose other updates are 0 (the lower bounds): so the figure is never
 below them. Components are ordered (``0`` is a post-processing of *s*, which is a post-processing
 of *g*: replace ``⊥`` by a draw of ``N(0)``), so moving weight towards *g* gives a dominating pair;
 that is how the worse of ``N_o = N - 1`` and ``N`` is taken (largest ``w_g``, then largest ``w_g + w_s``).
@@ -101,7 +101,7 @@ that complete: the pair models completion by the cohort size. When sampled clien
 survivor count also decides completion, so client ``i`` can decide it through the survivors, and no
 dropout rate can be assumed (a process that knows the cohort can make every completed round contain
 ``i``; independent dropouts at rate ``p`` give the pair at rate ``q (1 - p)``, above the ``p = 0``
-figure for large ``p``: review3 V9). A run in which a completed round lost sampled clients therefore
+figure for large ``p``). A run in which a completed round lost sampled clients therefore
 claims no amplification either (:func:`fedprivacy.fl.modes.distributed.amplification_void`): its
 rounds are charged the unamplified Gaussian, which holds for every data-independent dropout pattern
 (given the cohort and the survivors each round is a Gaussian or nothing for ``i``). Assumed, for a

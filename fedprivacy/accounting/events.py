@@ -10,9 +10,8 @@ each clipped to L2 norm ``C`` (the clip norm). Its ``noise_multiplier`` is ``z =
 distance between the sums on neighbouring inputs is ``sensitivity * C`` under add/remove and
 ``2 * sensitivity * C`` under replace-one (the replaced record moves from ``+C`` to ``-C``). The
 accounted Gaussian therefore has ``std / distance = z / sensitivity`` under add/remove and
-``z / (2 * sensitivity)`` under replace-one (what goes wrong when the factor 2 is forgotten:
-https://github.com/google/differential-privacy/issues/378). ``effective_noise_multiplier`` computes
-exactly this ratio.
+``z / (2 * sensitivity)`` under replace-one (google/differential-privacy#378: the factor 2
+forgotten). ``effective_noise_multiplier`` computes exactly this ratio.
 
 The pure-DP mechanisms (Laplace, exponential) are given by their privacy parameter ``epsilon`` directly:
 the release is ``epsilon``-DP under the neighbouring relation of the accountant they are spent in

@@ -1,6 +1,6 @@
 """The client's own cumulative privacy budget: the total zCDP ρ it releases, across rounds and runs.
 
-Threat model (issue 10, review2 R2): the server chooses every message. The per-round floor
+Threat model: the server chooses every message. The per-round floor
 (:class:`fedprivacy.fl.client_policy.ClientPolicy`, ``client-max-rho-per-round``) bounds what one round
 costs, and the node's round record (:mod:`clients.round_log`) refuses a round number twice, but a
 deviating server can still ask for round after round with fresh, increasing numbers, or start a new
@@ -147,7 +147,7 @@ def total_epsilon(charges: Sequence[BudgetCharge], *, delta: float) -> float:
     :func:`fedprivacy.accounting.kls.zcdp_epsilon` (Canonne, Kamath & Steinke 2020, Cor. 13);
     the ``distributed`` rounds' discrete slack is added by the same chain as the server's figure
     (:func:`fedprivacy.accounting.audiences.slack_epsilon`: ``+2H'`` with ``H' = sum slack - log(1 -
-    sum tv)``, at ``δ' = δ (1 - 1e-6) e^-H'``), so the total bounds the real discrete release (review6 Y1).
+    sum tv)``, at ``δ' = δ (1 - 1e-6) e^-H'``), so the total bounds the real discrete release.
     """
     from fedprivacy.accounting.audiences import slack_epsilon
     from fedprivacy.accounting.kls import zcdp_epsilon
@@ -165,7 +165,7 @@ class ClientBudget:
     Args:
         max_rho_total: the largest total ρ the client releases (``client-max-rho-total``; may be inf).
         max_slack_total: the largest total discrete slack of its distributed rounds
-            (``client-max-slack-total``; review8 A2); their truncation terms are capped by
+            (``client-max-slack-total``); their truncation terms are capped by
             :data:`fedprivacy.fl.client_limits.MAX_TV_TOTAL`.
         neighbouring: the relation its ρ are computed under (``client-neighbouring``).
         path: the node's durable memory, shared by all its runs (``client-budget-path``, or the default
@@ -235,7 +235,7 @@ class ClientBudget:
             else f"rho = {rho:.4g}"
         # The refusal goes to the server as the error reply's reason: it names the round's cost (a function
         # of the server's own request) and the rule, never the total, the history or the file, which
-        # describe the node's participation in other runs and federations (review4 W7). Those stay here.
+        # describe the node's participation in other runs and federations. Those stay here.
         logging.getLogger(__name__).warning(
             "%s round %d refused: its %s would take this client's total to %.4g > %g (%.4g spent over %d "
             "rounds in %s)", what, round, cost, total, self.max_rho_total, self.spent, len(self._charges), where)
@@ -244,7 +244,7 @@ class ClientBudget:
                 "zCDP composes additively, Bun & Steinke 2016 Lemma 2.3)")
 
     def _repeat(self, charge: BudgetCharge) -> str | None:
-        """Why a second release of one round of one run is refused (review6 Y2), or None.
+        """Why a second release of one round of one run is refused, or None.
 
         The node's round record (:mod:`clients.round_log`) and its secure-aggregation session live in
         Flower's node state, which the SuperNode saves only after the reply has left, once, and drops

@@ -1,4 +1,4 @@
-"""The client's cumulative ρ budget (review2 R2, issue 10): a server that keeps asking gets refused.
+"""The client's cumulative ρ budget: a server that keeps asking gets refused.
 
 The adversary is the server: it picks every round number and may start new runs. The client sums the
 zCDP ρ of what it released (Bun & Steinke 2016, Lemma 2.3) in its own durable memory (a budget file, or the node's default file), and a
@@ -84,7 +84,7 @@ def test_fresh_round_numbers_run_the_budget_out_then_every_round_is_refused(tmp_
     # Assert: two rounds (rho 4 <= 5); the third would be 6 > 5; nothing after it either
     assert answered == [1, 2] and [r for r, _ in refused] == [3, 17, 1000]
     assert all("client-max-rho-total" in why and "cumulative budget cannot pay" in why for _, why in refused)
-    # the figures stay in the client's own log, not in the reason the server receives (review4 W7)
+    # the figures stay in the client's own log, not in the reason the server receives
     assert not any("6 > 5" in why or str(path) in why for _, why in refused)
     local = [r.getMessage() for r in caplog.records if r.name == "fedprivacy.fl.client_budget"]
     assert len(local) == 3 and all("total to 6 > 5" in m and str(path) in m for m in local)
@@ -105,7 +105,7 @@ def test_a_new_run_with_the_same_budget_file_is_refused(tmp_path: Path, weights,
     # Act / Assert: a new run (fresh node state, round numbers from 1 again) is refused at once
     with pytest.raises(PolicyRefusal, match=r"round 1 would cost rho = 2, which this client's cumulative budget") as refused:
         train(_message(weights, round=1), _context(run_id=2, **keys))
-    # the reason reaches the new run's server: nothing of the node's history in it (review4 W7)
+    # the reason reaches the new run's server: nothing of the node's history in it
     assert str(path) not in str(refused.value) and "spent" not in str(refused.value)
     assert "6" not in str(refused.value).replace("2016", "")
     assert len(_file_charges(path)) == 2
@@ -131,7 +131,7 @@ def test_a_new_run_does_not_reset_the_default_memorys_budget(weights, caplog: py
 
 def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget_file(tmp_path: Path,
                                                                                      weights) -> None:
-    # Arrange (review6 Y2): Flower saves node state after the reply has left, once; a lost save rolls the
+    # Arrange: Flower saves node state after the reply has left, once; a lost save rolls the
     # round record (and a secure round's session) back, so the same round could be answered again
     path = tmp_path / "budget.jsonl"
     keys = {"client-max-rho-total": 10.0, "client-budget-path": str(path)}
@@ -147,7 +147,7 @@ def test_a_round_replayed_after_its_node_state_was_lost_is_refused_by_the_budget
 
 
 def test_a_seeded_round_costs_an_unbounded_rho(tmp_path: Path, weights) -> None:
-    # review6 Y3: the server that sent the seed regenerates the client's noise and subtracts it
+    # the server that sent the seed regenerates the client's noise and subtracts it
     policy = ClientPolicy(allow_seeded=True)
     instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism="gaussian", noise_multiplier=1.0, private=True, learning_rate=0.1,
                               local_epochs=1, batch_size=32, num_classes=10, seed=-1)
@@ -286,7 +286,7 @@ def test_a_crash_at_any_byte_keeps_every_charge_whose_line_was_complete(tmp_path
 
 
 def test_the_total_epsilon_adds_the_discrete_slack_by_the_servers_chain() -> None:
-    # Reference (review6 Y1): rho-zCDP composed, converted at delta' = delta (1 - 1e-6) e^-H', plus 2H', with
+    # Reference: rho-zCDP composed, converted at delta' = delta (1 - 1e-6) e^-H', plus 2H', with
     # H' = sum slack - log(1 - sum tv) (fedprivacy.accounting.audiences.slack_epsilon), computed by hand here
     from fedprivacy.accounting.kls import zcdp_epsilon
 
@@ -410,7 +410,7 @@ def test_a_distributed_run_stops_getting_updates_when_the_clients_budgets_run_ou
 
 
 def test_the_total_refuses_slack_beyond_its_cap_so_the_total_epsilon_stays_certified(tmp_path: Path) -> None:
-    # Arrange (review8 A2): rounds of tiny rho each carrying slack; the rho cap alone would admit all of them
+    # Arrange: rounds of tiny rho each carrying slack; the rho cap alone would admit all of them
     path = tmp_path / "b.jsonl"
     budget = ClientPolicy(budget_path=str(path)).budget()
     assert budget.max_slack_total == 1e-3

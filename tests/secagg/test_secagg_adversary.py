@@ -1,4 +1,4 @@
-"""A malicious server against the protocol (issue 10): it chooses every message, and then solves for
+"""A malicious server against the protocol: it chooses every message, and then solves for
 what it can (``adversary.learnable_sums``). Every attack either aborts with nothing revealed or reveals
 only the sum of at least ``required_survivors - colluders`` honest survivors, one sum per round.
 
@@ -36,7 +36,7 @@ def _inputs(ids, dim=6, bits=32, seed=0):
 
 
 def assert_reveals_only_allowed_sums(adv: MaliciousServer) -> list:
-    """The goal of issue 10, as an assertion on what the attacker can solve for."""
+    """The active schedule's guarantee, as an assertion on what the attacker can solve for."""
     findings = learnable_sums(adv)
     allowed = adv.setup.required_survivors - adv.setup.colluders
     for f in findings:
@@ -53,7 +53,7 @@ def assert_reveals_only_allowed_sums(adv: MaliciousServer) -> list:
 
 def _isolate(adv: MaliciousServer, victim: int, keep: list[int], *, split_stories: bool,
              symmetric: bool = False) -> None:
-    """Issue 10, item 1: the victim gets t-1 share sets; its peers are called dropped. ``symmetric``:
+    """The victim gets t-1 share sets; its peers are called dropped. ``symmetric``:
     the victim's shares also reach only those t-1 peers (so every edge left is mutual)."""
     ids = sorted(adv.inputs)
     adv.stage_advertise()
@@ -301,7 +301,7 @@ def test_random_malicious_schedules_reveal_only_allowed_sums(
                          min_survivors=int(min_surv_pick * t))
     colluders = frozenset(rnd.sample(ids, c))
     noise = None
-    if xnoise:  # exact noise whatever the survivors (issue 12): the attacker must not strip it
+    if xnoise:  # exact noise whatever the survivors: the attacker must not strip it
         from fedprivacy.accounting.xnoise_design import XNoiseDesign
 
         def noise(roster: int) -> XNoiseDesign:

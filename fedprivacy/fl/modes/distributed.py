@@ -84,9 +84,9 @@ def _tv_reserve(ddp: DistributedDPConfig, *, roster: int) -> float:
 
 def row_epsilon(accountant: Accountant, cfg: RunConfig, plan: PrivacyPlan) -> float:
     """A round's published ε of a distributed run: the ledger's at the plan's reduced δ plus the plan's
-    slack ``2H'`` of ``num-server-rounds`` rounds (review5 X4); when the ledger holds more releases than
+    slack ``2H'`` of ``num-server-rounds`` rounds; when the ledger holds more releases than
     that (a round re-charged after a crash), ``2H'`` of every release at ``δ (1 - 1e-6) e^-H'`` for them
-    (review7 Z3: the row was 3.4e-9 below the headline)."""
+    (the row was 3.4e-9 below the headline)."""
     from fedprivacy.accounting.audiences import slack_epsilon
 
     releases = charged_releases(accountant, plan)
@@ -193,7 +193,7 @@ class DistributedMode:
         ddp = make_encoding(run_cfg, population=population, dim=dim, threshold=t).ddp()
         worst = ddp.worst_release(max_roster=roster)  # every completed round is charged this
         spec = None
-        if cfg.adaptive_clip:  # issue 17: the count bit inside secure aggregation (Theorem 1's split)
+        if cfg.adaptive_clip:  # the count bit inside secure aggregation (Theorem 1's split)
             from fedprivacy.fl.adaptive_clip import distributed_spec, round_encoding
 
             spec, worst = distributed_spec(cfg, noise_multiplier=z, target=worst.noise_multiplier,
@@ -245,7 +245,7 @@ class DistributedMode:
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
         block = privacy_block(cfg, plan, accountant, rng)
         if accountant is not None:
-            # the releases, not the ledger's steps: a void's re-charge is not another round (review3 V4 residue)
+            # the releases, not the ledger's steps: a void's re-charge is not another round
             block["rounds"] = charged_releases(accountant, plan)
             block.update(distributed_summary(cfg.replace(noise_multiplier=plan.noise_multiplier),
                                              records, epsilon=block["epsilon"], plan=plan,
@@ -253,10 +253,10 @@ class DistributedMode:
                                              voided=voided_in_ledger(accountant, plan)))
             audiences = block["distributed"]["audiences"]
             if audiences is not None:  # the figure with every slack term (the ledger's is below it)
-                # never below the ledger, whose charges are the events that ran (issue 11, review F3)
+                # never below the ledger, whose charges are the events that ran
                 block["epsilon"] = max(audiences[cfg.privacy_audience]["epsilon"], block["epsilon"])
                 block["epsilon_audience"] = cfg.privacy_audience
-            if records and records[-1].epsilon is not None:  # never below a published row (review5 X4)
+            if records and records[-1].epsilon is not None:  # never below a published row
                 block["epsilon"] = max(block["epsilon"], float(records[-1].epsilon))
         return block
 
@@ -268,9 +268,9 @@ def distributed_summary(cfg: RunConfig, records: Sequence[RoundRecord], *,
 
     Every completed round is accounted as the run's one worst-case release
     (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.worst_release`: largest roster, supremum of the
-    slack over survivor counts, review F6), so the figures depend on the number of completed rounds
-    only, never on their counts (review F2). ``charged`` is the number of releases the ledger holds:
-    a round that was charged and has no completed record (a crash after its charge, issue 11's
+    slack over survivor counts), so the figures depend on the number of completed rounds
+    only, never on their counts. ``charged`` is the number of releases the ledger holds:
+    a round that was charged and has no completed record (a crash after its charge, the write-ahead
     write-ahead ledger; or an abort after it) may have been released, so it is accounted too: never
     refunded. The central references are the PLD of the continuous Gaussian ``σ = z C`` on the same
     rounds, without sampling and with the sampling that ran. With :func:`counts_private` the per-round
@@ -328,10 +328,10 @@ def amplification_void(cfg: RunConfig, records: Sequence[RoundRecord], *, popula
     rounds whose cohort is exactly the clients in the sum, completed or aborted by the cohort size
     alone: SecureRound's cohort-size abort, or any abort of a round whose cohort size (the server's
     private count) is one the secure round never completes (:func:`completes`: e.g. a cohort of 2
-    with ``t = 2`` aborts inside the protocol, review3 V4a). Not modelled: an abort of a round whose
+    with ``t = 2`` aborts inside the protocol). Not modelled: an abort of a round whose
     cohort could have completed (dropouts, a protocol violation: ``"aborted"``), and a completed round
     that lost sampled clients after its cohort was chosen (fewer clients in the sum than sampled, or
-    clients in the sum that missed the consistency/unmask stage: ``"lost"``, review3 V9), whose
+    clients in the sum that missed the consistency/unmask stage: ``"lost"``), whose
     completion then also depended on the survivors.
     """
     for r in records:
@@ -390,8 +390,8 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
 
     Rounds aborted by the cohort-size rule are inside :func:`public_sampling`'s pair (which rounds
     complete is public: :mod:`fedprivacy.accounting.completion`). A run that has a round outside it
-    (``void``, :func:`amplification_void`: an abort after the cohort was chosen, review2 R8, or a
-    completed round that lost sampled clients, review3 V9) claims no amplification for the public:
+    (``void``, :func:`amplification_void`: an abort after the cohort was chosen, or a
+    completed round that lost sampled clients) claims no amplification for the public:
     every charged round is its unamplified Gaussian. That figure holds for every dropout pattern
     that does not depend on the clients' data (whoever chooses it, adaptively, knowing the cohort):
     given the cohort and the survivors (which the server sees) each round is a Gaussian of
