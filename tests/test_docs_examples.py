@@ -5,8 +5,8 @@ layouts, commands that need a GPU or another machine) or ``run-by: <test file>``
 Python blocks run in a fresh interpreter from a folder of the user's own (not the repository);
 bash blocks run with the repository's ``.venv/bin`` on their path from a folder that links the
 repository's files, so that ``runs/`` lands in the test's folder; ``bash scripts/setup.sh &&`` is
-left out (the suite runs after it) and ``fedprivacy simulate`` runs two rounds. Blocks that train
-are marked slow.
+left out (the suite runs after it) and ``fedprivacy simulate`` runs two rounds. Every block run
+is marked slow.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
 _RUNNABLE = ("python", "bash")
 _SETUP = "bash scripts/setup.sh && "
-#: blocks that finish in well under a second or two (no training)
-_FAST = re.compile(r"fedprivacy (epsilon|noise)\b|^from flwr\.serverapp import", re.M)
 README_MAX_LINES = 200
 
 
@@ -66,8 +64,7 @@ RUN = [b for b in BLOCKS if b.language in _RUNNABLE and not b.mark]
 
 
 def _param(b: Block) -> object:
-    marks = [] if _FAST.search(b.code) else [pytest.mark.slow]
-    return pytest.param(b, id=b.id, marks=marks)
+    return pytest.param(b, id=b.id, marks=[pytest.mark.slow])  # each starts Python, most train
 
 
 def test_every_block_is_run_or_says_why_not() -> None:
