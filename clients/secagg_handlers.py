@@ -109,7 +109,7 @@ def _share(msg: Message, context: Context, *, cfg: RunConfig, policy: ClientPoli
     encoding = EncodingSpec.from_record(dict(codec.record_of(msg.content, "encoding" + suffix, ConfigRecord)))
     instr = RoundInstructions.from_record(dict(codec.record_of(msg.content, "config" + suffix, ConfigRecord)))
     # the client's cumulative budget (clients/budget_log.py): refused before any secret leaves it; a seeded
-    # round's XNoise follows from the server's seed, so its sum carries no noise against the server (review6 Y3)
+    # round's XNoise follows from the server's seed, so its sum carries no noise against the server
     session = _store(context).get(_key(context), round=request.round)
     rho, slack = budget_log.secagg_cost(policy, encoding, session.setup, roster=len(request.node_ids))
     if policy.seed(instr.seed) >= 0:
@@ -151,7 +151,7 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     reply = _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
                    next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
     # before it leaves; a seed in the masked request (whatever the share stage's said) seeds the rounding and
-    # the XNoise base component, which the server can then regenerate: an unbounded rho (review7 Z2)
+    # the XNoise base component, which the server can then regenerate: an unbounded rho
     budget_log.charge_held(context, policy, round=request.round, mode=instr.privacy,
                            unbounded=policy.seed(instr.seed) >= 0)
     return reply
