@@ -203,7 +203,8 @@ def _distributed_section(p: dict[str, Any]) -> list[str]:
             f"| audience | ε at δ = {delta} | amplification | threat model |",
             "|---|---|---|---|",
             f"| the server | {_fmt(srv['epsilon'], '.6g')} | none | {srv['threat_model']} |",
-            f"| participating clients | {_fmt(part.get('epsilon'), '.6g')} | none | "
+            f"| participating clients | {_fmt(part.get('epsilon'), '.6g')} | "
+            f"{'in the rounds it is not in' if part.get('amplification') else 'none'} | "
             f"{part.get('threat_model', '')} |",
             f"| the public (takes part in no round) | {_fmt(obs['epsilon'], '.6g')} | {obs['sampling']} | "
             f"{obs['threat_model']} |",

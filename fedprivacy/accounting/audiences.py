@@ -2,8 +2,8 @@
 
 Three audiences of the same releases (:class:`~fedprivacy.accounting.release.DistributedRelease`):
 the *server* sees who takes part and picks the survivors (no amplification); *participants* are sent
-each round's roster and survivors and know their own kept noise (no amplification, that noise left
-out); *observers* (the public) see only the models, a post-processing of the server's view, so their
+the roster and survivors of each round they take part in and know their own kept noise (amplified
+only in the rounds they are not in: :mod:`fedprivacy.accounting.participants`); *observers* (the public) see only the models, a post-processing of the server's view, so their
 epsilon is at most the server's, amplified by the sampling that ran only when the released noise does
 not depend on the survivors and the per-round counts stay private.
 
@@ -27,16 +27,19 @@ from fedprivacy.accounting.release import DistributedRelease
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.accounting.participants import ParticipantSampling
 
 __all__ = [
     "AUDIENCES",
     "OBSERVERS_THREAT_MODEL",
+    "PARTICIPANTS_AMPLIFIED_THREAT_MODEL",
     "PARTICIPANTS_THREAT_MODEL",
     "RDP_ORDERS",
     "SERVER_THREAT_MODEL",
     "AudienceEpsilons",
     "audience_claim",
     "audience_epsilons",
+    "participant_epsilon",
     "slack_epsilon",
 ]
 
@@ -53,8 +56,9 @@ class AudienceEpsilons:
     ``observers``: *the public*, parties that take part in no round and see only the released
     models, amplified by the sampling that ran, never above ``server`` (the models are a
     post-processing of the server's view). ``participants``: a participating client (or a coalition
-    of ``max(c, 1)`` of them, without the server): it is sent each round's roster and survivors, so
-    no amplification, and it knows its own kept noise; None when not computed.
+    of ``max(c, 1)`` of them, without the server): it is sent the roster and survivors of each round
+    it takes part in and knows its own kept noise; amplified (``participants_amplified``) only by the
+    rounds it is not in (:mod:`fedprivacy.accounting.participants`); None when not computed.
     ``slack`` is ``H'``. ``server_rdp`` is the RDP cross-check (``server`` is the smaller of it and
     the PLD bound only when the sampler has no truncation term). ``amplified`` says
     whether the observers' figure claims amplification (only when every round is ``exact``).
@@ -71,6 +75,7 @@ class AudienceEpsilons:
     amplified: bool = False
     sampler_bounded: bool = True  # False: some round used the float64 sampler (deviation unbounded)
     participants: float | None = None
+    participants_amplified: bool = False
 
 
 def _gaussian_epsilon(releases: Sequence[DistributedRelease], sampling: Sampling | CohortRuleSampling, *,
@@ -141,6 +146,7 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
                       neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
                       backend: str = "pld",
                       participant_releases: Sequence[DistributedRelease] | None = None,
+                      participant_sampling: ParticipantSampling | None = None,
                       ) -> AudienceEpsilons:
     """Every audience's epsilon: ``eps_Gauss(delta (1 - 1e-6) e^-H') + 2H'`` (Proposition, "Sampler").
 
@@ -149,7 +155,9 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
     same accountant and event as central DP for that sampling. ``participant_releases``: the same
     rounds against a participating client
     (:func:`fedprivacy.accounting.release.worst_case_release` with ``participant=True``),
-    unamplified.
+    unamplified unless ``participant_sampling`` is given (Poisson rounds with the cohort-size rule
+    public, zero-out, exact noise, counts private: the conditions of the public's amplification),
+    then :func:`participant_epsilon`, never below the public's figure nor above the unamplified one.
     """
     nb = Neighbouring.parse(neighbouring)
     if not 0 < delta < 1:
@@ -164,14 +172,56 @@ def audience_epsilons(releases: Sequence[DistributedRelease], *, delta: float,
         obs_pld = server_pld  # no amplification claimed (nothing sampled, or noise tied to s)
     else:
         obs_pld = comp.pld(sampling)
-    participants = None
+    participants, p_amp = None, False
     if participant_releases is not None:
         participants = max(_Composed(participant_releases, delta, nb, backend).unamplified()[0], server)
+        if (participant_sampling is not None and obs_pld is not server_pld
+                and nb is Neighbouring.ADD_REMOVE and all(r.exact for r in participant_releases)):
+            amp = max(participant_epsilon(releases, participant_releases, participant_sampling,
+                                          delta=delta, backend=backend), min(obs_pld, server))
+            participants, p_amp = (amp, True) if amp < participants else (participants, False)
     return AudienceEpsilons(server=server, observers=min(obs_pld, server), server_pld=server_pld,
                             observers_pld=obs_pld, server_rdp=server_rdp, slack=comp.slack,
                             delta=delta, rounds=len(releases), amplified=obs_pld is not server_pld,
                             sampler_bounded=all(r.exact_sampler for r in releases),
-                            participants=participants)
+                            participants=participants, participants_amplified=p_amp)
+
+
+def participant_epsilon(releases: Sequence[DistributedRelease],
+                        participant_releases: Sequence[DistributedRelease],
+                        sampling: ParticipantSampling, *, delta: float, backend: str = "pld") -> float:
+    """A participating client's epsilon over these rounds (zero-out), amplified where it is not in
+    the round: each round the labelled mixture
+    :class:`fedprivacy.accounting.participants.ParticipantRoundGaussian` of the round's dominating
+    Gaussian (``releases``) and of what the participant does not know (``participant_releases``),
+    with the larger slack of the two per round (every label is one of the two releases)."""
+    from fedprivacy.accounting.accountant import Accountant
+
+    if len(releases) != len(participant_releases):
+        raise ValueError(f"releases and participant_releases must match, got {len(releases)} and "
+                         f"{len(participant_releases)}")
+    pairs = list(zip(releases, participant_releases, strict=True))
+    ratio = math.fsum(max(r.eta + r.sampler_ratio, p.eta + p.sampler_ratio) for r, p in pairs)
+    tv = math.fsum(max(r.sampler_tv, p.sampler_tv) for r, p in pairs)
+    if not ratio - math.log1p(-tv) <= 1e-3:
+        raise ValueError(f"the accounting slack H={ratio - math.log1p(-tv):g} is too large; raise the "
+                         "scale or noise")
+    runs: list[list] = []
+    for r, p in pairs:
+        ev = sampling.event_for(noise_multiplier=r.noise_multiplier,
+                                participant_noise_multiplier=p.noise_multiplier)
+        if runs and runs[-1][0] == ev:
+            runs[-1][1] += 1
+        else:
+            runs.append([ev, 1])
+
+    def composed(d: float) -> float:
+        acc = Accountant(backend=backend, neighbouring=Neighbouring.ADD_REMOVE)
+        for ev, count in runs:
+            acc.spend(ev.with_count(count))
+        return acc.epsilon(delta=d)
+
+    return slack_epsilon(composed, delta=delta, ratio=ratio, tv=tv)
 
 
 #: Share of delta reserved for the tabulated sampler's truncation (``e^eps TV <= share delta``).
@@ -238,6 +288,14 @@ PARTICIPANTS_THREAT_MODEL = (
     "by sampling is claimed; it knows its own kept noise, which is not counted (with c = 0 this makes "
     "its figure larger than the server's; with c >= 1 the server's figure already leaves c clients' "
     "noise out and this figure is the server's)")
+PARTICIPANTS_AMPLIFIED_THREAT_MODEL = (
+    "one client that takes part in rounds (c = 0), without the server, against another client i "
+    "(zero-out adjacency): it is sampled like every client; each round it takes part in tells it the "
+    "roster and the survivors, so it sees whether i is in that sum (no amplification there) and it "
+    "knows its own kept noise, which is not counted; in the rounds it is not in it sees what the "
+    "public sees (the public's pair, amplified); the mixture over the rounds it joins is composed "
+    "(fedprivacy.accounting.participants), under the public's conditions (exact noise, counts "
+    "private, no round aborted after its cohort was chosen or losing sampled clients)")
 
 
 def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluders: int,
@@ -282,8 +340,10 @@ def audience_claim(eps: AudienceEpsilons, *, sampling_description: str, colluder
                       "who": "the public (takes part in no round)",
                       "sampling": why, "threat_model": OBSERVERS_THREAT_MODEL,
                       "colluders": colluders, "pld": eps.observers_pld},
-        "participants": {"epsilon": eps.participants, "delta": eps.delta, "amplification": False,
+        "participants": {"epsilon": eps.participants, "delta": eps.delta,
+                         "amplification": eps.participants_amplified,
                          "who": f"a participating client (or up to {max(colluders, 1)} of them)",
-                         "threat_model": PARTICIPANTS_THREAT_MODEL, "colluders": colluders},
+                         "threat_model": (PARTICIPANTS_AMPLIFIED_THREAT_MODEL if eps.participants_amplified
+                                          else PARTICIPANTS_THREAT_MODEL), "colluders": colluders},
         "slack": eps.slack, "rounds": eps.rounds, "noise_sampler": sampler,
     }

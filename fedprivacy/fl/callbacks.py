@@ -80,9 +80,11 @@ class ConsoleCallback(RunCallback):
             self.log(f"example-level DP-SGD ε {_fmt_eps(dpsgd['epsilon'])} at δ={dpsgd['delta']:g} "
                      f"({dpsgd.get('epsilon_basis', 'worst client')})")
         aud = (privacy.get("distributed") or {}).get("audiences")
-        if aud:  # distributed DP: who each figure is against (the public's alone may be amplified)
+        if aud:  # distributed DP: who each figure is against (the server's is never amplified)
+            part = aud["participants"]
+            how = "amplified where not in the round" if part.get("amplification") else "no amplification"
             self.log(f"ε by audience: server {_fmt_eps(aud['server']['epsilon'])}, participating "
-                     f"clients {_fmt_eps(aud['participants']['epsilon'])} (no amplification), the public "
+                     f"clients {_fmt_eps(part['epsilon'])} ({how}), the public "
                      f"(takes part in no round) {_fmt_eps(aud['observers']['epsilon'])} "
                      f"({aud['observers']['sampling']})")
 

@@ -71,11 +71,14 @@ def figures() -> dict:
     return {"summary": summary, "z": z}
 
 
-def test_a_participating_client_gets_no_amplification(figures: dict) -> None:
+def test_a_participating_client_is_amplified_only_in_the_rounds_it_is_not_in(figures: dict) -> None:
     # Adversary: one client j. In each round it takes part in (prob q) it is sent the roster and the
     # survivors, so it knows whether the target i is in the sum: the round is the plain Gaussian
     # (i in) or tells nothing (i out); in the other rounds it is the public. Its view's exact PLD,
     # ignoring that j also knows its own noise (which only helps j), is a lower bound.
+    from fedprivacy.accounting.participants import participant_weights
+    from fedprivacy.fl.secure.params import completes
+
     aud, z = figures["summary"]["audiences"], figures["z"]
     one = _mixture([(Q * Q, _gauss(1.0, z)), (Q * (1 - Q), None), (1 - Q, _gauss(Q, z))])
     lower = one.self_compose(T).get_epsilon_for_delta(DELTA)
@@ -84,10 +87,33 @@ def test_a_participating_client_gets_no_amplification(figures: dict) -> None:
     # bounds (7.0957 a priori, 7.0807 given the pattern), below no amplification
     assert 7.0957 < aud["observers"]["epsilon"] < 9.0
     assert lower > 1.15 * aud["observers"]["epsilon"]  # the public's figure would be far too low for j
-    assert aud["participants"]["epsilon"] >= lower
-    assert aud["participants"]["amplification"] is False
-    assert aud["participants"]["epsilon"] >= aud["server"]["epsilon"]
-    assert "takes part in no round" in aud["observers"]["who"]
+    part = aud["participants"]
+    assert part["amplification"] is True and "each round it takes part in" in part["threat_model"]
+    assert lower <= part["epsilon"] <= aud["server"]["epsilon"]
+    # the mixture over the rounds j joins, from dp-accounting's own PLDs (pessimistic: an upper bound
+    # of the same pair at a coarser grid), with the noise j does not know (5/7 of sigma^2 at t = 6)
+    zp = z * math.sqrt(5 / 7)
+    cfg = _cfg()
+    w = participant_weights(population=N, sample_rate=Q, completes=completes(cfg, population=N))
+    from tests.accounting.test_accounting_completion import mixture
+
+    grid = 1e-3
+    ref = mixture([(w.seen, pld_lib.from_gaussian_mechanism(zp, value_discretization_interval=grid)),
+                   (w.gaussian, pld_lib.from_gaussian_mechanism(z, value_discretization_interval=grid)),
+                   (w.subsampled, pld_lib.from_gaussian_mechanism(z, sampling_prob=Q,
+                                                                  value_discretization_interval=grid)),
+                   (1 - w.seen - w.gaussian - w.subsampled, None)],
+                  grid=grid, pessimistic=True).self_compose(T).get_epsilon_for_delta(DELTA)
+    assert ref == pytest.approx(13.2516, abs=2e-3)  # the valid mixture bound
+    assert ref * (1 - 1e-3) <= part["epsilon"] <= ref * 1.10  # the goal: within 10%
+    assert part["epsilon"] == pytest.approx(13.2516, abs=3e-3)  # pinned (was 119.6 unamplified)
+
+
+def test_a_participant_gets_no_amplification_where_the_public_gets_none() -> None:
+    # published counts: the public's pair does not hold, so neither does the participants' mixture
+    summary = _summary(_cfg(publish_participation=True, num_server_rounds=3), [(10, 10)] * 3)
+    part, server = summary["audiences"]["participants"], summary["audiences"]["server"]
+    assert part["amplification"] is False and part["epsilon"] > server["epsilon"]
 
 
 def test_a_participant_knows_its_own_kept_noise_and_its_figure_leaves_it_out() -> None:

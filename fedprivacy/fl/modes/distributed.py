@@ -415,10 +415,11 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
     except ValueError:  # no noise is left against a participant (t = 1): no finite figure
         participant = None
     sampling = sampling_object(cfg, plan.population)
-    eps = audience_epsilons(worst_list, delta=cfg.target_delta,
-                            sampling=None if void else public_sampling(cfg, population=plan.population),
+    public = None if void else public_sampling(cfg, population=plan.population)
+    eps = audience_epsilons(worst_list, delta=cfg.target_delta, sampling=public,
                             neighbouring=cfg.neighbouring, backend=cfg.accountant,
-                            participant_releases=participant)
+                            participant_releases=participant,
+                            participant_sampling=_participant_sampling(cfg, plan.population, public))
     if participant is None:
         eps = dataclasses.replace(eps, participants=math.inf)
     exact = all(w.exact for w in worst_list)
@@ -427,6 +428,22 @@ def _audiences(cfg: RunConfig, plan: PrivacyPlan, *, dim: int, rounds: int,
                            counts_published=cfg.publish_participation, aborted=void == "aborted",
                            lost=void == "lost")
     return exact, block
+
+
+def _participant_sampling(cfg: RunConfig, population: int, public: Any) -> Any:
+    """The participants' label weights (:func:`fedprivacy.accounting.participants.participant_weights`)
+    where the public's completed-round pair holds (Poisson, zero-out, counts private, no void) and
+    one participant is the coalition (``c = 0``); else None (the participants' figure unamplified)."""
+    from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.accounting.participants import participant_weights
+
+    if not isinstance(public, CohortRuleSampling) or cfg.secagg_colluders:
+        return None
+    try:
+        return participant_weights(population=population, sample_rate=public.rate,
+                                   completes=completes(cfg, population=population))
+    except ValueError:  # no round can complete
+        return None
 
 
 def _dominating(releases: Sequence[Any]) -> Any:
