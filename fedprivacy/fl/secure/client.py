@@ -252,8 +252,9 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
     return reply
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4096)
 def _peer_auth(identity: str, directory: str, pins: str) -> PeerAuth | None:
+    """Loaded once per node and process (the in-process engine runs every node of a run in one)."""
     return PeerAuth.from_paths(identity=identity, directory=directory, pins=pins)
 
 
