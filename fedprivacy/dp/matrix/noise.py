@@ -64,22 +64,25 @@ class StreamingNoise:
 
     def _banded(self, z: np.ndarray) -> np.ndarray:
         c = self._strategy.coefs  # type: ignore[union-attr]
-        w = z
+        w, scratch = z, np.empty_like(z)
         for j, prev in enumerate(self._past, start=1):
-            w -= c[j] * prev
+            w -= np.multiply(prev, c[j], out=scratch)
         w /= c[0]
         if len(c) > 1:
-            self._past.appendleft(w.copy())
-            if len(self._past) > len(c) - 1:
-                self._past.pop()
+            # the oldest held array is recycled as the copy of w once the band is full (no new d-array)
+            held = self._past.pop() if len(self._past) == len(c) - 1 else np.empty_like(w)
+            np.copyto(held, w)
+            self._past.appendleft(held)
         return w
 
     def _blt(self, z: np.ndarray) -> np.ndarray:
         blt: Blt = self._strategy  # type: ignore[assignment]
-        omega = np.asarray(blt.output_scale)
-        w = z - omega @ self._buffers
-        self._buffers *= np.asarray(blt.buf_decay)[:, None]
-        self._buffers += w[None, :]
+        w, scratch = z, np.empty_like(z)
+        for omega, buf in zip(blt.output_scale, self._buffers, strict=True):  # row loops: no BLAS threads
+            w -= np.multiply(buf, omega, out=scratch)
+        for theta, buf in zip(blt.buf_decay, self._buffers, strict=True):
+            buf *= theta
+            buf += w
         return w
 
     def state_dict(self) -> dict[str, Any]:
