@@ -43,7 +43,14 @@ def rounds_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def plot_png(rows: Sequence[dict[str, Any]], *, title: str) -> bytes:
-    """Accuracy (left axis) and ε (right axis) against round, as PNG bytes (matplotlib Agg)."""
+    """Accuracy (left axis, 0 to 1) and ε (right axis, from 0) against round, with a legend, as PNG bytes."""
+    buf = io.BytesIO()
+    plot_figure(rows, title=title).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_figure(rows: Sequence[dict[str, Any]], *, title: str) -> Any:
+    """The matplotlib ``Figure`` behind :func:`plot_png` (Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,12 +74,14 @@ def plot_png(rows: Sequence[dict[str, Any]], *, title: str) -> bytes:
         ax2.plot(rounds, [e if e is not None else float("nan") for e in eps], "s--", color="tab:red",
                  label="ε")
         ax2.set_ylabel("ε", color="tab:red")
+        ax2.set_ylim(bottom=0.0)  # ε from 0: its growth reads as it is, not as a zoomed slope
+    handles = [h for a in fig.axes for h in a.get_lines() if not str(h.get_label()).startswith("_")]
+    if handles:
+        ax.legend(handles=handles, labels=[str(h.get_label()) for h in handles], loc="center right")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
 
 
 def write_outputs(run_dir: Path, results: dict[str, Any], *, report_md: str) -> dict[str, Path]:
