@@ -22,7 +22,7 @@ from fedprivacy.accounting import (
     PrivacyEvent,
     epsilon_for,
 )
-from fedprivacy.accounting.backends import _pld_single
+from fedprivacy.accounting.pld_backend import _pld_single
 
 Q, SIGMA, STEPS, DELTA = 256 / 60000, 1.1, 14062, 1e-5
 

@@ -21,7 +21,6 @@ PENDING: frozenset[str] = frozenset({
     "fedprivacy_bench/report.py::make_plots", "fedprivacy_bench/report.py::render_markdown",
 })
 PENDING_MODULES: frozenset[str] = frozenset({
-    "fedprivacy/accounting/backends.py",
     "fedprivacy/attacks/gradient_leakage.py",
 })
 

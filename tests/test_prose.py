@@ -29,9 +29,7 @@ MAX_MODULE_DOCSTRING_LINES = 30
 #: modules whose docstring is still longer (each owner moves the rationale to docs/ and removes its line)
 DOCSTRING_PENDING = frozenset({
     "fedprivacy/accounting/adversary.py",
-    "fedprivacy/accounting/backends.py",
     "fedprivacy/accounting/completion.py",
-    "fedprivacy/accounting/distributed.py",
     "fedprivacy/attacks/audit.py",
     "fedprivacy/attacks/released.py",
     "fedprivacy/config.py",

@@ -1,7 +1,7 @@
 """Privacy accounting: events, a ledger-keeping accountant with PLD/RDP/PRV backends, calibration.
 
 Pure: imports only the standard library, numpy, scipy and dp-accounting (``prv_accountant`` lazily, for
-the PRV cross-check). See ``events`` for the units and ``backends`` for the theorems used.
+the PRV cross-check). See ``events`` for the units and ``backend_base`` and the ``*_backend`` modules for the theorems used.
 """
 
 from fedprivacy.accounting.accountant import (
@@ -11,7 +11,8 @@ from fedprivacy.accounting.accountant import (
     PrivacyBudgetExhausted,
     epsilon_for,
 )
-from fedprivacy.accounting.backends import BACKENDS, get_backend, to_dp_event
+from fedprivacy.accounting.backend_base import to_dp_event
+from fedprivacy.accounting.backends import BACKENDS, get_backend
 from fedprivacy.accounting.calibration import calibrate_noise_multiplier
 from fedprivacy.accounting.completion import CompletedRoundGaussian  # registers its kind (journals)
 from fedprivacy.accounting.events import (

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprivacy._io import user_file_mode
-from fedprivacy.accounting.backends import Backend, get_backend
+from fedprivacy.accounting.backend_base import Backend
+from fedprivacy.accounting.backends import get_backend
 from fedprivacy.accounting.events import (
     FixedCohortSampling,
     GaussianEvent,

@@ -122,7 +122,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import special, stats
 
-from fedprivacy.accounting.backends import PLD_VALUE_DISCRETIZATION
+from fedprivacy.accounting.backend_base import PLD_VALUE_DISCRETIZATION
 from fedprivacy.accounting.events import (
     Neighbouring,
     NoSampling,

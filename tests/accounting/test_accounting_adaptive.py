@@ -39,8 +39,8 @@ from fedprivacy.accounting.adversary import (
     monte_carlo_delta,
     poisson_replace_one_orientations,
 )
-from fedprivacy.accounting.backends import _hockey_stick, _pld_single
 from fedprivacy.accounting.events import Neighbouring
+from fedprivacy.accounting.pld_backend import _hockey_stick, _pld_single
 
 RO = Neighbouring.REPLACE_ONE
 #: Loss grid of the adversary: fine where it must beat the old figure by a small margin, coarser

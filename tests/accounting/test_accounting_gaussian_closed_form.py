@@ -1,4 +1,4 @@
-"""The PLD backend keeps unsampled Gaussian compositions in closed form (exact), see backends.py."""
+"""The PLD backend keeps unsampled Gaussian compositions in closed form (exact), see pld_backend.py."""
 
 import dp_accounting
 import pytest

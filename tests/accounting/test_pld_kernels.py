@@ -32,7 +32,7 @@ from fedprivacy.accounting import (
     PrivacyEvent,
 )
 from fedprivacy.accounting import pld_kernels as K
-from fedprivacy.accounting.backends import _pld_single
+from fedprivacy.accounting.pld_backend import _pld_single
 
 DELTAS = (1e-5, 1e-3, 1e-9, 0.3, 0.99)
 
