@@ -19,7 +19,13 @@ from ``results.json``, which includes evaluation and checkpointing, and, for the
 the ``train`` exchange alone), seconds from command to the end of round 1, peak memory, and the
 ratio to the loop measured in this same run.
 
-Usage: ``python scripts/bench_engine.py --json PATH [--rounds R] [--quick] [--skip-flower]``
+``--batched`` runs only the batched-trainer rows, per model (``10k`` on the workload above; ``convnet``
+on 3000 Fashion-MNIST clients of 20 examples, 300 a round, 2 epochs of batch 10): ``trainers``, the
+per-client loop and the batched trainer (:mod:`fedprivacy.ml.batched`) on the same cohorts interleaved
+in one process, with their ratio and the largest difference of the updates; then the engine with
+``batched-training`` off and on, each beside its paired torch loop.
+
+Usage: ``python scripts/bench_engine.py --json PATH [--rounds R] [--quick] [--skip-flower] [--batched]``
 """
 
 from __future__ import annotations
@@ -39,7 +45,14 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-MODELS = {"10k": ("mlp", 128), "100k": ("mlp-large", 288)}
+MODELS = {"10k": ("mlp", 128), "100k": ("mlp-large", 288), "convnet": ("convnet", 32)}
+# --batched: the 10k MLP on the engine's workload; the convnet on the Fashion-MNIST recipe (3000 clients x
+# 20 examples, 300 a round, 2 local epochs of batch 10, lr 0.1)
+BATCHED_SETUPS: dict[str, dict[str, Any]] = {
+    "10k": {"population": 1000, "cohort": 100, "extra": {}},
+    "convnet": {"population": 3000, "cohort": 300, "dataset": "fashion-mnist",
+                "extra": {"local-epochs": 2, "batch-size": 10, "learning-rate": 0.1}},
+}
 
 
 # --------------------------------------------------------------------------- memory
@@ -145,42 +158,18 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     out_dir = tempfile.mkdtemp(prefix="bench_engine_")
     kind = spec["kind"]
     cfg = _run_config(spec, out_dir) if kind != "default" else {}
-    keys = ("model", "cohort", "population", "workers", "privacy", "dataset", "tree")
+    keys = ("model", "cohort", "population", "workers", "privacy", "dataset", "tree", "batched")
     result: dict[str, Any] = {"kind": kind, "privacy": "none", **{k: spec[k] for k in keys if k in spec}}
-    if kind == "loop":
+    if kind in ("loop", "trainers"):
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):  # the same native-thread setting as the engine
-            result.update(_loop(spec, cfg))
+            result.update(_loop(spec, cfg) if kind == "loop" else _trainers(spec, cfg))
     else:
         timer = _Round1Timer()
         logging.getLogger("flwr").addHandler(timer)
         if kind in ("engine", "default"):
-            run_inprocess = _engine_api()[0]
-            res = run_inprocess(
-                run_config=cfg if kind == "engine" else {"output-dir": out_dir},
-                num_supernodes=spec["population"],
-                workers=spec.get("workers", 1),
-                app_dir=_app_dir(spec),
-            )
-            path = res.results_path
-            train = [s for (t, _n, s) in res.stats.exchanges if t == "train"]
-            result["train_exchange_seconds"] = train
-            result["startup_seconds"] = res.startup_seconds
-            # CPU time of all ClientApp calls (summed over workers): on a shared machine this
-            # shows whether a slower wall time is more work or just waiting for a core.
-            result["client_cpu_seconds"] = res.stats.client_cpu_seconds
-            result["client_wall_seconds"] = res.stats.client_seconds
-            if spec.get("paired_loop"):
-                # The loop again, in this process right after the engine run (warm caches, the
-                # same machine load): the fairest ratio on a shared machine.
-                from threadpoolctl import threadpool_limits
-
-                with threadpool_limits(limits=1):
-                    paired = _loop(spec, _run_config(spec, tempfile.mkdtemp()))
-                result["paired_loop_round_seconds"] = paired["round_seconds"]
-                result["paired_loop_train_seconds"] = paired["train_seconds"]
-                result["paired_loop_round_cpu_seconds"] = paired["round_cpu_seconds"]
+            path = _engine_run(spec, cfg, out_dir, result)
         else:
             from server.engine import run_flower_simulation
 
@@ -190,21 +179,56 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             path = found[-1] if found else None
         if path is None:
             raise RuntimeError("the run wrote no results.json")
-        rows = json.loads(Path(path).read_text())["rounds"]
-        # with private counts the rounds' wall times are in the private log
-        from fedprivacy.fl.run import round_seconds
-
-        result["round_seconds"] = round_seconds(Path(path).parent)
-        result["test_accuracy"] = [float(r["test_accuracy"]) for r in rows]
-        if timer.at is not None:
-            result["command_to_round1_seconds"] = timer.at - float(spec["t0"])
-        # CPU seconds of the main thread per round (w=1: server and clients; load-robust, unlike wall)
-        marks = timer.cpu_marks
-        result["round_cpu_seconds"] = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-        tree = timer.tree_marks
-        result["round_tree_cpu_seconds"] = [b - a for a, b in zip(tree, tree[1:], strict=False)]
+        result.update(_run_rows(Path(path), timer, spec))
     result["peak_memory_mb"] = mem.stop()
     return result
+
+
+def _engine_run(spec: dict[str, Any], cfg: dict[str, Any], out_dir: str, result: dict[str, Any]) -> Any:
+    """One in-process run (engine or the app's defaults); its counters go into ``result``; returns the
+    results path."""
+    run_inprocess = _engine_api()[0]
+    kind = spec["kind"]
+    res = run_inprocess(
+        run_config=cfg if kind == "engine" else {"output-dir": out_dir},
+        num_supernodes=spec["population"],
+        workers=spec.get("workers", 1),
+        app_dir=_app_dir(spec),
+    )
+    result["train_exchange_seconds"] = [s for (t, _n, s) in res.stats.exchanges if t == "train"]
+    result["startup_seconds"] = res.startup_seconds
+    # CPU time of all ClientApp calls (summed over workers): on a shared machine this
+    # shows whether a slower wall time is more work or just waiting for a core.
+    result["client_cpu_seconds"] = res.stats.client_cpu_seconds
+    result["client_wall_seconds"] = res.stats.client_seconds
+    if spec.get("paired_loop"):
+        # The loop again, in this process right after the engine run (warm caches, the
+        # same machine load): the fairest ratio on a shared machine.
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            paired = _loop(spec, _run_config(spec, tempfile.mkdtemp()))
+        result["paired_loop_round_seconds"] = paired["round_seconds"]
+        result["paired_loop_train_seconds"] = paired["train_seconds"]
+        result["paired_loop_round_cpu_seconds"] = paired["round_cpu_seconds"]
+    return res.results_path
+
+
+def _run_rows(path: Path, timer: _Round1Timer, spec: dict[str, Any]) -> dict[str, Any]:
+    """Per-round wall and CPU seconds and accuracy of a finished run."""
+    rows = json.loads(path.read_text())["rounds"]
+    # with private counts the rounds' wall times are in the private log
+    from fedprivacy.fl.run import round_seconds
+
+    out: dict[str, Any] = {"round_seconds": round_seconds(path.parent),
+                           "test_accuracy": [float(r["test_accuracy"]) for r in rows]}
+    if timer.at is not None:
+        out["command_to_round1_seconds"] = timer.at - float(spec["t0"])
+    # CPU seconds of the main thread per round (w=1: server and clients; load-robust, unlike wall)
+    marks, tree = timer.cpu_marks, timer.tree_marks
+    out["round_cpu_seconds"] = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    out["round_tree_cpu_seconds"] = [b - a for a, b in zip(tree, tree[1:], strict=False)]
+    return out
 
 
 def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
@@ -235,19 +259,7 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         c0 = time.thread_time()  # this (main) thread: as the engine rows, without the memory sampler
         cohort = sorted(rng.choice(n, size=spec["cohort"], replace=False).tolist())
-        instr = RoundInstructions(
-            round=rnd,
-            privacy="none",
-            clip_norm=cfg.clip_norm,
-            client_mechanism="",
-            noise_multiplier=0.0,
-            private=False,
-            learning_rate=cfg.learning_rate,
-            local_epochs=1,
-            batch_size=cfg.batch_size,
-            num_classes=num_classes,
-            seed=1,
-        )
+        instr = _plain_instructions(RoundInstructions, cfg, rnd, num_classes)
         updates = [
             train_client(cfg, partition_id=p, num_partitions=n, weights=weights, instructions=instr)
             for p in cohort
@@ -269,6 +281,72 @@ def _loop(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
         "test_accuracy": acc,
         "command_to_round1_seconds": (t_round1 or 0.0) - float(spec["t0"]),
     }
+
+
+def _plain_instructions(cls: Any, cfg: Any, rnd: int, num_classes: int) -> Any:
+    """A plain (no DP) round's instructions, as the server sends them."""
+    return cls(round=rnd, privacy="none", clip_norm=cfg.clip_norm, client_mechanism="",
+               noise_multiplier=0.0, private=False, learning_rate=cfg.learning_rate,
+               local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, num_classes=num_classes, seed=1)
+
+
+def _trainers(spec: dict[str, Any], cfg_map: dict[str, Any]) -> dict[str, Any]:
+    """Per-client loop (:func:`train_client` one after another) against the batched trainer
+    (:func:`fedprivacy.fl.client_batch.train_clients`) on the same cohorts, interleaved round by round
+    in this process: the ratio of the two at the same load. Round 1 of each warms caches and is dropped."""
+    import numpy as np
+
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl import task
+    from fedprivacy.fl.client import train_client
+    from fedprivacy.fl.client_batch import train_clients
+    from fedprivacy.fl.types import RoundInstructions
+
+    cfg = RunConfig.from_mapping(_engine_api()[1](cfg_map, app_dir=_app_dir(spec)))
+    n = spec["population"]
+    test = task.test_set(cfg, num_partitions=n)
+    k = task.num_classes_for(cfg, num_partitions=n)
+    weights = task.initial_weights(cfg, input_shape=test.feature_shape, num_classes=k, seed=1)
+    rng = np.random.default_rng(1)
+    loop_s, batched_s, max_diff = [], [], 0.0
+    for rnd in range(1, spec["rounds"] + 1):
+        cohort = sorted(rng.choice(n, size=spec["cohort"], replace=False).tolist())
+        instr = _plain_instructions(RoundInstructions, cfg, rnd, k)
+        t0 = time.perf_counter()
+        one = [train_client(cfg, partition_id=p, num_partitions=n, weights=weights, instructions=instr)
+               for p in cohort]
+        t1 = time.perf_counter()
+        many = train_clients(cfg, partition_ids=cohort, num_partitions=n, weights=weights,
+                             instructions=[instr] * len(cohort))
+        t2 = time.perf_counter()
+        loop_s.append(t1 - t0)
+        batched_s.append(t2 - t1)
+        max_diff = max(max_diff, *(float(np.max(np.abs(a - b))) for u, v in zip(one, many, strict=True)
+                                   for a, b in zip(u.delta, v.delta, strict=True)))
+    loop_med, batched_med = _median(loop_s[1:] or loop_s), _median(batched_s[1:] or batched_s)
+    return {"loop_train_seconds": loop_s, "batched_train_seconds": batched_s,
+            "steady_loop_train_seconds": loop_med, "steady_batched_train_seconds": batched_med,
+            "batched_vs_loop": batched_med / loop_med, "max_abs_delta_difference": max_diff,
+            "batching_pays": task.batching_chosen(cfg.replace(batched_training="auto"))}
+
+
+def _median(xs: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(xs))
+
+
+def _batched_section(args: argparse.Namespace, run: Any) -> None:
+    """Rows of the batched trainer: per model, the trainers side by side, then the engine with
+    ``batched-training`` off and on (both with the paired per-client torch loop)."""
+    for model in args.models.split(","):
+        setup = BATCHED_SETUPS.get(model, BATCHED_SETUPS["10k"])
+        base = {"rounds": args.rounds, "model": model, "population": setup["population"],
+                "cohort": setup["cohort"], **({"dataset": setup["dataset"]} if "dataset" in setup else {})}
+        run({**base, "kind": "trainers", "extra": setup["extra"]}, both=False)
+        for mode in ("off", "on"):
+            run({**base, "kind": "engine", "workers": 1, "paired_loop": True, "batched": mode,
+                 "extra": {**setup["extra"], "batched-training": mode}}, both=False)
 
 
 def _default_run(spec: dict[str, Any], *, timeout: float) -> dict[str, Any]:
@@ -435,9 +513,11 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="also draw the rows' steady round seconds here (matplotlib, .png/.svg)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--population", type=int, default=1000)
     parser.add_argument("--cohort", type=int, default=100)
@@ -450,9 +530,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="also run every loop/engine/default row with this checkout's library "
                              "(e.g. an older main), interleaved, in the same run")
+    parser.add_argument("--batched", action="store_true",
+                        help="only the batched-trainer rows (--models 10k,convnet by default)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.child is not None:
         out = _child(json.loads(args.child))
         print("BENCH-RESULT " + json.dumps(out), flush=True)
@@ -478,61 +564,54 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in rows[-1]:
                 print(f"    error: {rows[-1]['error'][-300:]}", flush=True)
 
+    if args.batched:
+        if args.models == parser.get_default("models"):
+            args.models = "10k,convnet"
+        _batched_section(args, run)
+    else:
+        _engine_section(args, run, base)
+    return _report(args, rows, base, load_start)
+
+
+def _engine_section(args: argparse.Namespace, run: Any, base: dict[str, Any]) -> None:
+    """The per-client rows: the default run, per model the loop, the engine (1 and 2 workers, and the
+    batched trainer where ``auto`` chooses it) and Flower's Ray engine; the privacy modes; the scale row."""
     # the default in-process run (10 clients, the app's defaults): command to the end of round 1
     run({"rounds": 0, "population": 10, "cohort": 10, "kind": "default", "model": "default"})
     for model in args.models.split(","):
         run({**base, "kind": "loop", "model": model})
-        run({**base, "kind": "engine", "model": model, "workers": 1, "paired_loop": True})
-        run({**base, "kind": "engine", "model": model, "workers": 2, "paired_loop": True})
+        for workers in (1, 2):
+            run({**base, "kind": "engine", "model": model, "workers": workers, "paired_loop": True,
+                 "batched": "off", "extra": {"batched-training": "off"}})
+        run({**base, "kind": "engine", "model": model, "workers": 1, "paired_loop": True,
+             "batched": "on", "extra": {"batched-training": "on"}}, both=False)
         if not args.skip_flower:
             # The ServerApp first asks every one of the 1000 SuperNodes for its partition (not part of a
             # round); on a loaded machine Ray answered ~680 of them in the default 120 s client-timeout
             # and the row failed, so the Ray rows wait longer (the rounds are measured all the same).
-            run({**base, "kind": "flower", "model": model, "extra": {"client-timeout": 900.0}},
+            run({**base, "kind": "flower", "model": model,
+                 "extra": {"client-timeout": 900.0, "batched-training": "off"}},
                 timeout=args.flower_timeout, both=False)
     if not args.skip_privacy:
-        for privacy, extra in (
-            ("central", {"noise-multiplier": 1.0}),
-            ("local", {"noise-multiplier": 1.0}),
-            (
-                "distributed",
-                {
-                    "noise-multiplier": 1.0,
-                    "secagg": True,
-                    "accountant": "rdp",
-                    # the distributed accounting needs Poisson sampling (add-remove): q = 0.1
-                    "sampling": "poisson",
-                    "sample-rate": 0.1,
-                    "neighbouring": "add-remove",
-                },
-            ),
-        ):
-            run(
-                {
-                    **base,
-                    "kind": "engine",
-                    "model": "100k",
-                    "workers": 1,
-                    "privacy": privacy,
-                    "extra": extra,
-                },
-                both=False,
-            )
+        for privacy, extra in PRIVACY_ROWS:
+            run({**base, "kind": "engine", "model": "100k", "workers": 1, "privacy": privacy, "extra": extra},
+                both=False)
     if not args.skip_scale:
-        run(
-            {
-                "rounds": 3,
-                "population": 10_000,
-                "cohort": 1000,
-                "kind": "engine",
-                "model": "10k",
-                "workers": 2,
-                "dataset": "synthetic",
-            },
-            timeout=1200.0,
-            both=False,
-        )
+        run({"rounds": 3, "population": 10_000, "cohort": 1000, "kind": "engine", "model": "10k",
+             "workers": 2, "dataset": "synthetic"}, timeout=1200.0, both=False)
 
+
+# the privacy rows (100k, one worker); the distributed accounting needs Poisson sampling (add-remove)
+PRIVACY_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("central", {"noise-multiplier": 1.0}),
+    ("local", {"noise-multiplier": 1.0}),
+    ("distributed", {"noise-multiplier": 1.0, "secagg": True, "accountant": "rdp", "sampling": "poisson",
+                     "sample-rate": 0.1, "neighbouring": "add-remove"}),
+)
+
+
+def _report(args: argparse.Namespace, rows: list[dict[str, Any]], base: dict[str, Any],
+            load_start: tuple[float, float, float]) -> int:
     rows = _summarise(rows)
     nonedp = {
         r["model"]: r["steady_round_seconds"]
@@ -566,19 +645,57 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(r.get('command_to_round1_seconds'), '.1f'):>8} "
             f"{_fmt(r.get('peak_memory_mb'), '.0f'):>8}"
         )
+    load_end = os.getloadavg()
     report = {
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start,
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": load_end},
         "workload": {**base, "models": {k: list(v) for k, v in MODELS.items()}},
         "goals": _goals(rows, population=args.population),
         "rows": rows,
     }
     print(json.dumps(report["goals"], indent=1))
+    if args.figure is not None:
+        _figure(rows, args.figure, load=(load_start, load_end))
+        print(f"wrote {args.figure}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
         print(f"\nwrote {args.json}")
     return 0
+
+
+
+def _figure(rows: list[dict[str, Any]], path: Path, *, load: tuple[Any, Any]) -> None:
+    """One bar per row that has a steady round: seconds per round, labelled by kind, model, workers and
+    batching; the load averages of the run in the title (the figures are under that load)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.get("steady_round_seconds") or r.get("steady_batched_train_seconds")]
+    labels, values = [], []
+    for r in shown:
+        tag = f"{r['kind']} {r['model']}"
+        if r["kind"] == "engine":
+            tag += f" w={r.get('workers', 1)} {r.get('privacy', 'none')}"
+            tag += f" batched={r['batched']}" if "batched" in r else ""
+        if r["kind"] == "trainers":  # the trainers row: two bars, per client and batched
+            labels += [f"{tag} per-client", f"{tag} batched"]
+            values += [r["steady_loop_train_seconds"], r["steady_batched_train_seconds"]]
+            continue
+        labels.append(tag)
+        values.append(r["steady_round_seconds"])
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
+    ax.barh(range(len(labels)), values)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per steady round (trainers: local training only)")
+    start, end = (" ".join(f"{x:.1f}" for x in la) for la in load)
+    ax.set_title(f"bench_engine (load average start {start}, end {end})", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
