@@ -127,6 +127,14 @@ def _largest(rows: Sequence[Row]) -> Row | None:
     return max(rows, key=lambda r: r.get("params") or 0) if rows else None
 
 
+QUICK_VERDICT = "quick: not a result"
+
+
+def quick_verdict(payload: Mapping[str, Any], verdict: str) -> str:
+    """A goal's verdict, or :data:`QUICK_VERDICT` for the quick sweep (tiny models, few rounds)."""
+    return QUICK_VERDICT if payload.get("sweep") == "quick" else verdict
+
+
 def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
     """Check the goals against the measured rows; each entry: goal, verdict, figures."""
     goals: list[dict[str, str]] = []
@@ -444,7 +452,7 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
     pairs = distributed_pairs(rows)
     if points or membership:
         lines += ["", "## Goals", "", "| goal | verdict | figures |", "|---|---|---|"]
-        lines += [f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |"
+        lines += [f"| {g['goal']} | **{quick_verdict(payload, g['verdict'])}** | {g['figures']} |"
                   for g in curve_goals(points, membership) + ([distributed_goal(pairs)] if pairs else [])]
     if any(Path(q).name == HEADLINE_PLOT for q in plot_list):
         main = ", ".join(f"`{label}` T={t}" for label, t in headline_setups(points))

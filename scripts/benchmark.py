@@ -777,7 +777,8 @@ def build_payload(rows: Sequence[dict[str, Any]], *, sweep: str, command: str, r
         "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": report.machine_info(),
         "notes": list(notes),
-        "goals": report.evaluate_goals(with_ratios),
+        "goals": [{**g, "verdict": report.quick_verdict({"sweep": sweep}, g["verdict"])}
+                  for g in report.evaluate_goals(with_ratios)],
         "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "rows": with_ratios,
     }
