@@ -138,8 +138,14 @@ def quick_verdict(payload: Mapping[str, Any], verdict: str) -> str:
 def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
     """Check the goals against the measured rows; each entry: goal, verdict, figures."""
     goals: list[dict[str, str]] = []
+    for goal in (_secagg_overhead_goal, _synthetic_utility_goal, _flower_fedavg_goal, _flower_secagg_goal,
+                 _scale_goal):
+        goal(rows, goals)
+    return goals
 
-    # 1. DP+SecAgg round within 1.3x of non-DP at 100 clients/round, ~100k params.
+
+def _secagg_overhead_goal(rows: Sequence[Row], goals: list[dict[str, str]]) -> None:
+    """Append the goal: DP+SecAgg round within 1.3x of non-DP at 100 clients/round, ~100k params."""
     dist = [r for r in _pick(rows, framework="fedprivacy", mode="distributed", engine="inprocess")
             if (r.get("clients_per_round") or 0) >= 100 and r.get("ratio_vs_none")]  # a non-DP twin ran
     best = _largest(dist)
@@ -160,7 +166,9 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
         goals.append({"goal": "DP+SecAgg round ≤ 1.3× non-DP (100 clients/round, ~100k params)",
                       "verdict": "not measured", "figures": figures})
 
-    # 2. Utility on Synthetic/1000 clients at eps=3 within 5 points of non-DP.
+
+def _synthetic_utility_goal(rows: Sequence[Row], goals: list[dict[str, str]]) -> None:
+    """Append the goal: Utility on Synthetic/1000 clients at eps=3 within 5 points of non-DP."""
     cands = [r for r in _pick(rows, framework="fedprivacy", mode="central", dataset="synthetic")
              if r.get("target_epsilon") == 3.0 and r.get("ratio_vs_none")]
     if cands:
@@ -182,7 +190,9 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
         goals.append({"goal": "Synthetic, 1000 clients, ε=3, δ=1e-5: accuracy within 5 points of non-DP",
                       "verdict": "not measured", "figures": "no central ε=3 row on synthetic"})
 
-    # 3. Steady-state round no slower than Flower plain FedAvg (same setup).
+
+def _flower_fedavg_goal(rows: Sequence[Row], goals: list[dict[str, str]]) -> None:
+    """Append the goal: Steady-state round no slower than Flower plain FedAvg (same setup)."""
     pairs = []
     for r in _pick(rows, framework="fedprivacy", mode="none", engine="inprocess"):
         fl = find_reference(rows, r, framework="flower")
@@ -200,7 +210,9 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
         goals.append({"goal": "fedprivacy non-DP round no slower than Flower's plain FedAvg",
                       "verdict": "not measured", "figures": "no pair of rows on the same setup"})
 
-    # 4. Faster than Flower SecAgg+ + DP.
+
+def _flower_secagg_goal(rows: Sequence[Row], goals: list[dict[str, str]]) -> None:
+    """Append the goal: Faster than Flower SecAgg+ + DP."""
     pairs = []
     for r in _pick(rows, framework="fedprivacy", mode="distributed", engine="inprocess"):
         fl = find_reference(rows, r, framework="flower", mode="secagg+central")
@@ -221,7 +233,9 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
         goals.append({"goal": "fedprivacy DP+SecAgg faster than Flower SecAgg+ + DP",
                       "verdict": "not measured", "figures": figs})
 
-    # 5. Scale: 1000 clients, 100 per round completes, with peak memory.
+
+def _scale_goal(rows: Sequence[Row], goals: list[dict[str, str]]) -> None:
+    """Append the goal: Scale: 1000 clients, 100 per round completes, with peak memory."""
     big = [r for r in rows if r["framework"] == "fedprivacy" and r.get("num_clients", 0) >= 1000
            and (r.get("clients_per_round") or 0) >= 100]
     done = [r for r in big if r.get("status") == "ok"]
@@ -238,7 +252,6 @@ def evaluate_goals(rows: Sequence[Row]) -> list[dict[str, str]]:
                       "verdict": "not measured" if not big else "missed",
                       "figures": "no 1000-client fedprivacy configuration in this sweep"
                       if not big else "; ".join(f"{r['mode']}: {r['status']}" for r in big)})
-    return goals
 
 
 def _why_missing(rows: Sequence[Row], *, framework: str, mode: str) -> str:
