@@ -19,9 +19,7 @@ PENDING: frozenset[str] = frozenset({
     "fedprivacy_bench/flower_baselines/run.py::run_flower_baseline",
     "fedprivacy_bench/report.py::make_plots", "fedprivacy_bench/report.py::render_markdown",
 })
-PENDING_MODULES: frozenset[str] = frozenset({
-    "fedprivacy/attacks/gradient_leakage.py",
-})
+PENDING_MODULES: frozenset[str] = frozenset()
 
 
 def _length(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
