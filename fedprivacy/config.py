@@ -61,7 +61,7 @@ SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
 PRIVACY_AUDIENCES = ("server", "observers")
 BATCHED_TRAINING = ("off", "auto", "on")  # off: per client; auto: models marked batched; on: any batchable
-DEVICES = ("cpu", "cuda", "auto")  # auto: cuda when this torch has a device, else cpu
+DEVICES = ("auto", "cpu", "cuda", "mps")  # auto: cuda, else mps, when this torch has one; else cpu
 
 # The Flower app's defaults that differ from the library's, and why (the one place; pyproject.toml holds
 # the same values and tests/test_config.py pins both). The app runs secure aggregation with distributed
@@ -149,7 +149,7 @@ class TrainConfig:
     dpsgd: bool = False
     dpsgd_noise_multiplier: float = 1.0
     dpsgd_max_grad_norm: float = 1.0
-    batched_training: str = "off"
+    batched_training: str = "auto"
     device: str = "cpu"
     proximal_mu: float = 0.0  # FedProx's μ (Li et al. 2020); 0 = FedAvg's local SGD
 
@@ -162,12 +162,12 @@ class TrainConfig:
                              "term with each example's gradient); set proximal-mu=0 or dpsgd=false")
         _choice("batched-training", self.batched_training, BATCHED_TRAINING)
         _choice("device", self.device, DEVICES)
-        if self.device == "cuda":
-            import torch
+        if self.device in ("cuda", "mps"):
+            from fedprivacy.ml.batched import device_available
 
-            if not torch.cuda.is_available():
-                raise ValueError("device must be 'cpu' or 'auto' here: this torch has no CUDA device, "
-                                 "got 'cuda'")
+            if not device_available(self.device):
+                raise ValueError(f"device must be 'cpu' or 'auto' here: this torch has no {self.device} "
+                                 f"device, got {self.device!r}")
         _positive("learning-rate", self.learning_rate)
         _positive_int("batch-size", self.batch_size)
         _positive("dpsgd-noise-multiplier", self.dpsgd_noise_multiplier)

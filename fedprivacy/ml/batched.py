@@ -30,7 +30,7 @@ from fedprivacy.ml.data import Split
 
 __all__ = ["BatchedResult", "batching_pays", "can_batch", "resolve_device", "train_batched"]
 
-DEVICES = ("cpu", "cuda", "auto")
+DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,15 +50,25 @@ class BatchedResult:
     steps: int
 
 
+def device_available(device: str) -> bool:
+    """Whether this torch build and machine have ``device`` (``"cpu"`` always)."""
+    if device == "cuda":
+        return bool(torch.cuda.is_available())
+    if device == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        return bool(backend is not None and backend.is_available())
+    return device == "cpu"
+
+
 def resolve_device(device: str) -> torch.device:
-    """``"cpu"``, ``"cuda"`` (ValueError naming ``device`` when torch has no CUDA) or ``"auto"``
-    (CUDA when available, else CPU)."""
+    """``"cpu"``, ``"cuda"`` or ``"mps"`` (ValueError naming ``device`` when this torch lacks it) or
+    ``"auto"`` (CUDA, else MPS, when available; else CPU)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but this torch has no CUDA device; use device='cpu' or 'auto'")
+        return torch.device(next((d for d in ("cuda", "mps") if device_available(d)), "cpu"))
+    if not device_available(device):
+        raise ValueError(f"device={device!r} but this torch has no such device; use device='cpu' or 'auto'")
     return torch.device(device)
 
 

@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = Path(__file__).with_name("runs.json")
 
 _COMMON: dict[str, Any] = {"num-server-rounds": 2, "seed": 11, "local-epochs": 1, "dataset": "digits",
-                           "client-timeout": 30.0}
+                           "client-timeout": 30.0, "batched-training": "off"}
+# The golden runs pin the per-client path; tests/engine/test_batched_engine.py holds the batched path
+# (the default, ``auto``) to the same ε and figures.
 # The Fashion-MNIST benchmark recipe (scripts/benchmark.py --setup fedavgm-c300: 3000 clients x 20 examples,
 # convnet, 2 local epochs, batch 10, FedAvgM) with ~6 clients per round: pins the convnet's training path
 # (its max pools) and FedAvgM.

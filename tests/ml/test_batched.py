@@ -11,7 +11,13 @@ from torch import nn
 
 from fedprivacy.config import RunConfig
 from fedprivacy.errors import ConfigError
-from fedprivacy.ml.batched import batching_pays, can_batch, resolve_device, train_batched
+from fedprivacy.ml.batched import (
+    batching_pays,
+    can_batch,
+    device_available,
+    resolve_device,
+    train_batched,
+)
 from fedprivacy.ml.data import Split
 from fedprivacy.ml.models import build_model, get_weights, set_weights
 from fedprivacy.ml.train import train_local
@@ -85,13 +91,17 @@ def test_the_registry_batches_the_mlps_and_not_the_convnets() -> None:
 
 
 def test_a_bad_device_is_refused_naming_the_key() -> None:
-    with pytest.raises(ValueError, match="^device must be one of cpu, cuda, auto; got 'gpu'$"):
+    with pytest.raises(ValueError, match="^device must be one of auto, cpu, cuda, mps; got 'gpu'$"):
         resolve_device("gpu")
-    with pytest.raises(ConfigError, match="device must be one of cpu, cuda, auto; got 'gpu'"):
+    with pytest.raises(ConfigError, match="device must be one of auto, cpu, cuda, mps; got 'gpu'"):
         RunConfig.from_mapping({"device": "gpu"})
     with pytest.raises(ConfigError, match="batched-training must be one of off, auto, on"):
         RunConfig.from_mapping({"batched-training": "yes"})
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="^device must be 'cpu' or 'auto' here"):
-            RunConfig.from_mapping({"device": "cuda"})
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else
+                                           "mps" if device_available("mps") else "cpu")
+    for device in ("cuda", "mps"):
+        if not device_available(device):
+            with pytest.raises(ConfigError, match=f"^device must be 'cpu' or 'auto' here: this torch has no "
+                                                  f"{device} device, got '{device}'$"):
+                RunConfig.from_mapping({"device": device})
+    assert RunConfig.from_mapping({}).batched_training == "auto"  # the batched path is the default
