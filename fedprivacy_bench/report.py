@@ -324,16 +324,54 @@ def machine_info() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ plots
-def make_plots(rows: Sequence[Row], outdir: Path,
-               membership: Sequence[Mapping[str, Any]] = ()) -> list[Path]:
-    """Accuracy vs ε, accuracy vs round, seconds per round per mode, and (if given) membership
-    inference vs ε; returns the files written."""
-    import matplotlib
+def _row_label(r: Mapping[str, Any]) -> str:
+    eng = "" if r["engine"] in ("inprocess", "loop") or r["framework"] == "flower" else f"/{r['engine']}"
+    target = f", ε target {r['target_epsilon']:g}" if r.get("target_epsilon") else ""
+    return f"{r['framework']}{eng} {r['mode']} ({r.get('params')}p{target})"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    outdir.mkdir(parents=True, exist_ok=True)
+def _accuracy_vs_epsilon(ax: Any, usable: Sequence[Row], ds: str) -> None:
+    for r in usable:
+        if r["dataset"] != ds or r.get("test_accuracy") is None:
+            continue
+        if r["mode"] == "none":
+            ax.axhline(r["test_accuracy"], ls="--", lw=0.8, color="gray")
+            continue
+        if r.get("epsilon") is None:
+            continue
+        marker = "o" if r["framework"] == "fedprivacy" else "s"
+        ax.scatter([r["epsilon"]], [r["test_accuracy"]], marker=marker, label=_row_label(r))
+    ax.set_xscale("log")
+    ax.set_xlabel("ε at δ=1e-5 (as each framework reports it)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{ds}: accuracy vs ε (dashed: non-DP)")
+    ax.legend(fontsize=6)
+
+
+def _accuracy_vs_round(ax: Any, usable: Sequence[Row], ds: str) -> None:
+    for r in usable:
+        acc = r.get("accuracy_by_round") or []
+        if r["dataset"] == ds and acc:
+            ax.plot(range(1, len(acc) + 1), acc, label=_row_label(r), lw=1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{ds}: accuracy vs round")
+    ax.legend(fontsize=6)
+
+
+def _seconds_per_round(ax: Any, usable: Sequence[Row], ds: str) -> None:
+    sel = [r for r in usable if r["dataset"] == ds]
+    colors = ["tab:blue" if r["framework"] == "fedprivacy" else
+              "tab:orange" if r["framework"] == "flower" else "tab:gray" for r in sel]
+    ax.barh(range(len(sel)), [r["seconds_per_round"] for r in sel], color=colors)
+    ax.set_yticks(range(len(sel)), [_row_label(r) for r in sel], fontsize=6)
+    ax.set_xscale("log")
+    ax.set_xlabel("median steady-state seconds per round (log)")
+    ax.set_title(f"{ds}: seconds per round (blue fedprivacy, orange Flower, gray torch loop)", fontsize=8)
+
+
+def _curve_and_membership_plots(rows: Sequence[Row], outdir: Path,
+                                membership: Sequence[Mapping[str, Any]]) -> list[Path]:
     written: list[Path] = []
     points = curve_points(rows)
     main = headline_setups(points)
@@ -348,77 +386,41 @@ def make_plots(rows: Sequence[Row], outdir: Path,
         mia = plot_membership(experiment, outdir / name)
         if mia is not None:
             written.append(mia)
+    return written
+
+
+def make_plots(rows: Sequence[Row], outdir: Path,
+               membership: Sequence[Mapping[str, Any]] = ()) -> list[Path]:
+    """Accuracy vs ε, accuracy vs round, seconds per round per mode, and (if given) membership
+    inference vs ε; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = _curve_and_membership_plots(rows, outdir, membership)
     usable = [r for r in rows if _usable(r) and not is_curve_row(r)]  # curves: their own plot
     datasets = sorted({r["dataset"] for r in usable})
     if not datasets:
         return written
-
-    def label(r: Mapping[str, Any]) -> str:
-        eng = "" if r["engine"] in ("inprocess", "loop") or r["framework"] == "flower" else \
-            f"/{r['engine']}"
-        target = f", ε target {r['target_epsilon']:g}" if r.get("target_epsilon") else ""
-        return f"{r['framework']}{eng} {r['mode']} ({r.get('params')}p{target})"
-
-    def save(fig: Any, name: str) -> None:
+    for draw, name, size in ((_accuracy_vs_epsilon, "bench_accuracy_vs_epsilon.png", (6, 4)),
+                             (_accuracy_vs_round, "bench_accuracy_vs_round.png", (6, 4)),
+                             (_seconds_per_round, "bench_seconds_per_round.png", (7, 4.5))):
+        fig, axes = plt.subplots(1, len(datasets), figsize=(size[0] * len(datasets), size[1]), squeeze=False)
+        for ax, ds in zip(axes[0], datasets, strict=True):
+            draw(ax, usable, ds)
         path = outdir / name
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-
-    # accuracy vs epsilon
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-    for ax, ds in zip(axes[0], datasets, strict=True):
-        for r in usable:
-            if r["dataset"] != ds or r.get("test_accuracy") is None:
-                continue
-            if r["mode"] == "none":
-                ax.axhline(r["test_accuracy"], ls="--", lw=0.8, color="gray")
-                continue
-            if r.get("epsilon") is None:
-                continue
-            marker = "o" if r["framework"] == "fedprivacy" else "s"
-            ax.scatter([r["epsilon"]], [r["test_accuracy"]], marker=marker, label=label(r))
-        ax.set_xscale("log")
-        ax.set_xlabel("ε at δ=1e-5 (as each framework reports it)")
-        ax.set_ylabel("test accuracy")
-        ax.set_title(f"{ds}: accuracy vs ε (dashed: non-DP)")
-        ax.legend(fontsize=6)
-    save(fig, "bench_accuracy_vs_epsilon.png")
-
-    # accuracy vs round
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-    for ax, ds in zip(axes[0], datasets, strict=True):
-        for r in usable:
-            acc = r.get("accuracy_by_round") or []
-            if r["dataset"] == ds and acc:
-                ax.plot(range(1, len(acc) + 1), acc, label=label(r), lw=1)
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy")
-        ax.set_title(f"{ds}: accuracy vs round")
-        ax.legend(fontsize=6)
-    save(fig, "bench_accuracy_vs_round.png")
-
-    # seconds per round per mode
-    fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 4.5), squeeze=False)
-    for ax, ds in zip(axes[0], datasets, strict=True):
-        sel = [r for r in usable if r["dataset"] == ds]
-        names = [label(r) for r in sel]
-        colors = ["tab:blue" if r["framework"] == "fedprivacy" else
-                  "tab:orange" if r["framework"] == "flower" else "tab:gray" for r in sel]
-        ax.barh(range(len(sel)), [r["seconds_per_round"] for r in sel], color=colors)
-        ax.set_yticks(range(len(sel)), names, fontsize=6)
-        ax.set_xscale("log")
-        ax.set_xlabel("median steady-state seconds per round (log)")
-        ax.set_title(f"{ds}: seconds per round (blue fedprivacy, orange Flower, gray torch loop)",
-                     fontsize=8)
-    save(fig, "bench_seconds_per_round.png")
     return written
 
 
 # --------------------------------------------------------------------------------------- markdown
-def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) -> str:
-    """The text of ``docs/BENCHMARKS.md`` for a sweep payload (see ``scripts/benchmark.py``)."""
+def _markdown_header(payload: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The page's opening lines and the saved-runs section (empty for a single sweep)."""
     m = payload["machine"]
     rows = payload["rows"]
     lines = [
@@ -458,15 +460,12 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
         "The machine was shared with other work while this ran: compare ratios measured in one run, "
         "not absolute times.",
     ]
-    plot_list = list(plots)
-    points = curve_points(rows)
-    membership = payload.get("membership") or []
-    scope = payload.get("scope") or []
-    pairs = distributed_pairs(rows)
-    if points or membership:
-        lines += ["", "## Goals", "", "| goal | verdict | figures |", "|---|---|---|"]
-        lines += [f"| {g['goal']} | **{quick_verdict(payload, g['verdict'])}** | {g['figures']} |"
-                  for g in curve_goals(points, membership) + ([distributed_goal(pairs)] if pairs else [])]
+    return lines, part_lines
+
+
+def _markdown_headline(points: Sequence[Mapping[str, Any]], plot_list: list[str]) -> tuple[list[str], list[str]]:
+    """The headline figure's paragraph (when it was drawn) and the plots left to list."""
+    lines: list[str] = []
     if any(Path(q).name == HEADLINE_PLOT for q in plot_list):
         main = ", ".join(f"`{label}` T={t}" for label, t in headline_setups(points))
         lines += ["", f"Test accuracy against ε on the setups the goals are judged on ({main}): "
@@ -478,9 +477,13 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "What membership inference finds against ε, beside the attacked models' accuracy: "
                   "[ATTACKS.md](ATTACKS.md) opens with that figure and its command."]
         plot_list = [q for q in plot_list if Path(q).name != HEADLINE_PLOT]
-    lines += part_lines
-    if scope:
-        lines += ["", "## What was run and what was not", ""] + [f"- {n}" for n in scope]
+    return lines, plot_list
+
+
+def _markdown_sections(rows: Sequence[Row], payload: Mapping[str, Any], pairs: Any,
+                       points: Sequence[Mapping[str, Any]], membership: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The distributed, Fashion-MNIST, Flower and membership sections (each when it has rows)."""
+    lines: list[str] = []
     if pairs:
         lines += ["", "## Distributed against central DP at the same σ and sampling", "",
                   "Each line pairs distributed rows with the central rows of the identical run (data, "
@@ -514,6 +517,12 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
                   "every ε): docs/ATTACKS.md, section *The accuracy-ε curve's own models*."]
         for experiment in membership_experiments(membership):
             lines += ["", f"**{experiment_title(experiment)}**", "", membership_markdown(experiment)]
+    return lines
+
+
+def _markdown_tail(payload: Mapping[str, Any], rows: Sequence[Row], plot_list: list[str]) -> list[str]:
+    """The sweep's goals, the results table, how each row ran, failures and plots."""
+    lines: list[str] = []
     lines += ["", "## Goals of the digits and Synthetic sweep", "",
               "| goal | verdict | figures |", "|---|---|---|"]
     lines += [f"| {g['goal']} | **{g['verdict']}** | {g['figures']} |" for g in payload["goals"]]
@@ -540,5 +549,28 @@ def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) ->
     if plot_list:
         lines += ["", "## Plots", ""]
         lines += [f"![{Path(p).stem}](img/{Path(p).name})" for p in plot_list]
+    return lines
+
+
+def render_markdown(payload: Mapping[str, Any], *, plots: Iterable[str] = ()) -> str:
+    """The text of ``docs/BENCHMARKS.md`` for a sweep payload (see ``scripts/benchmark.py``)."""
+    rows = payload["rows"]
+    lines, part_lines = _markdown_header(payload)
+    plot_list = list(plots)
+    points = curve_points(rows)
+    membership = payload.get("membership") or []
+    scope = payload.get("scope") or []
+    pairs = distributed_pairs(rows)
+    if points or membership:
+        lines += ["", "## Goals", "", "| goal | verdict | figures |", "|---|---|---|"]
+        lines += [f"| {g['goal']} | **{quick_verdict(payload, g['verdict'])}** | {g['figures']} |"
+                  for g in curve_goals(points, membership) + ([distributed_goal(pairs)] if pairs else [])]
+    headline, plot_list = _markdown_headline(points, plot_list)
+    lines += headline
+    lines += part_lines
+    if scope:
+        lines += ["", "## What was run and what was not", ""] + [f"- {n}" for n in scope]
+    lines += _markdown_sections(rows, payload, pairs, points, membership)
+    lines += _markdown_tail(payload, rows, plot_list)
     lines.append("")
     return "\n".join(lines)

@@ -841,7 +841,7 @@ def print_summary(payload: dict[str, Any]) -> None:
         console.print(f"[bold]{g['verdict']:>12}[/bold]  {g['goal']}: {g['figures']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sweep, <= 5 minutes on 2 cores")
     parser.add_argument("--budget", action="store_true",
@@ -881,6 +881,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for BENCHMARKS.md, img/ and the JSON copy (default: docs/ for "
                              f"the full sweep, {QUICK_OUT.relative_to(REPO)}/ for --quick)")
+    return parser
+
+
+def _run_sweep(args: argparse.Namespace, setup_specs: list[Any] | None, given: list[str],
+               res: Path | None) -> dict[str, Any]:
+    """Run the sweep the arguments name (a killed sweep leaves its rows in partial.json)."""
+    t0 = time.perf_counter()
+    specs = (setup_specs if setup_specs is not None else
+             fashion_budget_sweep(rounds=args.rounds) if args.budget else
+             build_sweep(quick=args.quick, rounds=args.rounds))
+    if args.only:
+        keys = [k for k in args.only.split(",") if k]
+        specs = [s for s in specs if any(k in s.key() for k in keys)]
+    command = " ".join(["python scripts/benchmark.py", *(shlex.quote(a) for a in given)])
+    partial = None if res is None else res / "partial.json"
+    done: list[dict[str, Any]] = []
+
+    def save_partial(row: dict[str, Any]) -> None:  # a killed sweep leaves its finished rows
+        done.append(row)
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"command": command, "budget": args.budget, "rows": done},
+                                          indent=1, default=str))
+
+    with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
+        rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout,
+                         single_thread=not args.native_threads, on_row=save_partial,
+                         keep_dir=args.keep_models)
+    if partial is not None and partial.exists():
+        partial.unlink()
+    runtime = time.perf_counter() - t0
+    sweep = (f"setup {args.setup}" if args.setup else "budget" if args.budget else
+             "quick" if args.quick else "full")
+    payload = build_payload(rows, sweep=sweep, command=command, runtime=runtime,
+                            notes=setup_notes(args.setup, specs) if args.setup else
+                            BUDGET_NOTES if args.budget else
+                            sweep_notes(specs, quick=args.quick, native_threads=args.native_threads))
+    if args.budget:
+        payload["scope"] = BUDGET_SCOPE
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 2:
         print("error: --rounds must be >= 2 (the first round is start-up)", file=sys.stderr)
@@ -909,40 +953,8 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(payload)
         return 0
 
-    t0 = time.perf_counter()
-    specs = (setup_specs if setup_specs is not None else
-             fashion_budget_sweep(rounds=args.rounds) if args.budget else
-             build_sweep(quick=args.quick, rounds=args.rounds))
-    if args.only:
-        keys = [k for k in args.only.split(",") if k]
-        specs = [s for s in specs if any(k in s.key() for k in keys)]
     given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python scripts/benchmark.py", *(shlex.quote(a) for a in given)])
-    partial = None if res is None else res / "partial.json"
-    done: list[dict[str, Any]] = []
-
-    def save_partial(row: dict[str, Any]) -> None:  # a killed sweep leaves its finished rows
-        done.append(row)
-        if partial is not None:
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps({"command": command, "budget": args.budget, "rows": done},
-                                          indent=1, default=str))
-
-    with tempfile.TemporaryDirectory(prefix="fedprivacy-bench-logs-") as logs:
-        rows = run_sweep(specs, log_dir=Path(logs), timeout=args.timeout,
-                         single_thread=not args.native_threads, on_row=save_partial,
-                         keep_dir=args.keep_models)
-    if partial is not None and partial.exists():
-        partial.unlink()
-    runtime = time.perf_counter() - t0
-    sweep = (f"setup {args.setup}" if args.setup else "budget" if args.budget else
-             "quick" if args.quick else "full")
-    payload = build_payload(rows, sweep=sweep, command=command, runtime=runtime,
-                            notes=setup_notes(args.setup, specs) if args.setup else
-                            BUDGET_NOTES if args.budget else
-                            sweep_notes(specs, quick=args.quick, native_threads=args.native_threads))
-    if args.budget:
-        payload["scope"] = BUDGET_SCOPE
+    payload = _run_sweep(args, setup_specs, given, res)
     write_outputs(payload, json_path=args.json, md_path=md, img_dir=img, results_dir=res)
     print_summary(payload)
     return 0

@@ -12,14 +12,6 @@ MAX_LINES = 60
 MAX_MODULE_LINES = 600
 FUNCTION_ROOTS = ("fedprivacy", "server", "clients", "scripts", "fedprivacy_bench")
 MODULE_ROOTS = ("fedprivacy", "server", "clients")
-# Over the limit and being split along their seams now. An entry that is no longer over the limit
-# fails the test, so the lists only shrink; nothing new may join them.
-PENDING: frozenset[str] = frozenset({
-    "scripts/benchmark.py::main",
-    "fedprivacy_bench/flower_baselines/run.py::run_flower_baseline",
-    "fedprivacy_bench/report.py::make_plots", "fedprivacy_bench/report.py::render_markdown",
-})
-PENDING_MODULES: frozenset[str] = frozenset()
 
 
 def _length(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -48,18 +40,12 @@ def _long_functions() -> dict[str, int]:
 
 def test_no_function_is_longer_than_60_lines() -> None:
     long = _long_functions()
-    new = {k: v for k, v in long.items() if k not in PENDING}
-    assert new == {}, f"functions over {MAX_LINES} lines (split them): {new}"
-    mended = sorted(set(PENDING) - set(long))
-    assert mended == [], f"now within the limit, remove from PENDING: {mended}"
+    assert long == {}, f"functions over {MAX_LINES} lines (split them): {long}"
 
 
 def test_no_module_is_longer_than_600_lines() -> None:
     long = {rel: text.count("\n") for rel, text in _sources(MODULE_ROOTS) if text.count("\n") > MAX_MODULE_LINES}
-    new = {k: v for k, v in long.items() if k not in PENDING_MODULES}
-    assert new == {}, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {new}"
-    mended = sorted(PENDING_MODULES - set(long))
-    assert mended == [], f"now within the limit, remove from PENDING_MODULES: {mended}"
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {long}"
 
 
 def test_the_length_rule_counts_what_it_says() -> None:

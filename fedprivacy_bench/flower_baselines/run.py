@@ -46,19 +46,31 @@ def fedprivacy_epsilons(spec: BenchSpec, releases: int) -> dict[str, float | Non
             for adj, rel in (("zero-out", "add-remove"), ("replace-one", "replace-one"))}
 
 
-def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
-    """Run ``spec`` (framework ``flower``) with ``flwr.simulation.run_simulation`` on Ray."""
+_EPSILON_NOTES = {
+    "central": ("Flower RdpAccountant (no amplification by sampling, the only mode it accepts; "
+                "its figure holds under zero-out adjacency: server/flower_accountant.py)"),
+    "secagg+central": ("Flower RdpAccountant applied to the same sigma/rounds (no amplification); "
+                       "Flower has no accountant on the SecAgg+ path"),
+}
+
+
+def _check_flower_spec(spec: BenchSpec) -> None:
     if spec.framework != "flower":
         raise ValueError(f"framework must be 'flower', got {spec.framework!r}")
     if spec.mode not in FLOWER_MODES:
         raise ValueError(f"Flower baselines run modes {FLOWER_MODES}, got {spec.mode!r}")
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     if spec.engine not in ("ray", "inprocess"):
         raise ValueError(f"engine must be 'ray' or 'inprocess' for Flower rows, got {spec.engine!r}")
     if spec.server_optimizer != "fedavg":
         # the apps run Flower's FedAvg; Flower's DP wrappers noise what a server optimizer returns
         # (after its step), which is not the setup's algorithm (docs/DESIGN.md)
         raise ValueError(f"server_optimizer must be 'fedavg' for Flower rows, got {spec.server_optimizer!r}")
+
+
+def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
+    """Run ``spec`` (framework ``flower``) with ``flwr.simulation.run_simulation`` on Ray."""
+    _check_flower_spec(spec)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if spec.mode == "secagg+central":
         from fedprivacy_bench.flower_baselines import secaggplus as apps
@@ -91,13 +103,7 @@ def run_flower_baseline(spec: BenchSpec) -> dict[str, Any]:
         recorder.notes.append(f"rounds without an aggregate: {recorder.failed_rounds}")
     eps = recorder.epsilon[-1] if recorder.epsilon else None
     note = "; ".join(recorder.notes)
-    eps_note = "no privacy"
-    if spec.mode == "central":
-        eps_note = ("Flower RdpAccountant (no amplification by sampling, the only mode it accepts; "
-                    "its figure holds under zero-out adjacency: server/flower_accountant.py)")
-    elif spec.mode == "secagg+central":
-        eps_note = ("Flower RdpAccountant applied to the same sigma/rounds (no amplification); "
-                    "Flower has no accountant on the SecAgg+ path")
+    eps_note = _EPSILON_NOTES.get(spec.mode, "no privacy")
     return make_record(
         spec,
         params=recorder.params,
