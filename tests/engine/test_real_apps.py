@@ -61,6 +61,24 @@ def _rows(results_path: Path | str | None) -> list[dict[str, Any]]:
     return [{k: {**r, **counts.get(r["round"], {})}.get(k) for k in _COMPARED} for r in rows]
 
 
+# Batched local training (fedprivacy.ml.batched) groups the clients a worker holds into one computation, and
+# a batched matmul sums in another order than one client's: the losses then agree up to float rounding,
+# not bit for bit. Everything else (counts, accuracy, ε, δ) must be identical.
+_ROUNDED = ("train_loss", "test_loss")
+
+
+def _same(left: list[dict[str, Any]], right: list[dict[str, Any]]) -> bool:
+    if len(left) != len(right):
+        return False
+    for a, b in zip(left, right, strict=True):
+        exact = {k: v for k, v in a.items() if k not in _ROUNDED}
+        if exact != {k: v for k, v in b.items() if k not in _ROUNDED}:
+            return False
+        if any(a[k] != pytest.approx(b[k], rel=1e-6) for k in _ROUNDED):
+            return False
+    return True
+
+
 def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) -> None:
     one = run_inprocess(
         run_config=_config(tmp_path, "w1"), num_supernodes=5, workers=1, app_dir=REPO_DIR
@@ -73,7 +91,7 @@ def test_two_rounds_five_clients_same_with_one_or_two_workers(tmp_path: Path) ->
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["clients_sampled"] == 5 and r["clients_aggregated"] == 5 for r in rows)
     assert 0 < rows[0]["epsilon"] < rows[1]["epsilon"]
-    assert rows == _rows(two.results_path)
+    assert _same(rows, _rows(two.results_path))
     # one partition query per node, then 5 train messages per round
     assert one.stats.by_type.get("query") == 5 and one.stats.by_type.get("train") == 10
     # the engine freezes the collector's old objects only while a run lasts (also for the forked pool)
@@ -92,7 +110,7 @@ def test_distributed_secure_round_same_with_one_or_two_workers(tmp_path: Path) -
     # Assert: the same released sums (accuracy, loss) and ε, every stage delivered to all 8 nodes
     rows = _rows(one.results_path)
     assert [r["round"] for r in rows] == [1, 2] and 0 < rows[0]["epsilon"] < rows[1]["epsilon"]
-    assert rows == _rows(two.results_path)
+    assert _same(rows, _rows(two.results_path))
     assert one.stats.by_type == two.stats.by_type
     assert two.stats.by_type["train.secagg_masked"] == 16 and two.stats.errors == 0
 
@@ -130,7 +148,7 @@ def test_discovery_asks_again_the_nodes_whose_query_reply_was_lost(tmp_path: Pat
     assert lossy.stats.dropped == 2 and lossy.stats.by_type.get("query") == 8 + 2
     (row,) = _rows(lossy.results_path)
     assert (row["clients_sampled"], row["clients_aggregated"]) == (8, 8)
-    assert _rows(lossy.results_path) == _rows(clean.results_path)
+    assert _same(_rows(lossy.results_path), _rows(clean.results_path))
 
 
 def test_discovery_gives_up_after_its_attempts_and_names_what_is_missing(tmp_path: Path) -> None:
@@ -175,7 +193,7 @@ def test_inprocess_equals_flwr_run_on_ray(tmp_path: Path) -> None:
 
     assert ray.exit_code == 0, (ray.status, ray.output)  # flwr run returns 0 when the ServerApp fails
     ray_rows = _rows(tmp_path / "ray" / "results.json")
-    assert ray_rows == _rows(inproc.results_path)
+    assert _same(ray_rows, _rows(inproc.results_path))
 
 
 @pytest.mark.slow
@@ -196,7 +214,7 @@ def test_ray_simulation_gives_the_clients_the_floor_of_the_run(tmp_path: Path) -
     assert data["status"] == "completed", data.get("stopped")
     inproc = run_inprocess(run_config=_config(tmp_path, "inproc", privacy="none"), num_supernodes=4,
                            app_dir=REPO_DIR)
-    assert _rows(tmp_path / "ray-sim" / "results.json") == _rows(inproc.results_path)
+    assert _same(_rows(tmp_path / "ray-sim" / "results.json"), _rows(inproc.results_path))
 
 
 def test_secagg_dropout_at_the_masked_input_stage(tmp_path: Path) -> None:

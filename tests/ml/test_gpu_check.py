@@ -57,6 +57,6 @@ def test_a_device_that_trains_differently_fails_the_check(monkeypatch: pytest.Mo
 
 def test_bad_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert _script().main(["--device", "gpu"]) == 2
-    assert capsys.readouterr().err.strip() == "gpu_check: device must be one of cpu, cuda, auto; got 'gpu'"
+    assert capsys.readouterr().err.strip() == "gpu_check: device must be one of auto, cpu, cuda, mps; got 'gpu'"
     if not torch.cuda.is_available():
         assert _script().main(["--device", "cuda"]) == 2
