@@ -11,23 +11,22 @@ false-negative rate FNR satisfies ``FPR + e^eps FNR >= 1 - delta`` and ``FNR + e
 where ``FPR_hi``/``FNR_hi`` are one-sided Clopper-Pearson upper confidence bounds (Jagielski, Ullman &
 Oprea 2020, "Auditing Differentially Private Machine Learning", Sec. 3; Nasr et al. 2021, "Adversary
 Instantiation", Sec. 4.2). The two bounds share the confidence budget (union bound), and a search over
-several thresholds is paid for with a Bonferroni correction, so the stated confidence holds for the
-reported maximum.
+several thresholds is paid for with a Bonferroni correction (:func:`epsilon_lower_from_scores`; the
+audits choose the threshold on half of the trials and certify it on the other half), so the stated
+confidence holds for the reported maximum.
 
 The one-run audit (Steinke, Nasr & Jagielski 2023, "Privacy Auditing with One (1) Training Run",
 Thm. 3.1 and the (eps, delta) bound of their Sec. 5 / Algorithm 2) inserts m canaries, each
 independently with probability 1/2, runs the mechanism once, and lets the auditor guess r of the
-inclusion bits. If v guesses are right, an (eps, delta)-DP mechanism gives
-
-    P[W >= v] <= P[Binomial(r, q) >= v] + 2 m delta * max_{1<=i<=v} P[v - i <= Binomial(r, q) < v] / i,
-    q = e^eps / (1 + e^eps),
-
-and eps_lower is the largest eps whose p-value is below 1 - confidence.
+inclusion bits; eps_lower is the largest eps whose p-value for v right guesses
+(:func:`one_run_p_value`) is below 1 - confidence.
 
 Targets: the Gaussian mechanism alone (white-box worst case: the canary moves the output by exactly the
 sensitivity), and the DP-FedAvg aggregation with a canary client whose update is a fixed vector of norm
 ``clip_norm`` (test statistic: projection of the noisy aggregate on the canary's direction). An
 ``epsilon_lower`` above the claimed epsilon at the stated confidence is evidence that the claim is false.
+
+Rationale: docs/ATTACKS.md, section "The bounds the audit uses".
 """
 
 from __future__ import annotations

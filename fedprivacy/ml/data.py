@@ -4,16 +4,16 @@ Every data set returns ``(train, test)``: two :class:`Split` objects. The test s
 *server* keeps for evaluation; clients only ever see partitions of ``train`` (see
 :mod:`fedprivacy.ml.partition`).
 
-Canonical stored shapes: images are ``(N, C, H, W)`` float32 in ``[0, 1]`` (digits: ``(N, 1, 8, 8)``,
-Fashion-MNIST ``(N, 1, 28, 28)``); vector data is ``(N, D)`` float32 (synthetic: ``(N, 60)``). Labels are
-int64 in ``[0, num_classes)``. Models reshape as they need (the MLP flattens). ``num_classes`` and the
-input shape of a model come from the split (:attr:`Split.num_classes`, :attr:`Split.feature_shape`).
+Stored shapes: images ``(N, C, H, W)`` float32 in ``[0, 1]``, vector data ``(N, D)`` float32, labels int64
+in ``[0, num_classes)``; models reshape as they need. ``num_classes`` and the input shape of a model come
+from the split (:attr:`Split.num_classes`, :attr:`Split.feature_shape`).
 
 **The registry.** A data set is one module in :mod:`fedprivacy.ml.datasets` (or anywhere else) with a
-loader decorated by :func:`register_dataset`::
+loader decorated by :func:`register_dataset`; its options are a frozen, hashable dataclass (it may have
+no fields)::
 
     @dataclass(frozen=True, slots=True, kw_only=True)
-    class MyOptions:        # the data set's own options, frozen and hashable (may have no fields)
+    class MyOptions:
         data_dir: str = field(default="", metadata={"config_key": "data-dir"})
 
     @register_dataset("my-data", options=MyOptions)
@@ -22,12 +22,11 @@ loader decorated by :func:`register_dataset`::
 
 ``metadata["config_key"]`` names the run-config key an option is read from
 (:meth:`DatasetEntry.options_from`). Every lookup first imports all modules of
-:mod:`fedprivacy.ml.datasets` (once), so the built-in data sets are there whatever was imported before;
-registration never depends on import order.
+:mod:`fedprivacy.ml.datasets` (once), so registration never depends on import order.
 
-Randomness here is *data generation and splitting*, not privacy noise: loaders use numpy's
-``Generator(PCG64(seed))`` seeded explicitly, never numpy's global RNG, so every process of a simulation
-derives the same data from the same seed. Nothing in this module needs to be secret.
+Randomness here is *data generation and splitting*, not privacy noise: loaders use an explicitly seeded
+``Generator(PCG64(seed))``, never numpy's global RNG. Nothing in this module needs to be secret.
+Rationale: docs/CONFIGURATION.md, section "Shapes, seeds and partitions".
 """
 
 from __future__ import annotations

@@ -3,17 +3,14 @@
 Partitioners (``partitioner=``):
 
 * ``"iid"``: the training indices are permuted with the seed, then split into ``num_partitions``
-  contiguous, near-equal shards (``flwr_datasets.partitioner.IidPartitioner``). Works for any
-  ``num_partitions <= len(train)``; e.g. 1000 partitions of digits' 1437 training examples give
-  partitions of 1 or 2 examples.
+  contiguous, near-equal shards (``flwr_datasets.partitioner.IidPartitioner``); any
+  ``num_partitions <= len(train)`` works.
 * ``"dirichlet"``: per class, proportions ~ Dirichlet(alpha) across partitions (Hsu et al. 2019,
   "Measuring the Effects of Non-Identical Data Distribution"), via ``DirichletPartitioner`` with
   ``self_balancing=False``. Every partition gets at least ``min_partition_size`` examples (default 1:
   a client with no data cannot train); flwr-datasets resamples up to 10 times and then raises.
 * ``"pathological"``: each partition holds examples of ``classes_per_partition`` classes
-  (McMahan et al. 2017's non-IID split), via ``PathologicalPartitioner``. Class assignment is
-  ``"first-deterministic"`` (partition i gets class ``i mod C`` plus random others) when
-  ``num_partitions >= C`` and ``"deterministic"`` otherwise, so that every class is used.
+  (McMahan et al. 2017's non-IID split), via ``PathologicalPartitioner``; every class is used.
 * ``"natural"``: the data set's own clients (``Split.groups``, e.g. Synthetic's client k is partition
   k); ``num_partitions`` must equal the number of groups. :func:`load_partition` always uses it for
   ``"synthetic"`` (see :class:`DataSpec`).
@@ -22,12 +19,11 @@ Every training index lands in exactly one partition; a configuration that would 
 or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
 splitting, not privacy noise) and cached per process: a simulation asks for partition i many times.
 
-It is also cached on disk (:mod:`fedprivacy.ml.diskcache`), so that the next run and every
-worker process skip the partitioning (and, for the non-IID partitioners, flwr-datasets' import).
-The key hashes everything the result depends on: the :class:`DataSpec` fields, ``num_partitions``,
-the training labels (and groups) actually loaded, numpy's and flwr-datasets' versions and the file
-format. An entry is used only when its indices are a valid partition of the training split; anything
-else is recomputed and rewritten. Only indices are stored, never data.
+It is also cached on disk (:mod:`fedprivacy.ml.diskcache`), keyed by a hash of everything the result
+depends on; an entry is used only when its indices are a valid partition of the training split, else
+it is recomputed and rewritten. Only indices are stored, never data.
+
+Rationale: docs/CONFIGURATION.md, section "Shapes, seeds and partitions".
 """
 
 from __future__ import annotations

@@ -16,13 +16,11 @@ Kairouz, Liu & Steinke 2021 (ICML), Algorithm 1 "DDGauss", per client:
    add at least ``sigma^2`` (``n/t_min`` times it when all ``n`` survive);
 6. reduce mod ``2^b`` (modular clipping) and hand the residues to secure aggregation.
 
-Adaptive clipping (``count_scale = k_b > 0``; Andrew et al. 2021 in distributed DP): between steps 4 and
-5 the client appends one integer coordinate ``k_b (2b - 1)``, its centred bit ``b = 1[||x|| < C]``
-(:data:`fedprivacy.dp.adaptive_clipping.UNCLIPPED_TOLERANCE`), not rotated, and noised in step 5 like
-every other coordinate. The vector has ``m + 1`` coordinates; one client moves it by at most
-``hypot(Delta_2, k_b)`` in L2, which is the sensitivity :meth:`DistributedDPConfig.release` accounts
-(the zCDP of the two blocks composed: ``(Delta_2^2 + k_b^2)/(2V)``, Canonne, Kamath & Steinke 2020,
-Thm 14; Bun & Steinke 2016, Lemma 2.3). The server reads the noised count with :func:`decode_count`.
+Adaptive clipping (``count_scale = k_b > 0``; Andrew et al. 2021): between steps 4 and 5 the client
+appends one integer coordinate ``k_b (2b - 1)`` for its bit ``b = 1[||x|| < C]``, not rotated and noised
+in step 5; one client moves the ``m + 1`` coordinates by at most ``hypot(Delta_2, k_b)`` in L2, the
+sensitivity :meth:`DistributedDPConfig.release` accounts. The server reads the count with
+:func:`decode_count`. Rationale: docs/DISTRIBUTED_DP.md, section "Adaptive clipping".
 
 The server unmasks the sum mod ``2^b``, lifts it to ``[-2^(b-1), 2^(b-1))``, rotates back and divides
 by ``s``. It never sees a sum without the clients' noise. The privacy of a completed round is
