@@ -19,22 +19,12 @@ Decisions recorded here (see README "Configuration"):
 * ``privacy = "none"`` still clips updates to ``clip-norm`` (the modes share one code path and differ only
   in where the noise is added); ``clip-norm = 0`` disables clipping and is only allowed without DP.
 
-Typed sections and one source of defaults
------------------------------------------
-The keys fall into typed frozen sections: :class:`DataConfig`, :class:`ModelConfig`, :class:`TrainConfig`,
-:class:`PrivacyConfig`, :class:`ServerOptConfig`, :class:`SecAggConfig`, :class:`RunOptions`. A section
-holds its keys' library defaults and checks each of its keys alone (choices against the registries:
-data sets, models, privacy modes, accountants, partitioners, server optimizers). :class:`RunConfig` is the
-flat view every run reads (``cfg.clip_norm``): it inherits every section's fields and defaults (a new key
-is one line in its section), builds every section when it is created (so every per-key check runs) and
-then checks the rules that span keys, the privacy mode's own among them (``PrivacyMode.check``). ``cfg.sections`` gives the typed sections, :meth:`RunConfig.from_sections`
-builds a config from them.
-
-Every default is written once. The data section takes its defaults from the data layer
-(:class:`fedprivacy.ml.partition.DataSpec`, and each data set's registered options class for its own keys
-such as ``synthetic-alpha``); every other section holds its literals here. ``pyproject.toml
-[tool.flwr.app.config]`` is the user-facing copy for ``flwr run``; it equals the library's defaults except
-for :data:`APP_DEFAULTS` (the one documented difference, pinned by ``tests/test_config.py``).
+The keys fall into typed frozen sections (:class:`DataConfig`, :class:`ModelConfig`, :class:`TrainConfig`,
+:class:`PrivacyConfig`, :class:`ServerOptConfig`, :class:`SecAggConfig`, :class:`RunOptions`), each holding
+its keys' defaults and per-key checks; :class:`RunConfig` is the flat view every run reads
+(``cfg.clip_norm``), builds every section when it is created and then checks the rules that span keys.
+Every default is written once; ``pyproject.toml`` equals the library's defaults except for
+:data:`APP_DEFAULTS`. Rationale: docs/DESIGN.md, section "The run config (`fedprivacy/config.py`)".
 """
 
 from __future__ import annotations

@@ -28,17 +28,13 @@ _PATHS = re.compile("|".join(("/" + "work/", "/" + "tmp/ci", "/" + "home/")))
 MAX_MODULE_DOCSTRING_LINES = 30
 #: modules whose docstring is still longer (each owner moves the rationale to docs/ and removes its line)
 DOCSTRING_PENDING = frozenset({
-    "fedprivacy/accounting/adversary.py",
     "fedprivacy/accounting/completion.py",
-    "fedprivacy/attacks/released.py",
-    "fedprivacy/config.py",
     "fedprivacy/fl/client_budget.py",
     "fedprivacy/fl/client_policy.py",
     "fedprivacy/fl/secure/server.py",
     "fedprivacy/secagg/graph.py",
     "fedprivacy/secagg/shamir.py",
     "scripts/secagg_bench.py",
-    "server/engine/grid.py",
     "server/flower_accountant.py",
 })
 

@@ -13,24 +13,18 @@ accounting of subsampled mechanisms under composition"):
 * ``add``: every other unit contributes what the replaced unit does: the same pair, reversed.
 
 Accounting the two directions separately and taking the larger epsilon at the end assumes the
-adversary sticks to one orientation. This module computes what an adversary that switches achieves.
+adversary sticks to one orientation. This module computes what an adversary that switches achieves:
+a dynamic programme over the running privacy loss (a sufficient statistic; Bellman), each round's
+loss rounded *down* to a grid of width ``grid`` with its distribution computed exactly from the normal
+or Laplace CDF (scipy; no dp-accounting code).
 
-How. The privacy loss ``L = log p_D(y_1..t) / p_D'(y_1..t)`` is a sufficient statistic, so the optimal
-adaptive adversary against the hockey-stick divergence at ``epsilon`` is a dynamic programme over
-``L``: ``V_T(L) = (1 - e^(epsilon - L))_+`` and ``V_t(L) = max over orientations o of
-E_{D, o}[V_{t+1}(L + l_o(y))]``; its delta is ``V_0(0)`` (Bellman; the expectation is under D, where
-``E_D[(1 - e^(epsilon - L))_+]`` is the hockey-stick divergence of the joint outputs).
+Guarantee (rigorous up to float rounding): the value is the delta of a real adaptive adversary or
+less, so if ``adaptive_delta(...) > delta``, no accountant may print an epsilon at or below that
+``epsilon`` for ``delta``. The adversary is not claimed optimal over *all* strategies (it uses two
+orientations), so the true epsilon lies between ``adaptive_epsilon`` and a valid upper bound such as
+the "pld" backend's.
 
-Why the result is a lower bound (rigorous up to float rounding). Each round's loss is rounded *down*
-to a grid of width ``grid`` and its distribution computed exactly from the normal or Laplace CDF
-(scipy; no dp-accounting code). The strategy "choose by the rounded-down running loss" is a real
-adaptive adversary, its rounded loss never exceeds its true loss, and ``(1 - e^(epsilon - L))_+`` is
-increasing in L, so the programme's value never exceeds that adversary's true delta. Mass cut off at
-the ends of the grids is dropped, which can only lower the value. Hence if ``adaptive_delta(...) >
-delta``, no accountant may print an epsilon at or below that ``epsilon`` for ``delta``.
-
-The adversary is not claimed optimal over *all* strategies (it uses two orientations), so the true
-epsilon lies between ``adaptive_epsilon`` and a valid upper bound such as the "pld" backend's.
+Rationale: docs/PRIVACY.md, section "The explicit adaptive adversary".
 """
 
 from __future__ import annotations

@@ -14,26 +14,19 @@ Attacks (scores: higher = more likely a member):
 - ``calibrated-loss``: difficulty calibration (Watson, Guo, Cormode & Sablayrolles 2022, ICLR, Eq. 1):
   ``-(loss(target, x) - mean_r loss(ref_r, x))`` with reference models that did *not* train on x.
 - ``calibrated-phi``: the same on LiRA's logit-scaled confidence ``phi = log p_y / (1 - p_y)``
-  (Carlini et al. 2022, Sec. IV-B): ``phi(target, x) - mean_r phi(ref_r, x)``; with one global variance
-  this ranks exactly like offline LiRA's one-sided Gaussian test (Sec. VI-C). It is **not LiRA**: LiRA's
-  references are shadow *federations* trained like the target (same recipe, random halves of the data),
-  here they are centrally trained models (below), which is what this machine affords.
-- ``reference-only``: ``-mean_r loss(ref_r, x)``, the target model not used at all: the references never
-  saw any candidate, so whatever this "attack" finds is a difference between the member and the
-  non-member *populations*, not membership. It is the floor the loss attack must be read against: on
-  Fashion-MNIST the official test images are slightly harder than the training images for a model that
-  saw neither (measured in docs/ATTACKS.md), so the loss attack's AUC is above 1/2 even with no
-  membership signal, and more so at user level, where a client's 20 examples are averaged.
+  (Carlini et al. 2022, Sec. IV-B): ``phi(target, x) - mean_r phi(ref_r, x)``. It is **not LiRA**: its
+  references are centrally trained models, not shadow federations trained like the target.
+- ``reference-only``: ``-mean_r loss(ref_r, x)`` without the target: a difference of the member and
+  non-member *populations*, not membership; the floor the loss attack must be read against.
 
-Reference models (the calibrated attacks, :func:`reference_statistics`): the training and the test
-images are each split in two seeded halves; references trained centrally on training images of one half
-score the examples of the other half, for which they are OUT. Every candidate, member or not, is thus
-calibrated by the same number of references that never saw it, so members and non-members are treated
-alike and the FPR measured on the non-members is the attack's: the calibration is sound whatever the
-references' recipe; a recipe closer to the target's (federated, DP) would only make it stronger.
+Reference models (:func:`reference_statistics`): references trained centrally on one seeded half of
+the training images score the other half, for which they are OUT, and likewise for the test images, so
+every candidate, member or not, is calibrated by the same number of references that never saw it and
+the FPR measured on the non-members is the attack's, whatever the references' recipe.
 
 User level: a client's score is the mean of its examples' scores (all of a client's examples share its
 membership; under user-level DP the client is the unit of privacy; McMahan et al. 2018).
+Rationale: docs/ATTACKS.md, section "The accuracy-ε curve's own models (Fashion-MNIST)".
 """
 
 from __future__ import annotations

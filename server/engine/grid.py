@@ -8,21 +8,12 @@ Flower's Simulation Engine would build: the node's random 64-bit ``node_id``,
 the fused ``run_config``. There is no SuperLink, no polling and no Ray: a
 ``send_and_receive`` costs what the clients compute.
 
-What the ServerApp sees is what Flower's in-memory simulation gives it (compare
-``flwr/superlink/grid/inmemory_grid.py``, ``flwr/server/superlink/linkstate`` and
-``flwr/server/superlink/fleet/vce/vce_api.py``):
-
-- instruction Messages get a ``uuid4`` message id on push; invalid ones (bad metadata,
-  unknown destination node) are refused with an ERROR log and get no id;
-- replies are built by the ClientApp with ``Message(content, reply_to=msg)``, so
-  ``reply_to_message_id``, ``group_id``, ``message_type``, src/dst node ids and the
-  TTL follow Flower's own rules; the engine gives them a ``uuid4`` id and stamps
-  ``delivered_at`` when the ServerApp receives them;
-- a ClientApp exception becomes an Error reply with ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``
-  and Flower's reason format; expired instructions or replies become Flower's
-  ``MESSAGE_UNAVAILABLE`` / ``REPLY_MESSAGE_UNAVAILABLE`` errors;
-- ``send_and_receive(timeout=T)`` returns the replies that arrived within T seconds;
-  clients not yet run when T passes run later and their replies can be pulled.
+What the ServerApp sees is what Flower's in-memory simulation (flwr 1.42) gives it: ``uuid4``
+message ids on push and invalid instructions refused with an ERROR log; replies built by the
+ClientApp with ``Message(content, reply_to=msg)``, so their metadata follow Flower's own rules; an
+Error reply with Flower's code and reason for a ClientApp exception or an expired message; and
+``send_and_receive(timeout=T)`` returning the replies that arrived within T seconds (clients not yet
+run then run later, and their replies can be pulled).
 
 Deliberate differences: time is virtual for injected delays and drops (nothing sleeps
 unless ``FaultPlan.real_time``); with ``timeout=None`` a dropped client's missing reply
@@ -30,7 +21,7 @@ is logged and ``send_and_receive`` returns instead of waiting forever; replies c
 in the order the instructions were pushed.
 
 Fault injection: see :mod:`server.engine.faults`. Every private Flower API used here is imported
-from :mod:`server.engine._flwr_private`.
+from :mod:`server.engine._flwr_private`. Rationale: docs/ENGINE.md, section "The in-process engine".
 """
 
 from __future__ import annotations
