@@ -8,7 +8,9 @@
 * turns off runtime dependency installation (everything is in the venv) and telemetry;
 * picks free ports for the local SuperLink, so parallel runs never talk to each other's SuperLink;
 * runs ``flwr run <app> --federation-config "num-supernodes=N ..." --stream`` (without ``--stream``
-  ``flwr run`` returns as soon as the run is submitted);
+  ``flwr run`` returns as soon as the run is submitted), forwarding its output line by line without
+  Flower's "default simulated SuperNodes changed" warning, which it logs even though N is given
+  (:mod:`server.engine.flwr_output`);
 * afterwards stops what *this* run started and nothing else: the detached ``flower-superlink`` whose
   command line or environment names this ``FLWR_HOME``, its descendants, and the Flower/Ray processes
   that inherited this ``FLWR_HOME`` (Ray re-parents its actors to init). Processes of other users or
@@ -28,7 +30,6 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +44,8 @@ from fedprivacy.exit_codes import STATUS_ENV, ExitCode, read_status
 from fedprivacy.fl.client_policy import ENV_VAR
 from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
 from server.engine.appspec import app_root, load_app_spec, parse_overrides
-from server.engine.processes import Watchdog, die_with_parent, stop_processes, stop_started_by
+from server.engine.flwr_output import run_forwarding
+from server.engine.processes import Watchdog, stop_processes, stop_started_by
 from server.engine.run import forget_run_memory, make_run, server_context
 
 __all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr", "status_path",
@@ -224,7 +226,8 @@ def run_flwr(  # pylint: disable=too-many-arguments
         federation_config: further ``--federation-config`` entries.
         flwr_home: the private ``FLWR_HOME`` (default: a fresh temporary folder, removed afterwards).
         timeout: seconds before ``flwr run`` is given up (then its processes are stopped too).
-        capture: collect stdout and stderr (merged) into ``output`` instead of printing them.
+        capture: collect stdout and stderr (merged) into ``output`` instead of printing them. Either way
+            the local simulation's output comes without Flower's default-SuperNodes warning.
         echo: print the command before running it.
         connection: a SuperLink connection named in ``flwr_home``'s ``config.toml`` (the Deployment
             Engine, see ``scripts/deployment_local.py``) instead of the local simulation.
@@ -240,7 +243,6 @@ def run_flwr(  # pylint: disable=too-many-arguments
     if echo:
         print("$ " + shlex.join(cmd), flush=True)
     start = time.monotonic()
-    pipe = subprocess.PIPE if capture else None
     env = {**flwr_env(home), STATUS_ENV: str(status_file)}
     if not sys.stdout.isatty():  # the ServerApp's lines reach this stdout: no colour codes in a pipe/file
         env.setdefault("NO_COLOR", "1")
@@ -248,20 +250,11 @@ def run_flwr(  # pylint: disable=too-many-arguments
     if policy:  # the simulation fixes node_config: the clients read their floor from the environment
         env[ENV_VAR] = json.dumps(policy)
     watchdog = Watchdog(home, remove=[home] if temporary else [])
-    output: str | None = None
-    returncode = -1
     try:
-        # Own session: a terminal's Ctrl-C reaches only this launcher, which then stops everything once.
-        proc = subprocess.Popen(cmd, env=env, cwd=app, text=True, stdout=pipe,
-                                stderr=subprocess.STDOUT if capture else None, start_new_session=True,
-                                preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl only, no locks
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        returncode = proc.returncode
+        # Flower logs its "default SuperNodes changed" warning on every simulation, whatever count it
+        # was given (flwr_output): drop it where we passed the count, not on a named connection.
+        returncode, output = run_forwarding(cmd, env=env, cwd=app, timeout=timeout, capture=capture,
+                                            drop_warning=connection is None)
     finally:
         status = read_status(status_file)
         stopped = stop_started_by(home)
