@@ -1,37 +1,30 @@
 """Secure aggregation per client against its cryptographic floor, measured primitive by primitive.
 
 Usage: ``python scripts/secagg_bench.py [--clients 100] [--dim 100000] [--neighbours 0] [--dropout 0.1]
-[--modes distributed,none] [--repeats 3] [--baseline-tree DIR] [--flower] [--json PATH]``
+[--stage masked] [--bits 32] [--modes distributed,none] [--repeats 3] [--active] [--allocator tuned]
+[--baseline-tree DIR] [--flower] [--json PATH]``
 
-**Floor**: what one client's cryptography and encoding must cost, each primitive timed
-alone at its best (min over repeats) in this run: ``k`` X25519 agreements with HKDF, 2 Shamir splits
-of ``t``-of-``(k+1)`` (the self-mask seed and the mask key), ``k`` AEAD seals of a share pair,
-``k+1`` AES-256-CTR keystream expansions of the (padded) vector into a preallocated buffer and, in
-``distributed`` mode, the Hadamard rotation (FWHT of the padded vector) and the discrete Gaussian
-(``padded_dim`` draws from the secure source). The *protocol floor* adds what the protocol cannot
-avoid beyond that list: the second set of ``k`` agreements (share sealing and masking use separate
-key pairs, Bonawitz et al. 2017), the two key-pair generations, ``k`` AEAD opens and, in
-the stochastic rounding's uniforms (one per coordinate). In ``distributed`` mode the *XNoise protocol
-floor* (``xnoise_protocol_floor``, when a run's XNoise design is given: ``secagg_round_bench.py``;
-reported beside the other two, not replacing them) swaps the floor's one
-discrete Gaussian vector for what XNoise must sample: every component a client draws (the design's
-variances, the tabulated sampler) plus, per client, the components the server regenerates when every
-client survives (the floor list names one Gaussian, XNoise draws 1 + log2-many per client).
+**Floor**: what one client's cryptography and encoding must cost, each primitive timed alone at its
+best (min over repeats) in this run: ``k`` X25519 agreements with HKDF, 2 Shamir splits of
+``t``-of-``(k+1)``, ``k`` AEAD seals, ``k+1`` AES-256-CTR keystream expansions of the (padded) vector
+and, in ``distributed`` mode, the Hadamard rotation and the discrete Gaussian. The *protocol floor*
+adds what the protocol cannot avoid beyond that list (the second set of ``k`` agreements, Bonawitz
+et al. 2017; the key-pair generations; ``k`` AEAD opens; in ``distributed`` mode the stochastic
+rounding's uniforms). The *XNoise protocol floor* (``xnoise_protocol_floor``, when a run's XNoise
+design is given) is reported beside the other two, never instead of them.
 
 **Achieved**: a whole round of the real state machines (``fedprivacy.secagg.local.run_round``) with
 every public method of ``ClientSession`` and ``ServerSession`` timed (outermost calls only), plus
-each client's real encoding (``encode_update`` / ``encode_fixed_point``); per client the sum over
-its calls, median over clients, min over ``--repeats`` rounds. The server's time is reported as a
-total and per client. Times are CPU seconds of this process (``time.process_time``: other
-processes on a shared machine inflate wall time, not this); wall times are reported beside them.
+each client's real encoding; per client the sum over its calls, median over clients, min over
+``--repeats`` rounds. The server's time is reported as a total and per client. Times are CPU seconds
+of this process (``time.process_time``: other processes on a shared machine inflate wall time, not
+this); wall times are reported beside them.
 
 ``--allocator tuned`` (the default) gives both trees' processes the glibc setting of
-:func:`fedprivacy.runtime.keep_freed_memory` through its environment variables, as the engine runs;
-``default`` leaves glibc's thresholds alone (then page faults of fresh temporaries dominate).
-
-``--baseline-tree DIR`` runs the same achieved measurement with the library of another checkout
-(e.g. main before the speed work) in a child process, in this same run. ``--flower`` adds the old
-comparison with Flower 1.42's SecAgg+ primitives (imported only here).
+:func:`fedprivacy.runtime.keep_freed_memory`, as the engine runs; ``default`` leaves glibc alone.
+``--baseline-tree DIR`` runs the same achieved measurement with the library of another checkout in a
+child process, in this same run. ``--flower`` adds Flower 1.42's SecAgg+ primitives (imported only
+here) for comparison. Rationale: docs/SECAGG.md, section "Performance (`scripts/secagg_bench.py`)".
 """
 
 from __future__ import annotations

@@ -31,10 +31,6 @@ DOCSTRING_PENDING = frozenset({
     "fedprivacy/accounting/completion.py",
     "fedprivacy/fl/client_budget.py",
     "fedprivacy/fl/client_policy.py",
-    "fedprivacy/fl/secure/server.py",
-    "fedprivacy/secagg/graph.py",
-    "fedprivacy/secagg/shamir.py",
-    "scripts/secagg_bench.py",
     "server/flower_accountant.py",
 })
 

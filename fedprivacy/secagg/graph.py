@@ -7,43 +7,26 @@ so every node has exactly ``k`` neighbours (``k`` odd with ``n`` odd is rounded 
 ``k >= n - 1`` gives the complete graph, i.e. the original protocol of Bonawitz et al. (2017, CCS).
 
 The permutation is derived from a public seed that every client recomputes from the round number and
-the full roster of advertised keys (:func:`graph_seed`), so the server cannot hand a client a
-neighbourhood of its choosing: a client refuses a neighbour list that differs from its own
-computation. (A server can still grind by excluding clients from the roster; Bell et al. assume the
-graph is random given the set of participants.)
+the full roster of advertised keys (:func:`graph_seed`); a client refuses a neighbour list that differs
+from its own computation. Assumed (as by Bell et al.): the graph is random given the set of
+participants; a server can still grind by excluding clients from the roster.
 
-Safety rules (:func:`check_safe`), with ``c`` clients colluding with the server ("colluders").
-A client u Shamir-shares its self-mask seed ``b_u`` and its masking key ``s_u`` among ``k + 1``
-holders, its ``k`` neighbours and itself, threshold ``t``.
+Rules, with ``c`` clients colluding with the server ("colluders"); a client u Shamir-shares its
+self-mask seed ``b_u`` and its masking key ``s_u`` among its ``k`` neighbours and itself, threshold ``t``:
 
-* ``k > c``: with ``k <= c`` every neighbour of a client could be a colluder, who knows every pairwise
-  mask of that client, so one self-mask seed would unmask it.
-* ``t > (k + 1 + c)/2`` (Bonawitz et al. 2017, Sec. 4, applied per neighbourhood): an honest holder
-  reveals, for a given peer and round, *either* its share of ``b_u`` (u survived) *or* its share of
-  ``s_u`` (u dropped), never both; u itself only reveals its share of ``b_u``. To unmask a live u a
-  server that lies about who dropped needs ``t`` shares of each: with ``c`` colluding neighbours
-  (who reveal everything) that is ``t - 1 - c`` honest neighbours for ``b_u`` and a disjoint
-  ``t - c`` for ``s_u`` out of ``k - c``; impossible iff ``(t - 1 - c) + (t - c) > k - c``. It implies
-  ``t > c``, so colluders alone never hold ``t`` shares. For the complete graph (``k = n - 1``) and
-  ``c = 0`` it is ``t > n/2``. The actively secure schedule (:mod:`.client_session`) no longer *needs* this
-  rule (its certified view makes every honest holder give the same kind of share for a peer), but it
-  is kept: it is what protects the semi-honest schedule, and it bounds the damage of a broken
-  signature assumption.
-* ``t <= k + 1``: reconstruction is possible.
+* :func:`check_safe`: ``k > c`` (else every neighbour of a client could be a colluder);
+  ``t > (k + 1 + c)/2`` (Bonawitz et al. 2017, Sec. 4, applied per neighbourhood: a server that lies
+  about who dropped cannot collect ``t`` shares of both ``b_u`` and ``s_u``; it implies ``t > c``; the
+  complete graph with ``c = 0`` gives ``t > n/2``); ``t <= k + 1`` (reconstruction is possible). The
+  threshold rule protects the semi-honest schedule and bounds the damage of a broken signature
+  assumption on the active one.
+* :func:`min_signers`: ``T > (n + c)/2`` signatures make two certified views of one round impossible
+  (an honest client signs at most one view).
+* :func:`is_k_connected`: the graph of the edges *really used* among the survivors must be
+  ``(c + 1)``-vertex-connected, so that the only sum over honest clients the server can learn is the
+  sum over all of them.
 
-Consistency rule (:func:`min_signers`): an honest client signs at most one view of a round, so two
-different views each signed by ``T`` members of one roster of ``n`` share at least ``2T - n`` signers,
-all of them colluders; ``T > (n + c)/2`` makes two certified views impossible.
-
-Connectivity rule (:func:`is_k_connected`). After unmasking, the server can cancel every pairwise mask
-inside a connected component of the graph of masks it cannot remove, so if that graph splits it learns
-the sum of each component separately (Bell et al. 2020; with a ring-structured Harary graph a server
-that ignores two blocks of ``k/2`` clients would learn the sum of an arc of about ``k/2 + 1``
-clients). The masks it cannot remove join honest survivors; colluders' masks are known to it. So
-clients check the graph of the edges *really used* (both ends masked with each other) among the
-survivors, and require it to be ``(c + 1)``-vertex-connected: whichever ``<= c`` survivors collude,
-the honest survivors stay connected, and the only sum over honest clients the server can learn is the
-sum over all of them.
+Rationale: docs/SECAGG.md, section "Why the rules hold".
 """
 
 from __future__ import annotations

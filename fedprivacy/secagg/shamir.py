@@ -3,41 +3,30 @@
 Shamir (1979): to share a secret ``s`` with threshold ``t`` draw ``a_1..a_{t-1}`` uniformly from GF(p)
 and hand party ``x`` the value ``f(x) = s + a_1 x + ... + a_{t-1} x^{t-1}``. Any ``t`` shares determine
 ``f`` (Lagrange interpolation) and hence ``s = f(0)``; any ``t - 1`` shares are *information-
-theoretically* independent of ``s``: for every candidate secret there is exactly one polynomial of
-degree < t through it and the ``t - 1`` shares, and all are equally likely.
+theoretically* independent of ``s``.
 
 **Reference scheme** (:func:`split`, :func:`split_many`, :func:`reconstruct`, ...). The field
 ``p = 2^521 - 1`` is larger than 2**256, so the 32-byte secrets of secure aggregation (self-mask seeds
 and X25519 private keys) embed without reduction, and any abscissa below ``p`` (e.g. a 64-bit node id
-plus one) works. Arithmetic is plain Python integers; evaluation shares one table of powers
-``x^j mod p`` across all secrets (``split_many``) and reconstruction computes the Lagrange weights once
-per set of abscissae with a single modular inversion (``lagrange_weights``). Coefficients come from
-:func:`secrets.randbelow` (the OS CSPRNG).
+plus one) works. Plain Python integers; coefficients from :func:`secrets.randbelow` (the OS CSPRNG).
 
 **Limbed scheme** (:func:`split_secrets`, :func:`reconstruct_secrets`, :func:`encode_shares`,
-:func:`decode_shares`), for speed: a secret of ``B`` bytes is cut into
-``L = ceil(8 B / 30)`` limbs of 30 bits (9 for 32 bytes), and each limb is shared with its own
-independent random polynomial over the Mersenne prime field ``q = 2^31 - 1``; all limbs of all
-secrets are evaluated at once with numpy (``uint64``: a product of two field elements is below
-``2^62``, so Horner's step ``acc * x + c`` never overflows before the reduction mod ``q``).
+:func:`decode_shares`), for speed: a secret of ``B`` bytes is cut into ``L = ceil(8 B / 30)`` limbs of
+30 bits (9 for 32 bytes), each shared with its own independent random polynomial over the Mersenne
+prime field ``q = 2^31 - 1``, all evaluated at once with numpy (``uint64``, no overflow before the
+reduction mod ``q``). Coefficients are uniform on ``[0, q)`` by rejection from 31-bit words of
+:func:`secrets.token_bytes`.
 
-Why the small field is as secure (the security argument). Shamir's secrecy needs only that (i) the
-field is larger than the number of parties, so that the ``n`` abscissae are distinct and non-zero,
-and (ii) the secret is an element of the field. It holds for *every* prime field, with no
-computational assumption: given ``t - 1`` shares of one limb, each of the ``q`` limb values is
-consistent with exactly one polynomial of degree < t, and all polynomials are equally likely, so the
-limb is uniform given the shares. Every limb has its own independent coefficients, so the ``L`` limbs
-given their ``t - 1`` shares each are jointly independent of the secret: ``t - 1`` shares reveal
-nothing about any bit of it (a 256-bit secret does not need a 521-bit field). Condition (ii) is met
-by the 30-bit limbs (``2^30 < q``, so the encoding is injective); condition (i) limits the abscissae
-to ``[1, q)``: callers number the holders ``1..n`` (e.g. position in the sorted roster plus one)
-instead of using 64-bit node ids. Correctness: any ``t`` shares give back every limb exactly, and a
-decoded limb ``>= 2^30`` (or high bits beyond ``8 B``) proves the shares inconsistent, which a
-reconstruction reports instead of returning a wrong secret; this catches random corruption (a random
-wrong share passes with probability about ``2^-23`` for a 32-byte secret: 8 full limbs at 1/2 each and
-a 16-bit top limb at ``2^-15``), but *not* a holder who crafts its share: only a check against a commitment (or a public
-key) of the secret detects that, and it is the caller's job. Coefficients are uniform on ``[0, q)`` by
-rejection from 31-bit words of :func:`secrets.token_bytes`.
+Guarantees of the limbed scheme. ``t - 1`` shares reveal nothing about any bit of the secret, with no
+computational assumption (Shamir's secrecy holds in every prime field larger than the number of
+parties whose elements hold the secret: ``2^30 < q``); the abscissae must lie in ``[1, q)``, so callers
+number the holders ``1..n`` (e.g. position in the sorted roster plus one) instead of using 64-bit node
+ids. Any ``t`` shares give back every limb exactly; a decoded limb ``>= 2^30`` (or high bits beyond
+``8 B``) proves the shares inconsistent and is reported, never returned as a wrong secret. This
+catches random corruption (a random wrong share passes with probability about ``2^-23`` for a 32-byte
+secret) but *not* a holder who crafts its share: only a check against a commitment (or a public key)
+of the secret detects that, and it is the caller's job.
+Rationale: docs/SECAGG.md, section "Shamir over a small field".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The server side of a DP-FedAvg round under secure aggregation (``secagg = true``).
 
-The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg` over any transport
-that implements :class:`SecureTransport` (the Flower Grid in ``server/secagg_exchange.py``, a direct
+The round runs the SecAgg+ state machines of :mod:`fedprivacy.secagg` over any transport that
+implements :class:`SecureTransport` (the Flower Grid in ``server/secagg_exchange.py``, a direct
 function call in tests). Schedule ``secagg-schedule``: ``active`` (the default: secure against a
 server that deviates, with ``secagg-colluders`` colluding clients) has five stages, ``semi-honest``
 (opt-in) skips the consistency stage:
@@ -17,29 +17,16 @@ exchange                 server -> each client                   client -> serve
 5 ``unmask``             ``UnmaskRequest`` (+ certificate)       ``UnmaskResponse``
 =======================  ======================================  =======================================
 
-Pipelining (``docs/SECAGG.md``, "Exchanges per round"): the run gives the round its next round's
-inputs (:meth:`SecureRound.set_lookahead`: instructions, cohort and source, drawn from the run's own
-source and independent of any data, with Poisson sampling too); when the transport is a
-:class:`PipelinedTransport`, round r+1's advertise stage rides on round r's last exchange before the
-unmask (consistency; on the semi-honest schedule, masked) and its share stage on round r's unmask
-exchange. A client then holds two live sessions (rounds r and r+1) in its node state. Steady state:
-three exchanges per round on the active schedule, two on the semi-honest one (the first round: five and
-four). The share stage rides ahead only when the round's encoding is the run's
-(:meth:`SecureRound._encoding` not overridden: adaptive clipping's follows round r's release), else the
-round runs it itself (four and three). A client missing a merged exchange is a dropout of both rounds'
-stages it carried; a round that aborts before its consistency (masked) exchange leaves round r+1 to run
-its own key stages.
+Pipelining: with a :class:`PipelinedTransport` and the next round's inputs
+(:meth:`SecureRound.set_lookahead`), round r+1's key stages ride on round r's last exchanges: three
+exchanges per round on the active schedule, two on the semi-honest one, in steady state.
 
-Privacy (``distributed``): every client adds exact XNoise components (:mod:`fedprivacy.secagg.xnoise`,
-all from the exact-law sampler) for the design it builds itself from the encoding it checked at its
-share stage; the server removes the survivors' excess from the seeds revealed under the certified
-view, so the released sum carries exactly ``(zCs)^2`` of honest noise for every survivor count. The
-round's event is the dominating Gaussian of that sum
-(:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` for the survivors in the sum,
-``ServerSession.u3``, and the roster), never the plan; the budget check before the round uses the
-worst case, ``t`` survivors. A round that aborts
-(fewer than ``t`` clients at any stage, a disconnected survivor graph, a protocol violation) releases
-nothing, spends nothing and leaves the global model unchanged (``RoundOutcome.aborted``).
+Privacy (``distributed``): the released sum carries exactly ``(zCs)^2`` of honest XNoise for every
+survivor count; the round's event is the dominating Gaussian of that sum for the survivors really in
+it (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release`), never the plan, and the budget check
+before the round uses the worst case, ``t`` survivors. A round that aborts releases nothing, spends
+nothing and leaves the global model unchanged (``RoundOutcome.aborted``).
+Rationale: docs/SECAGG.md, sections "Exchanges per round" and "The secure round's server side".
 """
 
 from __future__ import annotations
