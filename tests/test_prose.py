@@ -29,8 +29,6 @@ MAX_MODULE_DOCSTRING_LINES = 30
 #: modules whose docstring is still longer (each owner moves the rationale to docs/ and removes its line)
 DOCSTRING_PENDING = frozenset({
     "fedprivacy/accounting/completion.py",
-    "fedprivacy/fl/client_budget.py",
-    "fedprivacy/fl/client_policy.py",
     "server/flower_accountant.py",
 })
 

@@ -2,42 +2,30 @@
 
 Threat model: the server chooses every message. The per-round floor
 (:class:`fedprivacy.fl.client_policy.ClientPolicy`, ``client-max-rho-per-round``) bounds what one round
-costs, and the node's round record (:mod:`clients.round_log`) refuses a round number twice, but a
-deviating server can still ask for round after round with fresh, increasing numbers, or start a new
-run (Flower's node state is per run). So the client sums what it has released and refuses a round
-that would take the sum above its own ``client-max-rho-total``.
+costs and the node's round record (:mod:`clients.round_log`) refuses a round number twice, but a
+deviating server can ask for round after round with fresh numbers, or start a new run (Flower's node
+state is per run). So the client sums what it has released and refuses a round that would take the
+sum above its own ``client-max-rho-total``.
 
-The sum. Every round's release is charged at the ρ the client itself computed from what it really
-sends (:meth:`ClientPolicy.round_rho`: ``local`` ``2/z²`` of its own noise; ``distributed`` the
-dominating Gaussian of the worst released sum it accepted at its share stage, with that release's
-small discrete slack recorded beside it and added by :func:`total_epsilon`). zCDP composes
-additively under adaptive composition: ρ₁-zCDP then ρ₂-zCDP (the second chosen after seeing the
-first's output) is (ρ₁+ρ₂)-zCDP (Bun & Steinke 2016, "Concentrated Differential Privacy:
-Simplifications, Extensions, and Lower Bounds", Lemma 2.3 / Prop. 1.9), so the total bounds the
-client's loss against the server whatever the server did between rounds; ρ-zCDP gives
-(ρ + 2√(ρ log(1/δ)), δ)-DP for every δ > 0 (their Prop. 1.3). ``local`` rounds are charged at
-``2/z²`` (sensitivity ``2C`` between two clipped updates), which also bounds their add-remove ρ, so one
-total serves both relations; the file records the relation and refuses another.
-
-A round in ``central`` or ``none`` mode sends the update without the client's noise: against the
-server its ρ is unbounded, so it is charged ``ρ = ∞`` and refused by any finite total (the client
-cannot check the server's noise; an operator who trusts the server says so with
-``client-max-rho-total=inf``, and its record then says the total is unbounded).
+The sum. Every round is charged at the ρ the client itself computed from what it really sends
+(:meth:`ClientPolicy.round_rho`), a ``distributed`` round's small discrete slack recorded beside it and
+added by :func:`total_epsilon`. zCDP composes additively under adaptive composition (Bun & Steinke
+2016, Lemma 2.3 / Prop. 1.9), so the total bounds the client's loss against the server whatever the
+server did between rounds; ρ-zCDP gives (ρ + 2√(ρ log(1/δ)), δ)-DP for every δ > 0 (their Prop. 1.3).
+One total serves replace-one and add-remove; the file records the relation and refuses another. A
+``central`` or ``none`` round sends the update without the client's noise: it is charged ``ρ = ∞`` and
+refused by any finite total (``client-max-rho-total=inf`` is the operator saying it trusts the server).
 
 Durability. The charges, and every other guard of the node (the rounds it took part in, each secure
 stage it answered), are appended to the node's JSON-lines file (:mod:`clients.budget_log` names it),
 shared by every run of the node, under an exclusive ``flock``, re-read before each check, and
-``fsync``'d before the reply may leave the client: a crash after the charge and before the reply
-leaves over-counts, never under-counts; a torn last line is a record whose write never returned
-(nothing was released on it) and is dropped. ``expect`` (the file's id and length as the node state
-last saw them) refuses a file that is missing, replaced or shorter than the node state says.
+``fsync``'d before the reply may leave the client: a crash leaves over-counts, never under-counts. A
+torn last line (nothing was released on it) is dropped; ``expect`` (the file's id and length as the
+node state last saw them) refuses a file that is missing, replaced or shorter than the node state says.
 
-File format (``fedprivacy.client-budget/v1``): a ``header`` line (format, neighbouring, a random
-``id``), then one
-``charge`` line per released round: ``run``, ``round``, ``mode``, ``rho`` (a number, or the string
-``"inf"``), ``at`` (UTC time), and for a ``distributed`` round its discrete slack ``slack`` and ``tv``
-(:class:`BudgetCharge`; absent means 0); and one ``stage`` line (``run``, ``round``, ``stage``) per secure round's
-advertise/train admission, share, consistency and unmask answer (:meth:`ClientBudget.record_stage`).
+File format ``fedprivacy.client-budget/v1``: a ``header`` line, one ``charge`` line per released round
+and one ``stage`` line per secure stage answered (:class:`BudgetCharge`,
+:meth:`ClientBudget.record_stage`). Rationale: docs/SECAGG.md, section "The client's durable memory".
 """
 
 from __future__ import annotations

@@ -1,49 +1,32 @@
 """The client's own privacy floor: what it agrees to, decided on the client's side only.
 
-Threat model: the server chooses every field of its messages, and in a Flower
-deployment ``context.run_config`` is chosen by whoever submits the run, normally the server side. Only
+Threat model: the server chooses every field of its messages, and in a Flower deployment
+``context.run_config`` is chosen by whoever submits the run, normally the server side. Only
 ``node_config`` (set by the SuperNode's operator) and the ClientApp's own code belong to the client.
 So the privacy mode, the minimum noise multiplier, the largest per-round privacy loss, the colluders
 assumed, the secure-aggregation schedule, whether a seeded research mode may be used and which
 metrics may leave the client are read from ``node_config`` keys ``client-*`` (:data:`NODE_CONFIG_KEYS`),
-with safe defaults in code (:class:`ClientPolicy`'s defaults). A server request outside the floor is
-refused with a :class:`PolicyRefusal` naming the rule; the ClientApp replies with an error, which the
-server counts as that client's dropout.
+with safe defaults in code (:class:`ClientPolicy`'s). A server request outside the floor is refused with
+a :class:`PolicyRefusal` naming the rule; the server counts the ClientApp's error reply as a dropout.
 
-Per-round privacy loss, as zCDP ρ of this client's contribution (Bun & Steinke 2016, Prop. 1.6: a
-Gaussian of std ``σ`` on a query of L2 sensitivity ``Δ`` is ``Δ²/(2σ²)``-zCDP):
+Per-round privacy loss, as zCDP ρ of this client's contribution (Bun & Steinke 2016, Prop. 1.6):
 
-* a client mechanism (``local``: the Gaussian; any registered one, :mod:`fedprivacy.fl.mechanisms`): the
-  ρ of the mechanism's own accounting event under replace-one adjacency of the clipped update
-  (:func:`fedprivacy.fl.mechanisms.zcdp_rho`; the Gaussian's ``N(0, (z C)²)`` gives ``ρ = 2/z²``). The
-  client adds *its own* noise, raised until one round costs at most what a Gaussian of
-  ``min_noise_multiplier`` would and at most ``max_rho_per_round``; a request for less is not obeyed.
-* ``distributed``: from the complete encoding the server sent (C, scale, modulus bits, padded dimension,
-  t_min, σ, colluders; checked at the share stage, before any secret leaves the client) and the roster
-  size, the dominating Gaussian of the worst released sum
-  (:meth:`fedprivacy.secagg.ddp.DistributedDPConfig.release` at ``t_min`` survivors, colluders' noise not
-  counted): ``ρ = 1/(2 z_eff²)`` under add-remove (zero-out), ``2/z_eff²`` under replace-one. Only
-  exact XNoise encodings are accepted (their noise comes from the exact-law sampler of
-  :mod:`fedprivacy.dp.tabulated`); the legacy ``σ²/t`` share is refused. With adaptive clipping's
-  count coordinate (``count_scale = k_b``) the worst sum's sensitivity is ``hypot(Δ₂, k_b)`` (the bit is
-  in ρ), and the count's own multiplier ``σ/k_b = 2σ_b`` must be at least ``min_noise_multiplier``: a
-  server cannot make the client send its bit with less noise than its floor.
+* a client mechanism (``local`` and any registered one, :mod:`fedprivacy.fl.mechanisms`): the ρ of its
+  own accounting event under replace-one (:func:`fedprivacy.fl.mechanisms.zcdp_rho`; ``2/z²`` for the
+  Gaussian); the client adds *its own* noise, raised to its floor; a request for less is not obeyed.
+* ``distributed``: the dominating Gaussian of the worst released sum, from the complete encoding the
+  server sent (checked at the share stage, before any secret leaves the client); only exact XNoise
+  encodings are accepted, and adaptive clipping's count gets at least ``min_noise_multiplier`` too.
 
-Cumulative budget: the client also sums the ρ of every round it releases and refuses a
-round that would take the total above ``client-max-rho-total``, across every run of the node (its
-durable memory, :meth:`ClientPolicy.memory_path`): :mod:`fedprivacy.fl.client_budget`; zCDP composes additively (Bun & Steinke
-2016, Lemma 2.3). A round whose update leaves without the client's noise costs ``ρ = ∞`` there.
+Cumulative budget: the client also sums the ρ of every round it releases and refuses a round that
+would take the total above ``client-max-rho-total``, across every run of the node
+(:meth:`ClientPolicy.memory_path`, :mod:`fedprivacy.fl.client_budget`). Randomness: always the client's
+own secure source unless its own side sets ``client-allow-seeded``.
 
-Randomness: always the client's own secure source unless its own side sets ``client-allow-seeded``.
-
-Where the policy comes from (:meth:`ClientPolicy.resolve`): the node's ``node_config`` (the SuperNode
-operator's ``flower-supernode --node-config "client-...=..."`` on the Deployment Engine; the in-process
-engine builds node_config itself), then the ``FEDPRIVACY_CLIENT_POLICY`` environment variable of the
-ClientApp's process (JSON of the same keys: Flower 1.42's simulation fixes node_config to
-``partition-id``/``num-partitions``, so a launcher that starts the simulation sets this variable
-instead), and the code defaults for anything not given. In a local simulation the user is both server
-and client operator, so a launcher may derive the policy from the run it was asked for
-(:meth:`ClientPolicy.for_simulation`) and must say so.
+Where the policy comes from (:meth:`ClientPolicy.resolve`): ``node_config``, then the
+``FEDPRIVACY_CLIENT_POLICY`` environment variable (JSON of the same keys), then the code defaults; a
+local simulation's launcher may derive it from the run (:meth:`ClientPolicy.for_simulation`) and must
+say so. Rationale: docs/PRIVACY.md, section "The client's floor in detail".
 """
 
 from __future__ import annotations
