@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
+DPFTRL_FACTORIZATIONS = ("bsr",)
 PRIVACY_AUDIENCES = ("server", "observers")
 BATCHED_TRAINING = ("off", "auto", "on")  # off: per client; auto: models marked batched; on: any batchable
 DEVICES = ("auto", "cpu", "cuda", "mps")  # auto: cuda, else mps, when this torch has one; else cpu
@@ -188,6 +189,9 @@ class PrivacyConfig:
     adaptive_clip_quantile: float = 0.5
     adaptive_clip_learning_rate: float = 0.2
     adaptive_clip_count_std: float = 0.0
+    dpftrl_factorization: str = "bsr"
+    dpftrl_band: int = 1
+    dpftrl_groups: int = 1
 
     def __post_init__(self) -> None:
         from fedprivacy.accounting.backends import BACKENDS
@@ -212,6 +216,9 @@ class PrivacyConfig:
             raise ValueError(f"adaptive-clip-quantile must be in (0, 1), got {self.adaptive_clip_quantile}")
         _positive("adaptive-clip-learning-rate", self.adaptive_clip_learning_rate)
         _non_negative("adaptive-clip-count-std", self.adaptive_clip_count_std)
+        _choice("dpftrl-factorization", self.dpftrl_factorization, DPFTRL_FACTORIZATIONS)
+        _positive_int("dpftrl-band", self.dpftrl_band)
+        _positive_int("dpftrl-groups", self.dpftrl_groups)
 
 
 @dataclass(frozen=True, kw_only=True)

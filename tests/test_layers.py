@@ -35,7 +35,7 @@ def test_importing_fedprivacy_never_loads_flwr(fresh_import: dict) -> None:
 
 def test_every_privacy_mode_is_registered_before_any_other_import(fresh_import: dict) -> None:
     # the distributed plan must not depend on fedprivacy.fl.secure having been imported
-    assert fresh_import["modes"] == ["none", "central", "local", "distributed"]
+    assert fresh_import["modes"] == ["none", "central", "local", "distributed", "dpftrl"]
 
 
 def test_the_fl_layers_contract_names_every_fl_module() -> None:

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 __all__ = [
     "AccountedMechanism",
+    "ChargedAhead",
     "DiscreteGaussianEvent",
     "ExponentialEvent",
     "FixedCohortSampling",
@@ -349,6 +350,38 @@ def register_mechanism(cls: type) -> type:
         raise TypeError(f"{cls.__name__} must define rdp(orders, *, neighbouring, sampling) and to_dict()")
     _MECHANISMS[kind] = cls
     return cls
+
+
+@register_mechanism
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChargedAhead:
+    """A release already covered by an earlier charge of the whole horizon: no further privacy loss.
+
+    A matrix-factorization (DP-FTRL) run releases ``C x + z`` over ``horizon`` rounds; its privacy is
+    that of the whole release, which is charged in full before its first round (round t's output is a
+    post-processing of the whole release, Denisov et al. 2022, Theorem 2.1). Rounds 2..horizon then
+    charge this event, whose privacy loss is zero (RDP curve 0, the identity PLD), so the ledger holds
+    the horizon's event exactly once. It is valid only after that horizon charge; without sampling only.
+    """
+
+    kind: ClassVar[str] = "charged_ahead"
+    horizon: int
+
+    def __post_init__(self) -> None:
+        _check_int("horizon", self.horizon, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "horizon": self.horizon}
+
+    def rdp(self, orders: Any, *, neighbouring: Neighbouring, sampling: Sampling) -> Any | None:
+        import numpy as np
+
+        return np.zeros(np.shape(orders)) if isinstance(sampling, NoSampling) else None
+
+    def pld(self, *, neighbouring: Neighbouring, sampling: Sampling) -> Any | None:
+        from dp_accounting.pld import privacy_loss_distribution
+
+        return privacy_loss_distribution.identity() if isinstance(sampling, NoSampling) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -65,7 +65,12 @@ class ClientMechanism(Protocol):
 
 @runtime_checkable
 class ServerMechanism(Protocol):
-    """What a trusted server adds to the sum of clipped updates (central DP)."""
+    """What a trusted server adds to the sum of clipped updates (central DP).
+
+    A mechanism whose per-round noise is not the plan's ``central_noise_std`` (correlated noise:
+    :class:`fedprivacy.fl.modes.dpftrl.CorrelatedNoise`) also defines ``required_noise_std(plan)``,
+    the std its charged event needs on the round's aggregate; :func:`check_release` compares with it.
+    """
 
     @property
     def name(self) -> str:
@@ -237,7 +242,9 @@ def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome) -> None:
         return
     ratio = outcome.aggregate.sensitivity_ratio
     ran = outcome.aggregate.noise_std / ratio if ratio >= 1.0 else 0.0
-    if not ran >= plan.central_noise_std * (1.0 - 1e-12):
+    required = getattr(server, "required_noise_std", None)  # a mechanism whose noise is not i.i.d. per round
+    want = float(required(plan)) if callable(required) else plan.central_noise_std
+    if not ran >= want * (1.0 - 1e-12):
         raise MechanismMismatch(f"privacy mode {mode.name!r}: the round's aggregate carries noise std "
                                 f"{outcome.aggregate.noise_std:g} at sensitivity ratio {ratio:g}, its plan charged "
-                                f"{plan.central_noise_std:g} per unit of the clipped sum's; not released")
+                                f"{want:g} per unit of the clipped sum's; not released")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.accounting.events import PrivacyEvent, Sampling
     from fedprivacy.config import RunConfig
+    from fedprivacy.dp.matrix import MatrixMechanism
     from fedprivacy.fl.adaptive_clip import AdaptiveClipSpec
 
 
@@ -59,6 +60,9 @@ class PrivacyPlan:
     # one worst-case round's slack ``(eta + A, G)``, for a ledger holding more releases than
     # ``num-server-rounds`` (a round re-charged after a crash)
     slack_per_round: tuple[float, float] = (0.0, 0.0)
+    # correlated noise (privacy ``dpftrl``): the matrix mechanism (strategy C, schema, z) whose whole
+    # horizon ``event`` charges; ``central_noise_std`` is then the std of its innovations z_t
+    correlated: MatrixMechanism | None = None
 
     @property
     def adjacency_label(self) -> str:
@@ -68,6 +72,12 @@ class PrivacyPlan:
         if self.event is None:
             return "privacy: none (no differential privacy; updates clipped only)"
         origin = "calibrated" if self.calibrated else "configured"
+        if self.correlated is not None:
+            claim = self.correlated.claim()
+            return (f"privacy: {self.mode} DP, unit={self.unit}, {self.adjacency_label}, C={self.clip_norm:g}, "
+                    f"z={self.noise_multiplier:.4g} ({origin}), correlated noise {claim['factorization']} "
+                    f"(innovation std {self.central_noise_std:.4g}, sensitivity {claim['sensitivity']:.4g}), "
+                    f"schema={claim['schema']}, denominator={self.denominator:g}")
         where = {
             "central": "server adds it to the sum",
             "local": "each client adds it",

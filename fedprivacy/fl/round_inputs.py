@@ -1,7 +1,8 @@
 """What each round starts from: its instructions, its cohort and its randomness, drawn once.
 
 Round ``r``'s source is ``root.child("server", r)``: its cohort is sampled from ``.child("sampling")``
-exactly as the plan reports (Poisson at ``sample-rate``, or a fixed cohort without replacement), and
+exactly as the plan reports (Poisson at ``sample-rate``, a fixed cohort without replacement, or the
+mode's own ``sample_cohort`` where its schema fixes the cohorts: ``dpftrl``'s groups), and
 the round function gets ``.child("aggregate")``. The inputs depend on no data, so a round function may
 ask for the next round's while the current one runs (the secure round sends round r+1's key stages
 with round r's exchanges); the run then uses exactly those.
@@ -80,5 +81,8 @@ class RoundInputs:
 
     def _draw(self, rnd: int) -> Inputs:
         rng = self.root.child("server", rnd)
-        cohort = sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling"))
+        sampler = getattr(self.mode, "sample_cohort", None)  # a mode whose schema fixes the cohorts
+        cohort = (sampler(self.cfg, population=self.population, round=rnd, rng=rng.child("sampling"))
+                  if callable(sampler) else
+                  sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling")))
         return self.instructions(rnd), cohort, rng.child("aggregate")

@@ -45,6 +45,11 @@ class StreamingNoise:
                          else np.zeros((0, dim)))
 
     @property
+    def noise_std(self) -> float:
+        """The std of every z_t this stream draws."""
+        return self._std
+
+    @property
     def round(self) -> int:
         """Rounds already drawn."""
         return self._round

@@ -1,7 +1,7 @@
 """The one registry of privacy modes: plan, round factory and the run's claim, per mode.
 
 ``MODES`` is filled here, explicitly, with the built-in modes (``none``, ``central``, ``local``,
-``distributed``); nothing registers itself as an import side effect. The config's ``privacy`` key is
+``distributed``, ``dpftrl``); nothing registers itself as an import side effect. The config's ``privacy`` key is
 checked against it, and :func:`plan_privacy` looks the mode up in it, then refuses a plan whose event
 is not the one its mechanisms produce (:func:`fedprivacy.fl.mechanisms.check_plan`). A research prototype either
 passes its mode object straight to :class:`fedprivacy.fl.run.FederatedRun` (``mode=MyMode()``) or
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from fedprivacy.fl.modes.base import Disclosure, PrivacyMode, Transport, plain_round, privacy_block
 from fedprivacy.fl.modes.distributed import DistributedMode
+from fedprivacy.fl.modes.dpftrl import DpftrlMode
 from fedprivacy.fl.modes.plain import CentralMode, LocalMode, NoneMode
 from fedprivacy.fl.privacy import PrivacyPlan, check_population
 
@@ -27,7 +28,8 @@ __all__ = ["MODES", "Disclosure", "PrivacyMode", "Transport", "get_mode", "is_pr
 _ATTRIBUTES = ("trusted_server", "client_mechanism", "server_mechanism", "secure_noise", "covers")
 _METHODS = ("plan", "round_fn", "summary", "check", "disclosure")
 
-MODES: dict[str, PrivacyMode] = {m.name: m for m in (NoneMode(), CentralMode(), LocalMode(), DistributedMode())}
+MODES: dict[str, PrivacyMode] = {m.name: m for m in (NoneMode(), CentralMode(), LocalMode(), DistributedMode(),
+                                                     DpftrlMode())}
 _BUILT_IN = frozenset(MODES)
 
 
