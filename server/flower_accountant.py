@@ -2,57 +2,31 @@
 
 Flower's fixed-clipping DP strategies (``DifferentialPrivacyClientSideFixedClipping``,
 ``DifferentialPrivacyServerSideFixedClipping``) take an ``accountant=`` that follows
-``flwr.serverapp.PrivacyAccountant``. Flower's own ``RdpAccountant`` composes Renyi-DP bounds;
-:class:`FedprivacyAccountant` gives the same strategies fedprivacy's ledger instead: PLD by default
-(the exact analytic Gaussian for unsampled releases, Balle & Wang 2018, Theorem 8, composed in closed
-form, Dong, Roth & Su 2022, Corollary 3.3), check-first, persisted in fedprivacy's ledger format.
+``flwr.serverapp.PrivacyAccountant``. :class:`FedprivacyAccountant` gives them fedprivacy's ledger
+instead of Flower's ``RdpAccountant``: PLD by default (the exact analytic Gaussian for unsampled
+releases, Balle & Wang 2018, Theorem 8, composed in closed form, Dong, Roth & Su 2022, Corollary 3.3),
+check-first, persisted in fedprivacy's ledger format.
 
-What Flower's strategies release, and what is accounted (read from flwr 1.42's sources):
+What is accounted (read from flwr 1.42's sources):
 
-* Noise. ``N(0, (z C / m)^2)`` per coordinate is added to the equal-weight mean of the m clipped updates,
-  i.e. ``N(0, (z C)^2)`` on their sum: a ``GaussianEvent(noise_multiplier=z)`` in fedprivacy's units.
-  The strategy composes one event per released aggregate, after adding the noise and before
-  ``aggregate_train`` returns it, so a refused ``compose`` also withholds the aggregate.
-* Sampling. ``FedAvg.configure_train`` draws ``m = max(int(fraction_train * N_connected),
-  min_train_nodes)`` nodes with ``random.sample`` from the nodes *connected at that moment*. That is a
-  fixed-size draw without replacement, not Poisson sampling, and it is uniform over the population
-  only if every member is connected in every round; it uses Python's global Mersenne Twister, which is
-  neither secret nor unpredictable (it can be seeded by any code in the process, and its state follows
-  from its outputs). Amplification by sampling needs a uniform draw the adversary cannot predict, so
-  no credit is given for Flower's draw: with Flower's own sampling the events are accounted without
-  amplification (``SamplingMethod.NO_AMPLIFICATION``), which is also the only accounting Flower's DP
-  strategies accept.
-* Adjacency of ``NO_AMPLIFICATION``. Flower's strategies release the mean of *exactly*
-  ``num_sampled_clients`` updates (they raise otherwise), so one client added or removed either leaves
-  the cohort size as it was (its slot goes to another client: the sum moves by up to ``2C``) or makes
-  the round fail on one of the two datasets only: ``FedAvg`` samples ``max(int(fraction_train N),
-  min_train_nodes)`` of the ``N`` connected nodes and the DP wrapper raises unless that is exactly
-  ``num_sampled_clients``, so whether a round releases anything depends on ``N`` (README's example: 10
-  nodes release, 9 raise). No add/remove claim holds for that, whatever the sensitivity, even
-  though ``NeighboringRelation.ADD_OR_REMOVE`` is the only relation Flower's config accepts with
-  ``NO_AMPLIFICATION``; the relation is this adapter's ``adjacency`` argument instead. ``"replace-one"``
-  (the default: the population fixed, one client's data replaced) composes the Gaussian at sensitivity
-  ``2C``. ``"zero-out"`` (one client's update replaced by zero, the cohort size fixed; Kairouz et al. 2021,
-  "Practical and private (deep) learning without sampling or shuffling", Sec. 2) composes it at ``C``,
-  which is what Flower's own ``RdpAccountant`` computes: under add/remove an exact lower bound exceeds it
-  once the cohort is a large share of the population (z = 1.041, T = 15, m/N = 0.3 gives 26.1
-  against 22.1). Both labels are kept in the saved state.
-* Amplified accounting is given only for a cohort that fedprivacy drew itself:
-  :class:`SecureCohortFedAvg` (a ``FedAvg`` with the same aggregation) draws exactly ``cohort_size``
-  of a fixed set of exactly ``population_size`` nodes with the operating system's CSPRNG, and records
-  each draw. An accountant configured with ``SamplingMethod.WITHOUT_REPLACEMENT`` (replace-one, the
-  only relation under which a fixed-size cohort is analysed; Balle, Barthe & Gaboardi 2018, Theorem 10)
-  accounts a release as ``FixedCohortSampling(cohort=m, population=n)`` only if it matches the
-  sampler's latest unaccounted draw, and refuses otherwise. Flower's strategies refuse any amplified
-  accountant in their constructor, so :func:`attach_accountant` attaches one after repeating Flower's
-  other checks. Poisson sampling is refused: no Flower strategy samples that way.
+* Noise: ``N(0, (z C)^2)`` on the sum of the m clipped updates, a ``GaussianEvent(noise_multiplier=z)``
+  composed per released aggregate before ``aggregate_train`` returns it: a refused ``compose`` withholds it.
+* Flower's own sampling (``random.sample`` from the nodes connected at that moment, Python's global
+  Mersenne Twister) is neither uniform over the population nor unpredictable, so it gets no
+  amplification credit (``SamplingMethod.NO_AMPLIFICATION``). No add/remove claim holds for Flower's
+  strategies; the adapter's ``adjacency`` names the claim: ``"replace-one"`` (the default, sensitivity
+  ``2C``) or ``"zero-out"`` (Kairouz et al. 2021, "Practical and private (deep) learning without sampling
+  or shuffling", Sec. 2; sensitivity ``C``, Flower's own figure). Both labels are kept in the saved state.
+* Amplification only for a cohort fedprivacy drew itself: :class:`SecureCohortFedAvg` draws exactly
+  ``cohort_size`` of exactly ``population_size`` nodes with the OS CSPRNG; under
+  ``SamplingMethod.WITHOUT_REPLACEMENT`` (replace-one; Balle, Barthe & Gaboardi 2018, Theorem 10) a
+  release is accounted as ``FixedCohortSampling`` only if it matches the sampler's latest unaccounted
+  draw, else refused. :func:`attach_accountant` attaches it after Flower's other checks. Poisson is refused.
 
-Not covered by any accountant, by Flower's design: the clients' training and evaluation metrics that
-``FedAvg`` aggregates without noise, and the quality of Flower's noise (``np.random.normal`` from
-numpy's global generator; fedprivacy's own server draws from a secure source). Client-side clipping
-(``fixedclipping_mod``) trusts the clients to clip.
-
+Not covered, by Flower's design: the metrics ``FedAvg`` aggregates without noise, Flower's noise source
+(numpy's global generator), client-side clipping (``fixedclipping_mod`` trusts the clients).
 This module is Flower glue (it imports flwr); the library ``fedprivacy`` stays Flower-free.
+Rationale: docs/FLOWER_ACCOUNTANT.md, section "What Flower releases and what is accounted".
 """
 
 from __future__ import annotations

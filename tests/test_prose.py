@@ -26,11 +26,6 @@ _LABELS = re.compile("|".join((
 _TAG = re.compile(r"\(" + r"(?!L\d)[A-Z]\d{1,2}" + r"\)")
 _PATHS = re.compile("|".join(("/" + "work/", "/" + "tmp/ci", "/" + "home/")))
 MAX_MODULE_DOCSTRING_LINES = 30
-#: modules whose docstring is still longer (each owner moves the rationale to docs/ and removes its line)
-DOCSTRING_PENDING = frozenset({
-    "fedprivacy/accounting/completion.py",
-    "server/flower_accountant.py",
-})
 
 
 def _files() -> list[Path]:
@@ -71,16 +66,12 @@ def test_no_machine_paths() -> None:
 
 
 def test_module_docstrings_are_short() -> None:
-    long, mended = [], []
+    long = []
     for path in _files():
         if path.suffix != ".py":
             continue
-        rel = str(path.relative_to(ROOT))
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
         lines = doc.count("\n") + 1 if doc else 0
-        if lines > MAX_MODULE_DOCSTRING_LINES and rel not in DOCSTRING_PENDING:
-            long.append(f"{rel}: {lines} lines")
-        if lines <= MAX_MODULE_DOCSTRING_LINES and rel in DOCSTRING_PENDING:
-            mended.append(rel)
-    assert not long, "module docstrings over 30 lines:\n" + "\n".join(long)
-    assert not mended, "short now, remove from DOCSTRING_PENDING: " + ", ".join(mended)
+        if lines > MAX_MODULE_DOCSTRING_LINES:
+            long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not long, "module docstrings over 30 lines (move the rationale to one docs/ page):\n" + "\n".join(long)

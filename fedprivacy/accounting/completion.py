@@ -1,111 +1,32 @@
 """The public's view of a Poisson-sampled secure round whose completion depends on the cohort size.
 
-Mechanism (privacy mode ``distributed``, ``privacy-audience = observers``). Each client of a
-population of ``N`` takes part in a round independently with probability ``q``. The round completes
-only when its cohort size ``n`` is in the set ``G`` of sizes the secure aggregation accepts
-(``n >= t``, ``n >= 3`` and the round's degree safe for ``n``: :func:`fedprivacy.fl.secure.params.completes`);
-otherwise it aborts before anything is released. The public sees, per round, whether it completed
-(the model moves or not) and, if it did, the sum of the cohort's clipped updates plus Gaussian
-noise of std ``z Delta`` (the dominating Gaussian of the distributed discrete Gaussian,
-:mod:`fedprivacy.accounting.release`). Which rounds complete is therefore part of the release,
-and a completed round is more likely to contain a given client than ``q``.
+Mechanism (privacy mode ``distributed``, ``privacy-audience = observers``): each of ``N`` clients takes part
+with probability ``q``; the round completes only when its cohort size is in the set ``G`` the secure
+aggregation accepts (:func:`fedprivacy.fl.secure.params.completes`), else it aborts and releases nothing.
+The public sees which rounds complete and each completed round's sum of clipped updates plus Gaussian noise
+of std ``z Delta`` (:mod:`fedprivacy.accounting.release`). Relation: zero-out (client ``i``'s ``x_i``
+against ``0``, ``i`` sampled with probability ``q`` in both worlds; :mod:`fedprivacy.accounting.kls`).
 
-Neighbouring relation (the one distributed mode claims, :mod:`fedprivacy.accounting.kls`):
-zero-out, i.e. datasets ``D`` and ``D'`` differ in the *update* of one client ``i`` (``x_i`` with
-``||x_i|| <= Delta`` against ``0``), while ``i`` stays in the population, is sampled with
-probability ``q`` and adds its noise share in both. Hence the cohort size has the same law under
-``D`` and ``D'``: the abort atom has the same probability in both worlds. (Under the relation that
-removes ``i`` from the population, which distributed mode does not claim, the atom's probability
-differs: see "Not claimed" below.)
-
-The dominating pair (proved here)
----------------------------------
-Let ``B ~ Bin(N_o, q)`` be the number of *other* clients sampled (``N_o = N - 1``; both ``N - 1`` and
-``N`` are evaluated and the worse taken, :func:`round_weights`), ``I ~ Bern(q)`` whether ``i`` is, and
-``S_o`` the set of others, with their (adversarially chosen, clipped) sum ``mu``. Reveal ``S_o`` to the
-observer: that only helps it (the real view is a post-processing), so a pair dominating the revealed
-view dominates the real one (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via
-characteristic function", AISTATS, Definition 7: dominating pairs; post-processing and joint
-convexity of the hockey-stick divergence). Given ``S_o`` with ``|S_o| = b`` the round, under
-``D`` versus ``D'``, is one of four cases (the shift ``mu`` is a bijection: drop it):
-
-* ``b in G`` and ``b + 1 in G`` (label *s*): it always completes; ``(q N(x_i, s^2) + (1-q) N(0, s^2),
-  N(0, s^2))``: the Poisson-subsampled Gaussian of central DP;
-* ``b not in G``, ``b + 1 in G`` (label *g*, "i decides the round"): it completes iff ``I = 1``, in
-  both worlds; given completion the pair is ``(N(x_i, s^2), N(0, s^2))``: a Gaussian, *not* amplified;
-* ``b in G``, ``b + 1 not in G`` (label *0*): it completes iff ``I = 0``; given completion ``i`` is not
-  in the sum: identical distributions (privacy loss 0);
-* neither: the round never completes.
-
-The completion bit has the same law under ``D`` and ``D'`` (it depends on ``b`` and ``I`` only) and,
-round by round, is independent of everything before (fresh sampling). So the completion pattern of
-a run is data-independent; conditioned on it, an aborted round releases only ``⊥`` (loss 0) and a
-completed round is the labelled mixture, with labels of the same law in both worlds,
+The pair (:class:`CompletedRoundGaussian`; :func:`completion_weights`, :func:`round_weights`), units of Delta:
 
     P = w_g N(1, z^2) (+) w_s [q N(1, z^2) + (1-q) N(0, z^2)] (+) w_0 R,
-    Q = w_g N(0, z^2) (+) w_s N(0, z^2)                     (+) w_0 R     (units of Delta),
+    Q = w_g N(0, z^2) (+) w_s N(0, z^2) (+) w_0 R,
 
-``w_g = q P[B = b, b not in G, b+1 in G] / p_c``, ``w_s = P[b in G, b+1 in G] / p_c``, ``w_0 = 1 - w_g - w_s``
-and ``p_c = P[round completes] = sum_b P[B = b] (q [b+1 in G] + (1-q) [b in G])``
-(:func:`completion_weights`). The privacy loss distribution of a labelled mixture is the mixture of
-the components' privacy loss distributions: ``H_{e^eps}(P || Q) = w_g H_g + w_s H_s + w_0 (1 - e^eps)_+``
-for every real ``eps``, in both orders. So this pair (:class:`CompletedRoundGaussian`) dominates one
-completed round for every choice of the others' data and of ``x_i``: it is exact for the revealed
-view and an upper bound for the real one. Forgetting the label gives the pair
-``(q' N(1) + (1 - q') N(0), N(0))`` with ``q' = w_g + w_s q = P[i in S | round completes]``, the exact
-pair of the adversary whose other updates are 0 (the lower bounds): so the figure is never
-below them. Components are ordered (``0`` is a post-processing of *s*, which is a post-processing
-of *g*: replace ``⊥`` by a draw of ``N(0)``), so moving weight towards *g* gives a dominating pair;
-that is how the worse of ``N_o = N - 1`` and ``N`` is taken (largest ``w_g``, then largest ``w_g + w_s``).
-With ``G`` upward closed (the default kinds: no label *0*) the pair dominates central DP's
-subsampled Gaussian, so the public's figure is never below central DP's for the same completed
-rounds (tested).
+dominates one completed round for every choice of the others' data and of ``x_i`` (revealing the other
+cohort members is a post-processing: Zhu, Dong & Wang 2022, Definition 7) and is never below the lower
+bounds nor, for upward closed ``G``, central DP's subsampled Gaussian. The two orders are composed
+separately against an adaptive adversary (their Theorems 10 and 11; valid because under zero-out the
+direction cannot switch, unlike Lebeda, Regehr, Kamath & Steinke 2024's pitfall). PLD: the pessimistic
+connect-the-dots PMF of the exact privacy profile (Doroshenko et al. 2022, Algorithm 1), composed by FFT
+(Koskela, Jälkö & Honkela 2020; Meiser & Mohammadi 2018), an upper bound; RDP: Mironov, Talwar & Zhang 2019;
+:func:`fedprivacy.accounting.audiences.audience_epsilons` adds the discrete slack.
 
-Composition against an adaptive adversary. ``D`` is the dataset with ``x_i`` in every round (the
-pair is fixed for the run: zero-out never swaps which side carries the mixture), ``x_i``, the
-others' data and the model may depend on every earlier output. For each round and each history the
-pair above dominates the round's (conditional) output pair, so the composition of the pairs
-dominates the adaptive composition (Zhu, Dong & Wang 2022, Theorem 10), and the two orders
-``(P, Q)`` and ``(Q, P)`` are composed separately and the larger epsilon reported (their Theorem 11;
-valid because the direction cannot switch between rounds under this relation: the pitfall of
-Lebeda, Regehr, Kamath & Steinke 2024, "Avoiding pitfalls for privacy accounting of subsampled
-mechanisms under composition", concerns relations where it can, e.g. substitution, and
-replace-one is not claimed here: :meth:`CompletedRoundGaussian.pld` returns None for it).
-
-Discretisation. One round's privacy loss distribution is built from its exact privacy profile: the
-hockey-stick divergence of each Gaussian component in closed form (:func:`_profile`), mixed with the
-weights, evaluated on a grid of step ``1e-4`` in ``eps`` over the components' loss range (dp-accounting's
-``connect_dots_bounds``, tails beyond it below ``1e-15``), and turned into dp-accounting's pessimistic
-connect-the-dots PMF (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, "Connect the dots: tighter
-discrete approximations of privacy loss distributions", PETS, Algorithm 1), whose hockey-stick
-divergence is at least the true one for every ``eps``; composition is dp-accounting's FFT of PMFs
-(Koskela, Jälkö & Honkela 2020; Koskela et al. 2021, "Tight differential privacy for discrete-valued
-mechanisms and for the subsampled Gaussian mechanism using FFT"; Meiser & Mohammadi 2018, "Tight on
-budget?", for the pessimistic rounding of privacy buckets), also pessimistic. So the epsilon is an
-upper bound. The RDP curve (:meth:`CompletedRoundGaussian.rdp`) is the labelled mixture's
-``(alpha - 1) D_alpha = log(w_g e^{(alpha-1) r_g} + w_s e^{(alpha-1) r_s} + w_0)`` (``E_Q[(P/Q)^alpha]`` of a
-labelled mixture is the weighted sum) with dp-accounting's both-orders RDP bound of the subsampled
-Gaussian (Mironov, Talwar & Zhang 2019).
-
-Discrete noise and slack. The pair is about the dominating continuous Gaussian; the distributed
-discrete Gaussian is within ``e^(+-H')`` of it in every component (mixtures keep pointwise density
-ratio bounds; ``⊥`` atoms are exact), so :func:`fedprivacy.accounting.audiences.audience_epsilons`
-adds its slack exactly as before.
-
-Not claimed. (1) Removing ``i`` from the population: in the revealed view, with ``b + 1 in G`` and
-``b not in G``, ``D`` completes with probability ``q`` and ``D'`` never does: an infinite privacy loss
-of mass ``q P[B = b]``, larger than any useful delta, so no amplified figure follows from this
-argument. (2) Rounds that abort after the cohort was chosen (dropouts, protocol violations): their
-cause is not modelled; the summary claims no amplification for such a run. (3) Dropouts in rounds
-that complete: the pair models completion by the cohort size. When sampled clients drop out, the
-survivor count also decides completion, so client ``i`` can decide it through the survivors, and no
-dropout rate can be assumed (a process that knows the cohort can make every completed round contain
-``i``; independent dropouts at rate ``p`` give the pair at rate ``q (1 - p)``, above the ``p = 0``
-figure for large ``p``). A run in which a completed round lost sampled clients therefore
-claims no amplification either (:func:`fedprivacy.fl.modes.distributed.amplification_void`): its
-rounds are charged the unamplified Gaussian, which holds for every data-independent dropout pattern
-(given the cohort and the survivors each round is a Gaussian or nothing for ``i``). Assumed, for a
-run that lost no sampled client: whether a round loses clients does not depend on who was sampled.
+Not claimed: removing ``i`` from the population (an infinite loss of mass ``q P[B = b]``); replace-one
+(:meth:`CompletedRoundGaussian.pld` returns None); amplification for a run in which a round aborted after
+its cohort was chosen or a completed round lost sampled clients
+(:func:`fedprivacy.fl.modes.distributed.amplification_void`). Assumed, for a run that lost no sampled
+client: whether a round loses clients does not depend on who was sampled.
+Rationale: docs/DISTRIBUTED_DP.md, section "The public's completed-round pair".
 """
 
 from __future__ import annotations
