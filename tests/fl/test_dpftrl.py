@@ -240,3 +240,18 @@ def test_target_epsilon_calibrates_z_on_the_runs_accountant_without_overshooting
                              schema=CyclicPoisson(num_groups=2, sample_rate=0.5),
                              noise_multiplier=privacy["noise_multiplier"] / 1.01)
     assert looser.epsilon(DELTA) > 3.0 * 0.99  # and it is close to the target
+
+
+def test_the_flower_server_app_trains_the_groups_it_accounts_for(tmp_path: Path) -> None:
+    # Arrange: the real ServerApp and ClientApps on the in-process engine
+    from fedprivacy.fl.run import read_participation
+    from server.engine import run_inprocess
+
+    run_config = {"num-server-rounds": 3, "seed": 3, "output-dir": str(tmp_path), "run-name": "apps",
+                  "local-epochs": 1, "privacy": "dpftrl", "secagg": False, "dpftrl-band": 2,
+                  "dpftrl-groups": 2, "target-delta": DELTA}
+    # Act
+    run_inprocess(run_config=run_config, num_supernodes=N, app_dir=Path(__file__).resolve().parents[2])
+    # Assert: each round trains one group of 3 of the 6 clients, never all of them
+    rounds = read_participation(tmp_path / "apps")
+    assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(3, 3)] * 3
