@@ -29,12 +29,24 @@ def privacy_report_md(results: dict[str, Any], *, covers: Sequence[str]) -> str:
         lines += _dpsgd_section(results["dpsgd"])
     if p.get("distributed"):  # ---- secure aggregation with distributed DP (fedprivacy/fl/modes/distributed.py)
         lines += _distributed_section(p)
+    if p.get("correlated"):  # ---- correlated noise (fedprivacy/fl/modes/dpftrl.py)
+        lines += _correlated_section(p["correlated"])
     if p.get("adaptive_clip"):  # ---- adaptive clipping (fedprivacy/fl/adaptive_clip.py)
         lines += _adaptive_clip_section(p["adaptive_clip"], results.get("rounds", []))
     if dp:  # a run without DP claims nothing: no coverage, trust or accountant boilerplate
         lines += ["## What ε covers", ""] + _covers(covers, _colluders(p)) + _accounting_section(p)
     lines += _run_section(results)
     return "\n".join(lines)
+
+
+def _correlated_section(c: dict[str, Any]) -> list[str]:
+    """The matrix mechanism's claim (:meth:`fedprivacy.dp.matrix.MatrixMechanism.claim`)."""
+    return ["## Correlated noise", "",
+            f"Round t adds (C⁻¹z)_t to the clipped sum; C = {c.get('factorization')} (band {c.get('band')}, "
+            f"{c.get('num_rounds')} rounds). Schema: {c.get('schema')}. Sensitivity of C: "
+            f"{_fmt(c.get('sensitivity'))} ({c.get('sensitivity_basis')}). z = {_fmt(c.get('noise_multiplier'))}; "
+            "the noise std above is that of the innovations z_t. Accounting: "
+            f"{c.get('accounting')}.", ""]
 
 
 def _seeded_warning(p: dict[str, Any], dp: bool) -> list[str]:

@@ -35,6 +35,7 @@ from fedprivacy.fl.modes.dpftrl import CorrelatedNoise, DpftrlMode
 from fedprivacy.fl.round_inputs import RoundInputs
 from fedprivacy.fl.run import FederatedRun, run_federated
 from fedprivacy.fl.task import default_hooks
+from fedprivacy.report import privacy_report_md
 
 N, DELTA = 6, 1e-3
 
@@ -100,6 +101,8 @@ def test_every_round_prints_the_whole_horizons_epsilon(tmp_path: Path, q: float,
     assert eps == pytest.approx([mm.epsilon(DELTA)] * 4, rel=1e-6)
     claim = result["privacy"]["correlated"]
     assert claim["schema"] == schema.describe() and claim["sensitivity"] == mm.sensitivity.value
+    report = privacy_report_md(result, covers=get_mode("dpftrl").covers)
+    assert "bsr-2 (band 2" in report and mm.sensitivity.basis in report and schema.describe() in report
     assert result["privacy"]["unit"].startswith("user") and result["privacy"]["adjacency"] == "add-remove"
 
 
