@@ -338,6 +338,7 @@ class Accountant:
             raise TypeError(f"round must be an int or None, got {type(round).__name__}")
         if round is not None and round < 0:
             raise ValueError(f"round must be >= 0, got {round}")
+        self._check_charged_ahead(event)
         runs, prefix, last_state = self._plan(event)
         if self._budget is not None and not released:
             eps = self._planned_epsilon(event, self._budget.delta)
@@ -357,6 +358,19 @@ class Accountant:
         # epsilon() of the new ledger is the planned epsilon: the same states composed the same way
         self._eps_cache = dict(planned.epsilons) if planned is not None and planned.event == event else {}
         self._planned = None
+
+    def _check_charged_ahead(self, event: PrivacyEvent) -> None:
+        """A zero-loss :class:`ChargedAhead` only follows the horizon's charge, within its horizon."""
+        from fedprivacy.accounting.events import ChargedAhead
+
+        if not isinstance(event.mechanism, ChargedAhead):
+            return
+        ahead = [e.event for e in self._ledger if isinstance(e.event.mechanism, ChargedAhead)]
+        if len(ahead) == len(self._ledger):
+            raise ValueError("a ChargedAhead event needs the horizon's charge before it; the ledger has none")
+        if sum(e.count for e in ahead) + event.count > event.mechanism.horizon - 1:
+            raise ValueError(f"ChargedAhead covers {event.mechanism.horizon - 1} rounds after the horizon's "
+                             "charge; this one would exceed them")
 
     # ------------------------------------------------------------------ reporting
     def claim(self, *, delta: float) -> dict[str, Any]:

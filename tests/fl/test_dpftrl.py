@@ -258,3 +258,19 @@ def test_the_flower_server_app_trains_the_groups_it_accounts_for(tmp_path: Path)
     # Assert: each round trains one group of 3 of the 6 clients, never all of them
     rounds = read_participation(tmp_path / "apps")
     assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(3, 3)] * 3
+
+
+def test_the_zero_loss_event_only_follows_a_horizon_charge() -> None:
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import ChargedAhead, GaussianEvent, PrivacyEvent
+
+    covered = PrivacyEvent(mechanism=ChargedAhead(horizon=3))
+    acc = Accountant(backend="pld")
+    with pytest.raises(ValueError, match="horizon's charge"):
+        acc.spend(covered)  # nothing charged yet: it would claim epsilon 0
+    acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0)))
+    acc.spend(covered)
+    acc.spend(covered)
+    with pytest.raises(ValueError, match="exceed"):
+        acc.spend(covered)  # a fourth round of a 3-round horizon
+    assert acc.steps == 3 and Accountant.from_json(acc.to_json()).epsilon(delta=DELTA) == acc.epsilon(delta=DELTA)
