@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedprivacy.dp.clipping import flatten, unflatten
 from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
 from fedprivacy.fl.mechanisms import ServerMechanism
 from fedprivacy.fl.modes.base import Disclosure, Transport, exchange_of
@@ -150,23 +151,18 @@ class DpftrlRound:
 
         updates, failures = self._exchange(instr, cohort, weights)
         first = self._stream is None or self._stream.round == 0
-        before_release(self._horizon if first else self._covered)
+        event = self._horizon if first else self._covered
+        before_release(event)
         plan = self._plan
         clean = self._sum.aggregate(updates, like=weights, denominator=1.0, rng=rng)
         if self._stream is None:
             dim = int(sum(np.size(w) for w in weights))
             self._stream = self._mechanism.stream(plan, dim=dim, rng=rng.child("dpftrl-noise"))
-        noise = self._stream.next()
-        mean, pos = [], 0
-        for total, ref in zip(clean.mean_update, weights, strict=True):
-            size = int(np.size(ref))
-            noised = np.asarray(total, np.float64) + noise[pos:pos + size].reshape(np.shape(ref))
-            mean.append((noised / plan.denominator).astype(np.asarray(ref).dtype))
-            pos += size
+        noised = flatten(clean.mean_update, dtype=np.float64) + self._stream.next()
+        mean = unflatten(noised / plan.denominator, like=weights)
         agg = dataclasses.replace(clean, mean_update=tuple(mean), noise_std=self._stream.noise_std,
                                   denominator=plan.denominator)
         # the event this round charged (a round function used outside a run is charged it afterwards)
-        event = self._horizon if first else self._covered
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=tuple(updates), event=event)
 
 
