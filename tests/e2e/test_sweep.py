@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +57,7 @@ SWEEP: list[tuple[str, list[str], str, int, str | None]] = [
 
 
 def _tmp_leftovers() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("fedprivacy-flwr-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob("fedprivacy-flwr-*")}
 
 
 def _sweep_one(args: list[str], run_config: str, out: Path, capsys: pytest.CaptureFixture[str]
@@ -87,8 +88,12 @@ def _killed_and_resumed(out: Path) -> tuple[int, int, list[int]]:
 
 
 def test_a_sweep_of_20_configs_gets_the_right_exit_code_and_one_line_each(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Arrange
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Arrange: a temp folder of this test's own, so a concurrent test's Flower home is not counted
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     before = _tmp_leftovers()
     out = tmp_path / "runs"
     # Act
@@ -116,7 +121,7 @@ def test_a_sweep_of_20_configs_gets_the_right_exit_code_and_one_line_each(
     assert results["status"] == "completed" and results["resumed"][0]["after_round"] >= 1
     central = json.loads((out / "central" / "results.json").read_text())
     assert [r["after_round"] for r in central["resumed"]] == [1] and len(central["rounds"]) == 2
-    # nothing refused left a run behind, and nothing lies in /tmp
+    # nothing refused left a run behind, and nothing lies in the temp folder
     assert not (out / "centrl").exists() and _tmp_leftovers() <= before
 
 

@@ -179,11 +179,17 @@ def test_ctrl_c_reaches_the_launcher_which_kills_the_child(tmp_path: Path) -> No
     # Arrange: SIGINT to this process (as a terminal's Ctrl-C to the launcher) once the child runs
     pid_file = tmp_path / "pid"
     timer = threading.Thread(target=lambda: (_child_pid(pid_file), os.kill(os.getpid(), signal.SIGINT)))
+    # a terminal's Python turns SIGINT into KeyboardInterrupt; a pytest-xdist worker does not, so the
+    # default handler is put back for this test
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer.start()
     # Act
-    with pytest.raises(KeyboardInterrupt):
-        run_forwarding(_sleeper(pid_file), env=os.environ, cwd=tmp_path, timeout=60, capture=False,
-                       drop_warning=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_forwarding(_sleeper(pid_file), env=os.environ, cwd=tmp_path, timeout=60, capture=False,
+                           drop_warning=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     timer.join(timeout=30)
     # Assert: the launcher killed and reaped the child before the interrupt went on
     assert not psutil.pid_exists(_child_pid(pid_file))
