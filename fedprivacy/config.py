@@ -307,12 +307,17 @@ class RunOptions:
     eval_every: int = 1
     # a simulation's Byzantine clients (fedprivacy.fl.byzantine); the launchers give it to the clients
     byzantine: str = ""
+    # experiment tracking of what the run publishes (fedprivacy.fl.tracking): "" | tensorboard
+    tracking: str = ""
+    tracking_dir: str = ""
 
     def __post_init__(self) -> None:
         from fedprivacy.fl.byzantine import ByzantineSpec
+        from fedprivacy.fl.tracking import check_tracking
 
         _check_fields(self)
         ByzantineSpec.parse(self.byzantine)
+        check_tracking(tracking=self.tracking, tracking_dir=self.tracking_dir)
         _positive_int("num-server-rounds", self.num_server_rounds)
         _positive_int("eval-every", self.eval_every)
         if self.seed < -1:

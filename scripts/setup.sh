@@ -12,7 +12,7 @@ fi
 # torch is pinned to the CPU build (an unpinned torch can pull a multi-GB CUDA build);
 # constraints.txt pins every other package to the versions the suite was run with.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  "torch==2.13.0" -c constraints.txt -e ".[dev,docs]"
+  "torch==2.13.0" -c constraints.txt -e ".[dev,docs,tracking]"
 
 # Fashion-MNIST (dataset=fashion-mnist, the benchmark's data): Debian packages it as
 # dataset-fashion-mnist (30 MB; IDX files under /usr/share/datasets/fashion-mnist/). Installed only

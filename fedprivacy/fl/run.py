@@ -58,6 +58,7 @@ from fedprivacy.fl.run_files import (
     round_seconds,
 )
 from fedprivacy.fl.server_opt import ServerOptimizer, make_server_optimizer
+from fedprivacy.fl.tracking import tracking_callbacks
 from fedprivacy.fl.types import (
     DpsgdRoundInfo,
     Exchange,
@@ -91,7 +92,8 @@ class FederatedRun:
         server_optimizer: the global update (default: the one ``cfg.server_optimizer`` names,
             :func:`fedprivacy.fl.server_opt.make_server_optimizer`).
         callbacks: default :func:`fedprivacy.fl.callbacks.default_callbacks` (console, checkpoint,
-            outputs); ``[]`` for a run that writes nothing.
+            outputs), then the trackers ``cfg.tracking`` names
+            (:func:`fedprivacy.fl.tracking.tracking_callbacks`); ``[]`` for a run that writes nothing.
         run_dir: the run folder (checkpoints, outputs, resumption); None: no folder.
         log: where the run's own lines go (start, resumption, left-out clients, stops).
     """
@@ -111,7 +113,8 @@ class FederatedRun:
         self.hooks = hooks
         self.aggregator = aggregator
         self.server_optimizer = server_optimizer or make_server_optimizer(cfg)
-        self.callbacks = list(callbacks) if callbacks is not None else default_callbacks(log)
+        self.callbacks = (list(callbacks) if callbacks is not None
+                          else default_callbacks(log) + tracking_callbacks(cfg, run_dir))
         self.root = root_source(cfg)
         self.dpsgd = DpsgdLedger(cfg) if cfg.dpsgd else None
         self.disclosure = RunDisclosure(cfg, self.mode)

@@ -1,0 +1,169 @@
+"""Experiment tracking as run callbacks: TensorBoard scalars and MLflow runs of what a run publishes.
+
+``tracking = "tensorboard"``, ``"mlflow"`` or ``"tensorboard,mlflow"`` adds
+:class:`TensorBoardCallback` / :class:`MlflowCallback` to a run's default callbacks
+(:func:`tracking_callbacks`). Each imports its library only when the run starts; a missing library
+is refused with the config (:func:`check_tracking`), in one line naming ``tracking``.
+
+Privacy: a tracker logs exactly the run's published rows (:meth:`fedprivacy.fl.disclosure.
+RunDisclosure.published_rows`, the ``rounds`` of ``results.json``), so where the participation counts
+are private, so are the counts, the rounds' wall times, the worst client's DP-SGD ε and (as the
+mode says) the train loss: none of them reaches a tracker. Per round the scalars are the row's
+numbers under the row's keys (``test_accuracy``, ``test_loss``, ``epsilon``, ``clip_norm``, and
+``seconds`` or ``clients_sampled`` where published), with ``clip_norm`` the configured one under
+fixed clipping; after the run, a distributed run's ε for each audience as ``epsilon/<audience>``.
+MLflow also gets the run config as params and the run's published files (never ``private/``) as
+artifacts. Docs: docs/TRACKING.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedprivacy.fl.callbacks import RunCallback
+
+if TYPE_CHECKING:
+    from fedprivacy.config import RunConfig
+    from fedprivacy.fl.run import FederatedRun, RunResult
+    from fedprivacy.fl.types import RoundRecord
+
+__all__ = ["TRACKERS", "TensorBoardCallback", "check_tracking", "parse_tracking",
+           "published_scalars", "tracking_callbacks"]
+
+#: tracker -> (the module it needs, the package that brings it)
+TRACKERS: Mapping[str, tuple[str, str]] = {"tensorboard": ("tensorboard", "tensorboard")}
+#: The run's published files that MLflow keeps as artifacts (:func:`fedprivacy.fl.outputs.write_outputs`).
+ARTIFACTS = ("results.json", "rounds.csv", "privacy_report.md", "accuracy_epsilon.png")
+
+
+def parse_tracking(value: str) -> tuple[str, ...]:
+    """The trackers a ``tracking`` value names (``""``: none); ValueError naming the key."""
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(f"tracking must be '' or a comma list of {', '.join(TRACKERS)}; got {value!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"tracking must name each tracker once, got {value!r}")
+    return names
+
+
+def check_tracking(*, tracking: str, tracking_dir: str, tracking_uri: str = "") -> None:
+    """The tracking keys' rules (run by the config, before anything starts); ValueError naming the key.
+
+    A tracker whose library is not installed is refused here (``importlib.util.find_spec``: nothing
+    is imported), as is a key that no chosen tracker reads.
+    """
+    names = parse_tracking(tracking)
+    for name in names:
+        module, package = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"tracking={name!r} needs the {package} package, which is not installed: "
+                             f"pip install 'fedprivacy[tracking]', or set tracking=''")
+    if tracking_dir and "tensorboard" not in names:
+        raise ValueError(f"tracking-dir is read only with tracking='tensorboard', got tracking={tracking!r}")
+    if tracking_uri and "mlflow" not in names:
+        raise ValueError(f"tracking-uri is read only with tracking='mlflow', got tracking={tracking!r}")
+    if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
+        raise ValueError(f"tracking-uri {tracking_uri!r} is MLflow's file store, which MLflow 3 refuses "
+                         "unless MLFLOW_ALLOW_FILE_STORE=true; use 'sqlite:///<path>/mlflow.db'")
+
+
+def tracking_callbacks(cfg: RunConfig, run_dir: Path | None) -> list[RunCallback]:
+    """The callbacks ``cfg.tracking`` names, in its order (none for ``tracking = ""``)."""
+    from fedprivacy.errors import ConfigError
+
+    names = parse_tracking(cfg.tracking)
+    if "tensorboard" in names and run_dir is None and not cfg.tracking_dir:
+        raise ConfigError(f"tracking-dir must be set for tracking={cfg.tracking!r} in a run without a "
+                          "run folder (run_dir=None)")
+    made: dict[str, type[RunCallback]] = {"tensorboard": TensorBoardCallback}
+    return [made[name]() for name in names]
+
+
+def run_label(run: FederatedRun) -> str:
+    """The name a tracker gives the run: its folder's name (``run-name``, or the timestamp)."""
+    return run.run_dir.name if run.run_dir is not None else (run.cfg.run_name or "run")
+
+
+def published_scalars(run: FederatedRun, row: Mapping[str, Any]) -> dict[str, float]:
+    """A published row's numbers (its ``round`` aside), and the configured clip norm under fixed
+    clipping; nothing that :meth:`~fedprivacy.fl.disclosure.RunDisclosure.published_rows` left out."""
+    out = {k: float(v) for k, v in row.items()
+           if k != "round" and isinstance(v, int | float) and not isinstance(v, bool)}
+    if "clip_norm" not in out and run.cfg.clip_norm > 0:
+        out["clip_norm"] = float(run.cfg.clip_norm)
+    return out
+
+
+def audience_scalars(results: Mapping[str, Any]) -> dict[str, float]:
+    """A distributed run's published ε for each audience (``epsilon/<audience>``), from its results."""
+    audiences = ((results.get("privacy") or {}).get("distributed") or {}).get("audiences") or {}
+    return {f"epsilon/{name}": float(block["epsilon"]) for name, block in audiences.items()
+            if isinstance(block, Mapping) and isinstance(block.get("epsilon"), int | float)}
+
+
+class _ScalarCallback(RunCallback):
+    """Per round the record's published row; at the end what the results add (a last evaluation
+    after a stop between evaluations, the audiences' ε), each (tag, round) once."""
+
+    def __init__(self) -> None:
+        self._logged: dict[int, set[str]] = {}
+
+    def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
+        raise NotImplementedError
+
+    def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
+        scalars = published_scalars(run, run.disclosure.published_rows([record])[0])
+        self._logged[record.round] = set(scalars)
+        self._write(run, record.round, scalars)
+
+    def _final_scalars(self, run: FederatedRun, result: RunResult) -> dict[int, dict[str, float]]:
+        """(round -> scalars) the results hold beyond what was logged per round."""
+        out: dict[int, dict[str, float]] = {}
+        for row in result.results["rounds"]:
+            step = int(row["round"])
+            if step in self._logged:
+                extra = {k: v for k, v in published_scalars(run, row).items() if k not in self._logged[step]}
+                if extra:
+                    out[step] = extra
+        if self._logged:
+            last = max(self._logged)
+            out.setdefault(last, {}).update(audience_scalars(result.results))
+        return {k: v for k, v in out.items() if v}
+
+
+class TensorBoardCallback(_ScalarCallback):
+    """Scalars per round in ``<tracking-dir>/<run name>`` (default ``<run dir>/tensorboard``), with
+    ``torch.utils.tensorboard``'s writer (the ``tensorboard`` package)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writer: Any = None
+        self.log_dir: Path | None = None
+
+    def on_run_start(self, run: FederatedRun) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        cfg = run.cfg
+        if cfg.tracking_dir:
+            self.log_dir = Path(cfg.tracking_dir) / run_label(run)
+        else:
+            assert run.run_dir is not None  # tracking_callbacks refuses the other case
+            self.log_dir = run.run_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
+        if self.writer is None:
+            return
+        for step, scalars in self._final_scalars(run, result).items():
+            self._write(run, step, scalars)
+        self.writer.close()
+        self.writer = None
