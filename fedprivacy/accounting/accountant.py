@@ -360,17 +360,22 @@ class Accountant:
         self._planned = None
 
     def _check_charged_ahead(self, event: PrivacyEvent) -> None:
-        """A zero-loss :class:`ChargedAhead` only follows the horizon's charge, within its horizon."""
+        """A zero-loss :class:`ChargedAhead` only follows a charge of the very event it covers, for at
+        most ``horizon - 1`` rounds per such charge."""
         from fedprivacy.accounting.events import ChargedAhead
 
-        if not isinstance(event.mechanism, ChargedAhead):
+        mech = event.mechanism
+        if not isinstance(mech, ChargedAhead):
             return
-        ahead = [e.event for e in self._ledger if isinstance(e.event.mechanism, ChargedAhead)]
-        if len(ahead) == len(self._ledger):
-            raise ValueError("a ChargedAhead event needs the horizon's charge before it; the ledger has none")
-        if sum(e.count for e in ahead) + event.count > event.mechanism.horizon - 1:
-            raise ValueError(f"ChargedAhead covers {event.mechanism.horizon - 1} rounds after the horizon's "
-                             "charge; this one would exceed them")
+        charges = sum(1 for e in self._ledger if e.event == mech.covers)
+        if charges == 0:
+            raise ValueError("a ChargedAhead event needs the horizon's charge before it: the ledger does not "
+                             f"hold the event it covers ({mech.covers.mechanism!r})")
+        used = sum(e.event.count for e in self._ledger
+                   if isinstance(e.event.mechanism, ChargedAhead) and e.event.mechanism.covers == mech.covers)
+        if used + event.count > charges * (mech.horizon - 1):
+            raise ValueError(f"ChargedAhead covers {mech.horizon - 1} rounds after each horizon's charge; "
+                             "this one would exceed them")
 
     # ------------------------------------------------------------------ reporting
     def claim(self, *, delta: float) -> dict[str, Any]:

@@ -361,17 +361,27 @@ class ChargedAhead:
     that of the whole release, which is charged in full before its first round (round t's output is a
     post-processing of the whole release, Denisov et al. 2022, Theorem 2.1). Rounds 2..horizon then
     charge this event, whose privacy loss is zero (RDP curve 0, the identity PLD), so the ledger holds
-    the horizon's event exactly once. It is valid only after that horizon charge; without sampling only.
+    the horizon's event exactly once. ``covers`` is that horizon event: an accountant takes this one
+    only after ``covers`` itself, for at most ``horizon - 1`` rounds per charge of it, and a run only
+    for a round whose noise is a later draw of the stream ``covers`` was charged for
+    (:func:`fedprivacy.fl.mechanisms.check_release`). Without sampling only.
     """
 
     kind: ClassVar[str] = "charged_ahead"
+    covers: PrivacyEvent
     horizon: int
 
     def __post_init__(self) -> None:
         _check_int("horizon", self.horizon, 1)
+        if isinstance(self.covers, dict):  # rebuilt from to_dict()
+            object.__setattr__(self, "covers", event_from_dict(self.covers))
+        if not isinstance(self.covers, PrivacyEvent):
+            raise ValueError(f"covers must be the horizon's PrivacyEvent, got {type(self.covers).__name__}")
+        if isinstance(self.covers.mechanism, ChargedAhead):
+            raise ValueError("covers must be the horizon's own event, not another ChargedAhead")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "horizon": self.horizon}
+        return {"kind": self.kind, "covers": self.covers.to_dict(), "horizon": self.horizon}
 
     def rdp(self, orders: Any, *, neighbouring: Neighbouring, sampling: Sampling) -> Any | None:
         import numpy as np

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from fedprivacy.accounting.events import Mechanism
+    from fedprivacy.accounting.events import Mechanism, PrivacyEvent
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.privacy import PrivacyPlan
     from fedprivacy.fl.types import RoundOutcome
@@ -234,11 +234,17 @@ def check_plan(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> None:
                                 f"{want!r}; the ledger must charge what runs")
 
 
-def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome) -> None:
+def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome, *,
+                  charged: PrivacyEvent | None = None) -> None:
     """Refuse a round whose server-side noise, per unit of its rule's sensitivity, is less than the plan
-    charged (before it is applied)."""
+    charged, or that was charged as already covered (``charged``: the ledger's charge for the round) but
+    whose noise is not a later draw of the covering stream (before it is applied)."""
+    if outcome.aborted is not None:
+        return
+    for event in (charged, outcome.event):
+        _check_covered(mode, outcome, event)
     server = getattr(mode, "server_mechanism", None)
-    if server is None or outcome.aborted is not None:
+    if server is None:
         return
     ratio = outcome.aggregate.sensitivity_ratio
     ran = outcome.aggregate.noise_std / ratio if ratio >= 1.0 else 0.0
@@ -248,3 +254,19 @@ def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome) -> None:
         raise MechanismMismatch(f"privacy mode {mode.name!r}: the round's aggregate carries noise std "
                                 f"{outcome.aggregate.noise_std:g} at sensitivity ratio {ratio:g}, its plan charged "
                                 f"{want:g} per unit of the clipped sum's; not released")
+
+
+def _check_covered(mode: Any, outcome: RoundOutcome, event: PrivacyEvent | None) -> None:
+    """A :class:`~fedprivacy.accounting.events.ChargedAhead` round's noise must be draw 2..horizon of
+    the stream charged as the event it covers: independent noise charged as covered would report one
+    round's ε for many releases."""
+    from fedprivacy.accounting.events import ChargedAhead
+
+    mech = None if event is None else event.mechanism
+    if not isinstance(mech, ChargedAhead):
+        return
+    draw = outcome.aggregate.correlated_draw
+    if draw is None or draw.covers != mech.covers or not 2 <= draw.index <= mech.horizon:
+        raise MechanismMismatch(f"privacy mode {getattr(mode, 'name', mode)!r} charges a round as covered by an "
+                                "earlier horizon charge, but its aggregate is not a later draw of the correlated "
+                                f"noise stream charged as that event (draw {draw!r}); not released")

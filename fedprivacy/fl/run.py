@@ -284,7 +284,7 @@ class FederatedRun:
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return cohort, None
-        check_release(self.mode, self.plan, outcome)  # less noise than charged: refused, nothing applied
+        check_release(self.mode, self.plan, outcome, charged=self.ledger.round_charge)  # less noise than charged: refused, nothing applied
         if self.dpsgd is not None:  # the server holds the replies: what they report beyond the plan
             self.dpsgd.book_replies(outcome.updates, round=rnd, public=self.publishes_participation, log=self.log)
         return cohort, outcome

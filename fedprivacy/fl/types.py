@@ -31,6 +31,7 @@ __all__ = [
     "AggregateResult",
     "ClientUpdate",
     "ClipRoundInfo",
+    "CorrelatedDraw",
     "DpsgdRoundInfo",
     "Exchange",
     "ModelHooks",
@@ -148,6 +149,8 @@ class AggregateResult:
         denominator: the fixed denominator used.
         sensitivity_ratio: the rule's L2 sensitivity over the clipped sum's (:mod:`fedprivacy.fl.robust`);
             the release is charged as noise ``noise_std / sensitivity_ratio`` on the sum.
+        correlated_draw: for correlated noise, which draw of the stream the noise is and the horizon
+            event the stream was charged as (a zero-loss round must carry a later draw of it).
     """
 
     mean_update: tuple[np.ndarray, ...]
@@ -156,6 +159,15 @@ class AggregateResult:
     noise_std: float
     denominator: float
     sensitivity_ratio: float = 1.0
+    correlated_draw: CorrelatedDraw | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorrelatedDraw:
+    """Draw ``index`` (1-based) of a correlated noise stream charged as ``covers`` before its first draw."""
+
+    covers: PrivacyEvent
+    index: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

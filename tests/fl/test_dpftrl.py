@@ -32,6 +32,7 @@ from fedprivacy.fl.client import local_exchange
 from fedprivacy.fl.mechanisms import MechanismMismatch, ServerMechanism
 from fedprivacy.fl.modes import Transport, get_mode
 from fedprivacy.fl.modes.dpftrl import CorrelatedNoise, DpftrlMode
+from fedprivacy.fl.modes.plain import CentralMode
 from fedprivacy.fl.round_inputs import RoundInputs
 from fedprivacy.fl.run import FederatedRun, run_federated
 from fedprivacy.fl.task import default_hooks
@@ -260,17 +261,61 @@ def test_the_flower_server_app_trains_the_groups_it_accounts_for(tmp_path: Path)
     assert [(r["clients_sampled"], r["clients_aggregated"]) for r in rounds] == [(3, 3)] * 3
 
 
-def test_the_zero_loss_event_only_follows_a_horizon_charge() -> None:
+def test_the_zero_loss_event_only_follows_a_charge_of_the_event_it_covers() -> None:
     from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.accounting.events import ChargedAhead, GaussianEvent, PrivacyEvent
 
-    covered = PrivacyEvent(mechanism=ChargedAhead(horizon=3))
+    horizon = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0))
+    covered = PrivacyEvent(mechanism=ChargedAhead(covers=horizon, horizon=3))
     acc = Accountant(backend="pld")
     with pytest.raises(ValueError, match="horizon's charge"):
         acc.spend(covered)  # nothing charged yet: it would claim epsilon 0
-    acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=1.0)))
+    acc.spend(PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=50.0)))
+    with pytest.raises(ValueError, match="horizon's charge"):
+        acc.spend(covered)  # a cheap charge is not the horizon this event says it is covered by
+    acc.spend(horizon)
     acc.spend(covered)
     acc.spend(covered)
     with pytest.raises(ValueError, match="exceed"):
         acc.spend(covered)  # a fourth round of a 3-round horizon
-    assert acc.steps == 3 and Accountant.from_json(acc.to_json()).epsilon(delta=DELTA) == acc.epsilon(delta=DELTA)
+    again = Accountant.from_json(acc.to_json())
+    assert acc.steps == 4 and again.epsilon(delta=DELTA) == acc.epsilon(delta=DELTA)
+    with pytest.raises(ValueError, match="exceed"):
+        again.spend(covered)  # the reloaded ledger still knows what the horizon's charge covered
+
+
+class _ChargedOnceCentral(CentralMode):
+    """The mistake: i.i.d. central noise every round, charged once and then as covered by that charge."""
+
+    name = "test-charged-once-central"
+
+    def round_fn(self, cfg: RunConfig, plan: Any, transport: Transport, *, aggregator: Any = None,
+                 log: Any = print) -> Any:
+        from fedprivacy.accounting.events import ChargedAhead, PrivacyEvent
+        from fedprivacy.fl.charging import before_release
+
+        inner = super().round_fn(cfg, plan, transport, aggregator=aggregator, log=log)
+        covered = PrivacyEvent(mechanism=ChargedAhead(covers=plan.event, horizon=cfg.num_server_rounds))
+        seen: list[int] = []
+
+        def round_(instr: Any, cohort: Sequence[int], weights: Sequence[np.ndarray], rng: RandomSource) -> Any:
+            if seen:
+                before_release(covered)  # the ledger takes it: the covered event is in it
+            seen.append(1)
+            return inner(instr, cohort, weights, rng)
+
+        return round_
+
+
+def test_a_round_charged_as_covered_without_a_later_correlated_draw_is_refused(tmp_path: Path) -> None:
+    # Arrange: the accountant alone would take the zero-loss charge (the covered event is in the ledger)
+    cfg = _cfg(tmp_path, privacy="central")
+    run = FederatedRun(cfg, population=N, exchange=local_exchange(cfg, population=N), mode=_ChargedOnceCentral(),
+                       callbacks=[], log=lambda _: None)
+    run.step()
+    after_one = [w.copy() for w in run.weights]
+    # Act / Assert: round 2's independent noise is not a draw of a stream its charge covered
+    with pytest.raises(MechanismMismatch, match="later draw"):
+        run.step()
+    assert all(np.array_equal(a, b) for a, b in zip(after_one, run.weights, strict=True))
+    assert len(run.records) == 1

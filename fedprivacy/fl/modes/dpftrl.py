@@ -38,7 +38,7 @@ from fedprivacy.fl.mechanisms import ServerMechanism
 from fedprivacy.fl.modes.base import Disclosure, Transport, exchange_of
 from fedprivacy.fl.modes.plain import CentralMode
 from fedprivacy.fl.privacy import PrivacyPlan
-from fedprivacy.fl.types import RoundFn, RoundInstructions, RoundOutcome
+from fedprivacy.fl.types import CorrelatedDraw, RoundFn, RoundInstructions, RoundOutcome
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.events import Mechanism, PrivacyEvent, Sampling
@@ -142,7 +142,7 @@ class DpftrlRound:
         self._exchange, self._plan, self._mechanism = exchange, plan, mechanism
         self._sum = PlainAggregator(clip_norm=cfg.clip_norm, noise_std=0.0)
         self._horizon = plan.event
-        self._covered = PrivacyEvent(mechanism=ChargedAhead(horizon=cfg.num_server_rounds))
+        self._covered = PrivacyEvent(mechanism=ChargedAhead(covers=plan.event, horizon=cfg.num_server_rounds))
         self._stream: StreamingNoise | None = None
 
     def __call__(self, instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray],
@@ -160,8 +160,9 @@ class DpftrlRound:
             self._stream = self._mechanism.stream(plan, dim=dim, rng=rng.child("dpftrl-noise"))
         noised = flatten(clean.mean_update, dtype=np.float64) + self._stream.next()
         mean = unflatten(noised / plan.denominator, like=weights)
+        draw = CorrelatedDraw(covers=self._horizon, index=self._stream.round)
         agg = dataclasses.replace(clean, mean_update=tuple(mean), noise_std=self._stream.noise_std,
-                                  denominator=plan.denominator)
+                                  denominator=plan.denominator, correlated_draw=draw)
         # the event this round charged (a round function used outside a run is charged it afterwards)
         return RoundOutcome(aggregate=agg, failures=dict(failures), updates=tuple(updates), event=event)
 
@@ -293,7 +294,7 @@ def _check_accountant(cfg: RunConfig, event: PrivacyEvent) -> None:
     from fedprivacy.accounting.events import ChargedAhead, Neighbouring, PrivacyEvent
 
     acc = Accountant(backend=cfg.accountant, neighbouring=Neighbouring.ADD_REMOVE, unit="user")
-    for ev in (event, PrivacyEvent(mechanism=ChargedAhead(horizon=cfg.num_server_rounds))):
+    for ev in (event, PrivacyEvent(mechanism=ChargedAhead(covers=event, horizon=cfg.num_server_rounds))):
         reason = acc.unsupported_reason(ev)
         if reason is not None:
             raise ValueError(f"accountant={cfg.accountant!r} cannot account privacy='dpftrl': {reason}")
