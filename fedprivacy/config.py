@@ -307,9 +307,11 @@ class RunOptions:
     eval_every: int = 1
     # a simulation's Byzantine clients (fedprivacy.fl.byzantine); the launchers give it to the clients
     byzantine: str = ""
-    # experiment tracking of what the run publishes (fedprivacy.fl.tracking): "" | tensorboard
+    # experiment tracking of what the run publishes (fedprivacy.fl.tracking): "" | tensorboard | mlflow
     tracking: str = ""
     tracking_dir: str = ""
+    tracking_uri: str = ""
+    tracking_experiment: str = ""
 
     def __post_init__(self) -> None:
         from fedprivacy.fl.byzantine import ByzantineSpec
@@ -317,7 +319,8 @@ class RunOptions:
 
         _check_fields(self)
         ByzantineSpec.parse(self.byzantine)
-        check_tracking(tracking=self.tracking, tracking_dir=self.tracking_dir)
+        check_tracking(tracking=self.tracking, tracking_dir=self.tracking_dir, tracking_uri=self.tracking_uri,
+                       tracking_experiment=self.tracking_experiment)
         _positive_int("num-server-rounds", self.num_server_rounds)
         _positive_int("eval-every", self.eval_every)
         if self.seed < -1:

@@ -1,7 +1,7 @@
 """Experiment tracking as run callbacks: TensorBoard scalars and MLflow runs of what a run publishes.
 
 ``tracking = "tensorboard"``, ``"mlflow"`` or ``"tensorboard,mlflow"`` adds
-:class:`TensorBoardCallback` / :class:`MlflowCallback` to a run's default callbacks
+:class:`TensorBoardCallback` / :class:`MlflowCallback` to a run's default callbacks, after the outputs
 (:func:`tracking_callbacks`). Each imports its library only when the run starts; a missing library
 is refused with the config (:func:`check_tracking`), in one line naming ``tracking``.
 
@@ -20,22 +20,27 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.callbacks import RunCallback
+from fedprivacy.fl.results import RunStatus
 
 if TYPE_CHECKING:
     from fedprivacy.config import RunConfig
     from fedprivacy.fl.run import FederatedRun, RunResult
     from fedprivacy.fl.types import RoundRecord
 
-__all__ = ["TRACKERS", "TensorBoardCallback", "check_tracking", "parse_tracking",
+__all__ = ["ARTIFACTS", "DEFAULT_EXPERIMENT", "TRACKERS", "MlflowCallback", "mlflow_uri", "TensorBoardCallback", "check_tracking", "parse_tracking",
            "published_scalars", "tracking_callbacks"]
 
 #: tracker -> (the module it needs, the package that brings it)
-TRACKERS: Mapping[str, tuple[str, str]] = {"tensorboard": ("tensorboard", "tensorboard")}
+TRACKERS: Mapping[str, tuple[str, str]] = {"tensorboard": ("tensorboard", "tensorboard"),
+                                           "mlflow": ("mlflow", "mlflow-skinny")}
+#: MLflow's experiment when ``tracking-experiment`` is empty.
+DEFAULT_EXPERIMENT = "fedprivacy"
 #: The run's published files that MLflow keeps as artifacts (:func:`fedprivacy.fl.outputs.write_outputs`).
 ARTIFACTS = ("results.json", "rounds.csv", "privacy_report.md", "accuracy_epsilon.png")
 
@@ -51,7 +56,7 @@ def parse_tracking(value: str) -> tuple[str, ...]:
     return names
 
 
-def check_tracking(*, tracking: str, tracking_dir: str, tracking_uri: str = "") -> None:
+def check_tracking(*, tracking: str, tracking_dir: str, tracking_uri: str, tracking_experiment: str) -> None:
     """The tracking keys' rules (run by the config, before anything starts); ValueError naming the key.
 
     A tracker whose library is not installed is refused here (``importlib.util.find_spec``: nothing
@@ -65,8 +70,9 @@ def check_tracking(*, tracking: str, tracking_dir: str, tracking_uri: str = "") 
                              f"pip install 'fedprivacy[tracking]', or set tracking=''")
     if tracking_dir and "tensorboard" not in names:
         raise ValueError(f"tracking-dir is read only with tracking='tensorboard', got tracking={tracking!r}")
-    if tracking_uri and "mlflow" not in names:
-        raise ValueError(f"tracking-uri is read only with tracking='mlflow', got tracking={tracking!r}")
+    for key, value in (("tracking-uri", tracking_uri), ("tracking-experiment", tracking_experiment)):
+        if value and "mlflow" not in names:
+            raise ValueError(f"{key} is read only with tracking='mlflow', got tracking={tracking!r}")
     if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
         raise ValueError(f"tracking-uri {tracking_uri!r} is MLflow's file store, which MLflow 3 refuses "
                          "unless MLFLOW_ALLOW_FILE_STORE=true; use 'sqlite:///<path>/mlflow.db'")
@@ -80,7 +86,7 @@ def tracking_callbacks(cfg: RunConfig, run_dir: Path | None) -> list[RunCallback
     if "tensorboard" in names and run_dir is None and not cfg.tracking_dir:
         raise ConfigError(f"tracking-dir must be set for tracking={cfg.tracking!r} in a run without a "
                           "run folder (run_dir=None)")
-    made: dict[str, type[RunCallback]] = {"tensorboard": TensorBoardCallback}
+    made: dict[str, type[RunCallback]] = {"tensorboard": TensorBoardCallback, "mlflow": MlflowCallback}
     return [made[name]() for name in names]
 
 
@@ -167,3 +173,75 @@ class TensorBoardCallback(_ScalarCallback):
             self._write(run, step, scalars)
         self.writer.close()
         self.writer = None
+
+
+def mlflow_uri(cfg: RunConfig) -> str:
+    """``tracking-uri``, or MLflow's SQLite store ``<output-dir>/mlflow.db`` when it is empty."""
+    if cfg.tracking_uri:
+        return cfg.tracking_uri
+    return f"sqlite:///{(Path(cfg.output_dir) / 'mlflow.db').resolve()}"
+
+
+def _artifact_root(uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store (MLflow's default is a
+    folder of the working directory); None (the server's or file store's choice) otherwise."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).resolve().as_uri()
+
+
+class MlflowCallback(_ScalarCallback):
+    """One MLflow run per fedprivacy run, in experiment ``tracking-experiment``: params = the run
+    config, metrics per round (logged asynchronously, waited for at the end), artifacts = the run's
+    published files (:data:`ARTIFACTS`). A resumed run continues its MLflow run (tag
+    ``fedprivacy.run``) and keeps the params of its start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client: Any = None
+        self.run_id: str | None = None
+        self._pending: list[Any] = []
+
+    def on_run_start(self, run: FederatedRun) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri, label = mlflow_uri(run.cfg), run_label(run)
+        name = run.cfg.tracking_experiment or DEFAULT_EXPERIMENT
+        self.client = client = MlflowClient(tracking_uri=uri)
+        found = client.get_experiment_by_name(name)
+        experiment = (found.experiment_id if found is not None
+                      else client.create_experiment(name, artifact_location=_artifact_root(uri, name)))
+        earlier = client.search_runs([experiment], filter_string=f"tags.`fedprivacy.run` = '{label}'",
+                                     max_results=1) if run.policy.resumes else []
+        if earlier:  # the same run, continued: its params are those it started with
+            self.run_id = earlier[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+            return
+        self.run_id = client.create_run(experiment, run_name=label, tags={"fedprivacy.run": label}).info.run_id
+        params = [Param(k, str(v)) for k, v in run.cfg.to_mapping().items()]
+        for i in range(0, len(params), 100):  # MLflow's limit per batch
+            client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(key=k, value=v, timestamp=stamp, step=step) for k, v in scalars.items()]
+        self._pending.append(self.client.log_batch(self.run_id, metrics=metrics, synchronous=False))
+
+    def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
+        if self.run_id is None:
+            return
+        for step, scalars in self._final_scalars(run, result).items():
+            self._write(run, step, scalars)
+        for pending in self._pending:
+            pending.wait()
+        self._pending = []
+        for path in [run.run_dir / name for name in ARTIFACTS] if run.run_dir is not None else []:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_tag(self.run_id, "fedprivacy.status", str(result.status))
+        failed = result.status not in (RunStatus.COMPLETED, RunStatus.BUDGET_EXHAUSTED)  # a clean stop
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+        self.run_id = None
