@@ -143,6 +143,7 @@ class TrainConfig:
     batched_training: str = "auto"
     device: str = "cpu"
     proximal_mu: float = 0.0  # FedProx's μ (Li et al. 2020); 0 = FedAvg's local SGD
+    scaffold: bool = False  # SCAFFOLD's control variates (Karimireddy et al. 2020): fedprivacy.fl.scaffold
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -485,6 +486,9 @@ class RunConfig(RunOptions, SecAggConfig, ServerOptConfig, PrivacyConfig, TrainC
         from fedprivacy.fl.robust import check_rule
 
         check_rule(self)
+        from fedprivacy.fl.scaffold import check_scaffold
+
+        check_scaffold(self)
         self._check_secagg()
         if self.sampling == "fixed":
             if self.cohort_size < 1:

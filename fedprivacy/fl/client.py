@@ -29,10 +29,12 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.byzantine import ByzantineSpec
     from fedprivacy.fl.mechanisms import ClientMechanism
+    from fedprivacy.fl.scaffold import ClientControl
 
 
-LocalTrainer = Callable[[Sequence[np.ndarray], int], LocalResult]
-"""``train(global weights, seed) -> LocalResult``: the ML step of one client's round."""
+LocalTrainer = Callable[..., LocalResult]
+"""``train(global weights, seed) -> LocalResult``: the ML step of one client's round (SCAFFOLD rounds
+also pass ``correction=c − c_i``)."""
 
 
 def client_rng(*, seed: int, partition_id: int, round: int) -> RandomSource:
@@ -94,6 +96,7 @@ def client_update(
     instructions: RoundInstructions,
     train: LocalTrainer,
     attack: ByzantineSpec | None = None,
+    control: ClientControl | None = None,
 ) -> ClientUpdate:
     """The one client pipeline: train locally, Δ = w_local − w_global, privatise, disclose what the mode allows.
 
@@ -101,12 +104,18 @@ def client_update(
     from the client's :func:`client_rng`, and so is the local noise, so a seeded run repeats exactly.
     Used by the ClientApp (through :func:`train_client`), the in-process :func:`local_exchange`, the
     membership-inference targets and the benchmarks. ``attack``: a simulated Byzantine client
-    (:mod:`fedprivacy.fl.byzantine`) sends a corruption of what it would release.
+    (:mod:`fedprivacy.fl.byzantine`) sends a corruption of what it would release. In a SCAFFOLD round
+    (``instructions.scaffold``) ``weights`` is ``x ++ c``, ``control`` holds this client's ``c_i`` (set
+    to ``c_i+`` here) and the released vector is ``Δy ++ Δc``, clipped and noised as one.
     """
     rng = client_rng(seed=instructions.seed, partition_id=partition_id, round=instructions.round)
-    result = train(weights, int(rng.child("train").integers(0, 2**31 - 1)))
-    delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
-             for w, g in zip(result.weights, weights, strict=True)]
+    seed = int(rng.child("train").integers(0, 2**31 - 1))
+    if instructions.scaffold:
+        delta, result = _scaffold_delta(weights, train, seed, instructions, control)
+    else:
+        result = train(weights, seed)
+        delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
+                 for w, g in zip(result.weights, weights, strict=True)]
     mechanism = get_client_mechanism(instructions.client_mechanism)
     # a secure-only mechanism's noise goes into the encoded vector (fedprivacy.fl.secure.client), not here
     adds = None if mechanism is None or getattr(mechanism, "secure_only", False) else mechanism
@@ -131,6 +140,25 @@ def client_update(
     )
 
 
+def _scaffold_delta(arrays: Sequence[np.ndarray], train: LocalTrainer, seed: int,
+                    instructions: RoundInstructions, control: ClientControl | None
+                    ) -> tuple[list[np.ndarray], LocalResult]:
+    """SCAFFOLD's local round (:mod:`fedprivacy.fl.scaffold`): train on ``x`` with ``c − c_i``, then
+    ``Δy ++ Δc`` (not yet clipped) and ``control.value = c_i+``."""
+    from fedprivacy.fl.scaffold import ClientControl, client_step, split_arrays
+
+    if control is None:
+        control = ClientControl()  # a client without state: c_i = 0 each round
+    x, c = split_arrays(arrays)
+    c_i = control.current(x)
+    correction = [np.asarray(cc, dtype=np.float64) - ci for cc, ci in zip(c, c_i, strict=True)]
+    result = train(x, seed, correction=correction)
+    joint, new = client_step(x, c, c_i, result.weights, steps=result.steps,
+                             learning_rate=instructions.learning_rate)
+    control.value = tuple(a.astype(np.float32) for a in new)
+    return joint, result
+
+
 def train_client(
     cfg: RunConfig,
     *,
@@ -139,26 +167,33 @@ def train_client(
     weights: Sequence[np.ndarray],
     instructions: RoundInstructions,
     attack: ByzantineSpec | None = None,
+    control: ClientControl | None = None,
 ) -> ClientUpdate:
     """One client's round on the configured model and data partition (:func:`client_update`)."""
     from fedprivacy.fl import task
 
-    def train(w: Sequence[np.ndarray], seed: int) -> LocalResult:
+    def train(w: Sequence[np.ndarray], seed: int, *, correction: Sequence[np.ndarray] | None = None
+              ) -> LocalResult:
         return task.local_training(cfg, partition_id=partition_id, num_partitions=num_partitions,
-                                   weights=w, instructions=instructions, seed=seed)
+                                   weights=w, instructions=instructions, seed=seed, correction=correction)
 
     return client_update(partition_id=partition_id, weights=weights, instructions=instructions, train=train,
-                         attack=attack)
+                         attack=attack, control=control)
 
 
 def local_exchange(cfg: RunConfig, *, population: int) -> Exchange:
     """An :data:`~fedprivacy.fl.types.Exchange` that runs the sampled clients in this process (no
-    Flower): the same :func:`train_client` the ClientApp calls, for notebooks, tests and benchmarks."""
+    Flower): the same :func:`train_client` the ClientApp calls, for notebooks, tests and benchmarks.
+    Each client's SCAFFOLD ``c_i`` is kept here, per partition id, as a client keeps it in its state."""
+    from fedprivacy.fl.scaffold import ClientControl
+
+    controls: dict[int, ClientControl] = {}
 
     def exchange(instr: RoundInstructions, cohort: Sequence[int], weights: Sequence[np.ndarray]
                  ) -> tuple[list[ClientUpdate], dict[int, str]]:
         updates = [train_client(cfg, partition_id=pid, num_partitions=population, weights=weights,
-                                instructions=instr) for pid in cohort]
+                                instructions=instr, control=controls.setdefault(pid, ClientControl()))
+                   for pid in cohort]
         return updates, {}
 
     return exchange

@@ -77,7 +77,8 @@ class RoundInputs:
             client_mechanism=mechanism.name if mechanism is not None else "",
             noise_multiplier=plan.noise_multiplier if mechanism is not None else 0.0,
             private=plan.event is not None, learning_rate=cfg.learning_rate, local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size, num_classes=self.num_classes, seed=cfg.seed, proximal_mu=cfg.proximal_mu)
+            batch_size=cfg.batch_size, num_classes=self.num_classes, seed=cfg.seed, proximal_mu=cfg.proximal_mu,
+            scaffold=cfg.scaffold)
 
     def _draw(self, rnd: int) -> Inputs:
         rng = self.root.child("server", rnd)

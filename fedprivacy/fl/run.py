@@ -57,6 +57,7 @@ from fedprivacy.fl.run_files import (
     resolve_run_dir,
     round_seconds,
 )
+from fedprivacy.fl.scaffold import ScaffoldServer
 from fedprivacy.fl.server_opt import ServerOptimizer, make_server_optimizer
 from fedprivacy.fl.tracking import tracking_callbacks
 from fedprivacy.fl.types import (
@@ -113,6 +114,8 @@ class FederatedRun:
         self.hooks = hooks
         self.aggregator = aggregator
         self.server_optimizer = server_optimizer or make_server_optimizer(cfg)
+        # SCAFFOLD's server control variate: sent with the model, moved by the released Δc only
+        self.scaffold = ScaffoldServer(population=population, mode=self.mode.name) if cfg.scaffold else None
         self.callbacks = (list(callbacks) if callbacks is not None
                           else default_callbacks(log) + tracking_callbacks(cfg, run_dir))
         self.root = root_source(cfg)
@@ -185,6 +188,8 @@ class FederatedRun:
         from fedprivacy.errors import ConfigError
 
         dim = int(sum(np.size(w) for w in (ckpt.weights if ckpt else self.weights)))
+        if self.scaffold is not None:  # the clients release Δy ++ Δc: one vector of twice the length
+            dim *= 2
         try:
             return plan_privacy(self.cfg, population=self.population, dim=dim, mode=self.mode)
         except ConfigError:
@@ -219,6 +224,8 @@ class FederatedRun:
             self.dpsgd.load(ckpt.extra.get("dpsgd", {}))
             self._open_dpsgd_journal(expected=bool(ckpt.extra.get("dpsgd_journal")), checkpointed=True)
         self.server_optimizer.load_state_dict(ckpt.extra.get("server_optimizer", {}))
+        if self.scaffold is not None:
+            self.scaffold.load_state_dict(ckpt.extra.get("scaffold", {}))
         load_round = getattr(self._round_fn, "load_state_dict", None)
         if load_round is not None:  # a round function with state (adaptive clipping's estimate)
             load_round(ckpt.extra.get("round", {}))
@@ -245,6 +252,8 @@ class FederatedRun:
         state = self.server_optimizer.state_dict()
         if state:
             extra["server_optimizer"] = state
+        if self.scaffold is not None:
+            extra["scaffold"] = self.scaffold.state_dict()
         round_state = getattr(self._round_fn, "state_dict", None)
         if round_state is not None:
             extra["round"] = round_state()
@@ -280,7 +289,8 @@ class FederatedRun:
         self._round_cohort = cohort
         try:
             with charging(functools.partial(self.ledger.before_release, rnd)):
-                outcome = self._round_fn(instructions, cohort, self.weights, round_rng)
+                arrays = self.weights if self.scaffold is None else self.scaffold.broadcast(self.weights)
+                outcome = self._round_fn(instructions, cohort, arrays, round_rng)
         except PrivacyBudgetExhausted as exc:  # raised at the release point: nothing was released
             self._stop(f"round {rnd} not released, its event exceeds the budget: {exc}")
             return cohort, None
@@ -298,7 +308,8 @@ class FederatedRun:
         after_release = getattr(self._round_fn, "after_release", None)
         if after_release is not None:  # round state that follows released values only
             after_release(outcome)
-        self.weights = self.server_optimizer.step(self.weights, outcome.aggregate.mean_update)
+        mean = outcome.aggregate.mean_update if self.scaffold is None else self.scaffold.update(outcome.aggregate)
+        self.weights = self.server_optimizer.step(self.weights, mean)
         record = self._record(rnd, cohort, outcome, t0)
         if self.run_dir is not None:
             append_participation(self.run_dir, self.disclosure.private_line(record, self._left_out))

@@ -25,6 +25,7 @@ class LocalResult:
     loss: float
     dpsgd_steps: int | None
     dpsgd_sample_rate: float | None
+    steps: int = 0  # local optimizer steps (SCAFFOLD's K)
 
 
 def default_hooks(cfg: RunConfig, *, population: int) -> ModelHooks:
@@ -121,8 +122,10 @@ def local_training(
     weights: Sequence[np.ndarray],
     instructions: RoundInstructions,
     seed: int,
+    correction: Sequence[np.ndarray] | None = None,
 ) -> LocalResult:
-    """Train the global model on this client's partition; DP-SGD when ``cfg.dpsgd``."""
+    """Train the global model on this client's partition; DP-SGD when ``cfg.dpsgd``; ``correction``:
+    SCAFFOLD's ``c − c_i`` added to every step's gradient (:mod:`fedprivacy.fl.scaffold`)."""
     from fedprivacy.ml.models import build_model, get_weights, set_weights
     from fedprivacy.ml.partition import load_partition
     from fedprivacy.ml.train import DpsgdConfig, train_local
@@ -148,19 +151,19 @@ def local_training(
     rng = RandomSource.seeded(seed) if instructions.seed >= 0 else RandomSource.secure()
     res = train_local(model, split, epochs=instructions.local_epochs, lr=instructions.learning_rate,
                       batch_size=instructions.batch_size, seed=seed, dpsgd=dpsgd, rng=rng,
-                      proximal_mu=instructions.proximal_mu)
+                      proximal_mu=instructions.proximal_mu, correction=correction)
     n = int(res.num_examples)
     steps = int(res.steps) if cfg.dpsgd else None
     rate = float(res.dpsgd_sample_rate) if (cfg.dpsgd and res.dpsgd_sample_rate is not None) else None
     return LocalResult(weights=get_weights(model), num_examples=n, loss=float(res.loss),
-                       dpsgd_steps=steps, dpsgd_sample_rate=rate)
+                       dpsgd_steps=steps, dpsgd_sample_rate=rate, steps=int(res.steps))
 
 
 def batching_chosen(cfg: RunConfig) -> bool:
     """Whether ``batched-training`` asks for this run's plain-SGD clients to train as one computation:
     ``auto`` for the models the registry marks (measured faster batched), ``on`` for any model; never
     with DP-SGD (Opacus' per-example clipping stays per client)."""
-    if cfg.batched_training == "off" or cfg.dpsgd or cfg.proximal_mu > 0:  # FedProx trains per client
+    if cfg.batched_training == "off" or cfg.dpsgd or cfg.proximal_mu > 0 or cfg.scaffold:  # per client
         return False
     if cfg.batched_training == "on":
         return True

@@ -96,6 +96,7 @@ class RoundInstructions:
     num_classes: int
     seed: int  # -1 = secure randomness
     proximal_mu: float = 0.0  # FedProx's proximal term on local training (training only: ε unchanged)
+    scaffold: bool = False  # SCAFFOLD: the arrays are x ++ c, the reply Δy ++ Δc clipped jointly (ε unchanged)
 
     def __post_init__(self) -> None:
         if not self.proximal_mu >= 0:

@@ -30,7 +30,7 @@ import copy
 import functools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +182,7 @@ def train_local(
     dpsgd: DpsgdConfig | None = None,
     rng: RandomSource | None = None,
     proximal_mu: float = 0.0,
+    correction: Sequence[np.ndarray] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with SGD (optionally DP-SGD) on ``split``.
 
@@ -200,6 +201,9 @@ def train_local(
         proximal_mu: FedProx's μ (Li et al. 2020, Eq. 2): each step descends
             ``loss + μ/2 ‖w − w₀‖²`` with ``w₀`` the starting weights (Flower's FedProx client). Plain
             SGD only; training changes, the released update is clipped as ever (ε unchanged).
+        correction: SCAFFOLD's ``c − c_i`` (Karimireddy et al. 2020, Alg. 1 line 10), one array per
+            parameter in ``state_dict`` order: each step descends ``g(y) − c_i + c``. Plain SGD only;
+            the model's state must be its parameters (no buffers).
 
     Returns:
         A :class:`TrainResult`.
@@ -219,6 +223,8 @@ def train_local(
     if dpsgd is not None:
         if proximal_mu > 0:
             raise ValueError("proximal_mu > 0 is not implemented with DP-SGD")
+        if correction is not None:
+            raise ValueError("a SCAFFOLD correction is not implemented with DP-SGD")
         if rng is None:
             rng = RandomSource.secure() if seed is None else RandomSource.seeded(int(seed) % 2**63)
         if dpsgd.secure_mode and not rng.is_private:
@@ -231,12 +237,34 @@ def train_local(
         )
 
     return _train_sgd(model, split, epochs=epochs, lr=lr, batch_size=batch_size, gen=gen,
-                      proximal_mu=proximal_mu)
+                      proximal_mu=proximal_mu, correction=_correction_tensors(model, correction))
+
+
+def _correction_tensors(model: nn.Module, correction: Sequence[np.ndarray] | None) -> list[torch.Tensor] | None:
+    """``correction`` as tensors of the trainable parameters' shapes and dtypes (None: no correction)."""
+    if correction is None:
+        return None
+    state = model.state_dict()
+    named = dict(model.named_parameters())
+    if list(state) != list(named) or not all(p.requires_grad for p in named.values()):
+        raise ValueError("correction (SCAFFOLD) needs a model whose state_dict is exactly its trainable "
+                         f"parameters, got state {list(state)} and parameters {list(named)}")
+    if len(correction) != len(named):
+        raise ValueError(f"correction must hold one array per parameter ({len(named)}), got {len(correction)}")
+    out: list[torch.Tensor] = []
+    for (name, p), c in zip(named.items(), correction, strict=True):
+        arr = np.asarray(c)
+        if tuple(arr.shape) != tuple(p.shape) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"correction for {name} must be finite of shape {tuple(p.shape)}, got {arr.shape}")
+        out.append(torch.from_numpy(np.array(arr, copy=True)).to(dtype=p.dtype, device=p.device))
+    return out
 
 
 def _train_sgd(model: nn.Module, split: Split, *, epochs: int, lr: float, batch_size: int,
-               gen: torch.Generator, proximal_mu: float) -> TrainResult:
-    """Plain SGD (FedProx's proximal step when ``proximal_mu > 0``) for :func:`train_local`."""
+               gen: torch.Generator, proximal_mu: float, correction: list[torch.Tensor] | None = None
+               ) -> TrainResult:
+    """Plain SGD for :func:`train_local`: FedProx's proximal step when ``proximal_mu > 0``, SCAFFOLD's
+    corrected step ``g − c_i + c`` when ``correction`` is given."""
     x, y = _tensors(split)
     n = len(split)
     bs = min(batch_size, n)
@@ -258,6 +286,8 @@ def _train_sgd(model: nn.Module, split: Split, *, epochs: int, lr: float, batch_
                 if anchor is not None:  # the gradient of μ/2 ‖w − w₀‖²
                     grads = tuple(torch._foreach_add(list(grads), torch._foreach_sub(params, anchor),
                                                      alpha=proximal_mu))
+                if correction is not None:  # SCAFFOLD, Alg. 1 line 10: y <- y - lr (g(y) - c_i + c)
+                    grads = tuple(torch._foreach_add(list(grads), correction))
                 torch._foreach_add_(params, grads, alpha=-lr)
             steps += 1
             loss_sum += float(loss.detach()) * len(idx)
