@@ -16,16 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import budget_log, round_log
+from clients import budget_log, round_log, scaffold_state
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.byzantine import byzantine_of
 from fedprivacy.fl.client import train_client
 from fedprivacy.fl.client_policy import ENV_VAR, ClientPolicy, PolicyRefusal
 from fedprivacy.fl.modes import get_mode
-from fedprivacy.fl.scaffold import ClientControl
 from fedprivacy.fl.types import ClientUpdate, RoundInstructions
 from fedprivacy_flwr import codec
 
@@ -141,25 +140,16 @@ def _reply(a: _Admitted, update: ClientUpdate) -> Message:
     return reply
 
 
-_CONTROL = "scaffold-control"  # this client's SCAFFOLD c_i: node state only, never in a reply
-
-
-def _control(context: Context) -> ClientControl:
-    record = codec.optional_record(context.state, _CONTROL, ArrayRecord)
-    return ClientControl(value=None if record is None else tuple(codec.record_to_arrays(record)))
-
-
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training, Δ clipped and noised by the named client mechanism; see :mod:`fedprivacy.fl.client`.
     A SCAFFOLD round reads and keeps this client's ``c_i`` in its own node state (:mod:`fedprivacy.fl.scaffold`)."""
     with budget_log.one_sync():  # the admission and the charge: one fsync, before the reply is returned
         a = _admit(msg, context)
-        control = _control(context) if a.instr.scaffold else None
+        control = scaffold_state.load(context) if a.instr.scaffold else None
         update = train_client(a.cfg, partition_id=a.pid, num_partitions=a.total, weights=a.weights,
                               instructions=a.instr, attack=byzantine_of(context), control=control)
-        if control is not None and control.value is not None:
-            context.state[_CONTROL] = codec.arrays_to_record(control.value)
+        scaffold_state.save(context, control)
         return _reply(a, update)
 
 

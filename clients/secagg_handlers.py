@@ -25,7 +25,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message
 
-from clients import budget_log, round_log
+from clients import budget_log, round_log, scaffold_state
 from fedprivacy.config import RunConfig
 from fedprivacy.fl.byzantine import byzantine_of
 from fedprivacy.fl.client import train_client
@@ -144,10 +144,13 @@ def masked(msg: Message, context: Context, *, cfg: RunConfig, partition_id: int,
     instr, weights = codec.decode_train(msg)
     # the ring width of the encoding this client accepted at its share stage: the upload is packed
     bits = _store(context).encoding(_key(context), round=request.round).modulus_bits
+    control = scaffold_state.load(context) if instr.scaffold else None  # c_i: node state, never sent
     out, meta = client_masked_round(_store(context), _key(context), request, cfg=cfg,
                                     instructions=instr, weights=weights, partition_id=partition_id,
                                     num_partitions=num_partitions, policy=policy,
-                                    train=functools.partial(train_client, attack=byzantine_of(context)))
+                                    train=functools.partial(train_client, attack=byzantine_of(context),
+                                                            control=control))
+    scaffold_state.save(context, control)
     reply = _reply(msg, "masked", out, context, modulus_bits=bits, metrics=codec.metrics_record(meta),
                    next_part=_Next(cfg=cfg, partition_id=partition_id, policy=policy))
     # before it leaves; a seed in the masked request (whatever the share stage's said) seeds the rounding and

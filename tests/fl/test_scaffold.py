@@ -173,9 +173,7 @@ def test_the_server_control_variate_moves_by_the_released_sum_over_n() -> None:
 
 @pytest.mark.parametrize(("extra", "key"), [
     ({"privacy": "local"}, "privacy"),
-    ({"privacy": "distributed", "secagg": True}, "privacy"),
     ({"privacy": "dpftrl"}, "privacy"),
-    ({"privacy": "none", "secagg": True}, "secagg=true"),
     ({"dpsgd": True}, "dpsgd=true"),
     ({"aggregation": "median"}, "aggregation='median'"),
     ({"adaptive-clip": True}, "adaptive-clip=true"),
@@ -274,3 +272,32 @@ def test_a_run_with_another_mode_object_is_refused_before_it_starts() -> None:
     with pytest.raises(ValueError, match="scaffold=true is implemented for privacy modes"):
         FederatedRun(cfg, population=4, exchange=local_exchange(cfg, population=4), mode=get_mode("local"),
                      callbacks=[])
+
+
+def _secure_run(tmp_path: Path, name: str, **extra) -> dict:
+    base = {"num-server-rounds": 2, "seed": 5, "local-epochs": 1, "dataset": "digits", "secagg": True,
+            "client-timeout": 30.0, "output-dir": str(tmp_path), "run-name": name}
+    run_inprocess(run_config={**base, **extra}, num_supernodes=10, app_dir=ROOT, node_id_seed=3)
+    return json.loads((tmp_path / name / "results.json").read_text(encoding="utf-8"))
+
+
+def test_a_distributed_scaffold_run_reports_fedavgs_privacy_at_the_same_released_dimension(tmp_path: Path) -> None:
+    # the discrete-Gaussian bound depends on the encoded (padded) dimension: hidden 64 gives a dy ++ dc of
+    # 2 x 4810 = 9620 coordinates, hidden 128 a FedAvg update of 9610; both encode in 2^14
+    dp = {"privacy": "distributed", "noise-multiplier": 1.0}
+    fedavg = _secure_run(tmp_path, "fedavg", **dp, **{"hidden-units": 128})
+    scaffold = _secure_run(tmp_path, "scaffold", **dp, scaffold=True, **{"hidden-units": 64})
+    small = _secure_run(tmp_path, "small", **dp, **{"hidden-units": 64})
+    assert scaffold["privacy"]["epsilon"] > 0
+    assert scaffold["privacy"] == fedavg["privacy"]
+    assert scaffold["privacy"]["epsilon"] > small["privacy"]["epsilon"]  # the longer vector is charged
+    assert scaffold["rounds"][-1]["test_loss"] != small["rounds"][-1]["test_loss"]
+
+
+def test_a_secure_scaffold_run_without_dp_sums_dc_under_the_mask(tmp_path: Path) -> None:
+    out = _secure_run(tmp_path, "secure", privacy="none", scaffold=True)
+    assert out["privacy"]["epsilon"] is None and out["status"] == "completed"
+    state = json.loads((tmp_path / "secure" / "checkpoint" / "state.json").read_text(encoding="utf-8"))
+    server = ScaffoldServer(population=10)
+    server.load_state_dict(state["extra"]["scaffold"])
+    assert server.control is not None and any(np.any(c != 0) for c in server.control)

@@ -346,8 +346,6 @@ def client_masked_round(store: SessionStore, key: tuple[int, int], request: Mask
         raise ValueError(f"round instructions for round {instructions.round}, secagg request for "
                          f"{request.round}")
     instructions = policy.apply(instructions, path="secagg")
-    if instructions.scaffold:
-        raise ValueError("scaffold=true is not implemented on the secure-aggregation path")
     encoding = store.encoding(key, round=request.round)
     if encoding.count_scale:  # adaptive clipping: train-clip to the C it encodes, so its bit means ||Δ|| < C
         instructions = dataclasses.replace(instructions, clip_norm=encoding.clip_norm)
