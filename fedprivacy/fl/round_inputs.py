@@ -85,5 +85,5 @@ class RoundInputs:
         sampler = getattr(self.mode, "sample_cohort", None)  # a mode whose schema fixes the cohorts
         cohort = (sampler(self.cfg, population=self.population, round=rnd, rng=rng.child("sampling"))
                   if callable(sampler) else
-                  sample_cohort(self.cfg, list(range(self.population)), rng.child("sampling")))
+                  sample_cohort(self.cfg, range(self.population), rng.child("sampling")))
         return self.instructions(rnd), cohort, rng.child("aggregate")
