@@ -5,13 +5,14 @@ in-process engine call it directly with any :class:`flwr.serverapp.Grid`.
 
 Node discovery: one ``query`` message to every node returns its ``partition-id`` / ``num-partitions``
 (its ``node_config``). From then on everything is keyed by partition id and done in partition-id order,
-so results do not depend on the transport's random node ids.
+so results do not depend on the transport's random node ids. A pass asks its nodes ``QUERY_CHUNK`` at a
+time, so a million nodes never have a million Messages alive at once; the map is one ``uint64`` array.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,31 @@ from fedprivacy_flwr import codec
 
 NODE_WAIT_SECONDS = 60.0
 QUERY_ATTEMPTS = 3  # asks per node before discovery gives up on it
+QUERY_CHUNK = 10_000  # queries per send_and_receive
+
+
+class PartitionNodes(Mapping[int, int]):
+    """Partition id -> node id for partitions ``0..N-1``, held in one read-only ``uint64`` array."""
+
+    __slots__ = ("_nodes",)
+
+    def __init__(self, mapping: Mapping[int, int]) -> None:
+        nodes = np.zeros(len(mapping), dtype=np.uint64)
+        for pid, nid in mapping.items():
+            nodes[pid] = nid
+        nodes.setflags(write=False)
+        self._nodes = nodes
+
+    def __getitem__(self, pid: int) -> int:
+        if isinstance(pid, bool) or not isinstance(pid, int | np.integer) or not 0 <= pid < self._nodes.size:
+            raise KeyError(pid)
+        return int(self._nodes[pid])
+
+    def __len__(self) -> int:
+        return int(self._nodes.size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._nodes.size))
 
 
 class NoClientsError(RuntimeError):
@@ -36,7 +62,7 @@ class NoClientsError(RuntimeError):
 def discover_partitions(
     grid: Grid, *, timeout: float, wait: float = NODE_WAIT_SECONDS, attempts: int = QUERY_ATTEMPTS,
     log: Callable[[str], None] = print,
-) -> dict[int, int]:
+) -> PartitionNodes:
     """Map partition id -> node id by querying every node; waits until ids 0..N-1 have all answered.
 
     Each pass asks every connected node that has not answered yet: nodes that appeared since the last
@@ -62,10 +88,14 @@ def discover_partitions(
         if ask:
             for n in ask:
                 asks[n] = asks.get(n, 0) + 1
-            replies = grid.send_and_receive([codec.query_message(n, attempt=asks[n]) for n in ask],
-                                            timeout=timeout)
-            got = _take_query_replies(replies, asked=set(ask), answered=answered, mapping=mapping,
-                                      totals=totals)
+            got = 0
+            for at in range(0, len(ask), QUERY_CHUNK):
+                chunk = ask[at:at + QUERY_CHUNK]
+                replies = grid.send_and_receive([codec.query_message(n, attempt=asks[n]) for n in chunk],
+                                                timeout=timeout)
+                got += _take_query_replies(replies, asked=set(chunk), answered=answered, mapping=mapping,
+                                           totals=totals)
+                del replies
             if got < len(ask):
                 log(f"partition query: {len(ask) - got} of {len(ask)} node(s) asked gave no answer within "
                     f"{timeout:g} s; asking them again (at most {attempts} times each)")
@@ -73,8 +103,8 @@ def discover_partitions(
             raise RuntimeError(f"nodes disagree on num-partitions: {sorted(totals)}")
         total = next(iter(totals)) if totals else None
         if total is not None:
-            if len(mapping) == total and sorted(mapping) == list(range(total)):
-                return mapping
+            if len(mapping) == total and all(0 <= pid < total for pid in mapping):
+                return PartitionNodes(mapping)
             if any(not 0 <= pid < total for pid in mapping):
                 raise RuntimeError(f"partition ids {sorted(mapping)} do not fit num-partitions={total}")
         if last:

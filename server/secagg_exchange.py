@@ -29,7 +29,7 @@ not depend on Flower's random node ids. A missing or failed reply is a dropout a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,8 @@ class GridSecureTransport:
 
     def __init__(self, grid: Grid, nodes: Mapping[int, int], *, timeout: float) -> None:
         self.grid = grid
-        self.nodes = dict(nodes)
+        # a snapshot, unless the map is read-only already (server.loop.PartitionNodes: no million-entry copy)
+        self.nodes = dict(nodes) if isinstance(nodes, MutableMapping) else nodes
         self.timeout = timeout
 
     def _message(self, name: str, pid: int, request: Any, content: dict[str, Any]) -> Message:

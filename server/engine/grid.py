@@ -27,7 +27,6 @@ from :mod:`server.engine._flwr_private`. Rationale: docs/ENGINE.md, section "The
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -43,7 +42,6 @@ from fedprivacy_flwr import codec
 from server.engine._flwr_private import (
     NUM_PARTITIONS_KEY,
     PARTITION_ID_KEY,
-    SUPERLINK_NODE_ID,
     NodeInfo,
     Run,
     create_message_error_unavailable_ins_message,
@@ -54,6 +52,7 @@ from server.engine._flwr_private import (
     validate_message,
 )
 from server.engine.faults import FaultDecision, FaultPlan
+from server.engine.nodes import NodeTable, make_node_ids
 from server.engine.pool import Job, Outcome, PoolExecutor, SerialExecutor
 
 __all__ = ["EngineStats", "InProcessGrid"]
@@ -130,8 +129,7 @@ class InProcessGrid(Grid):
         self._faults = faults
         self.stats = EngineStats()
         self._lock = threading.Lock()
-        self._node_ids = _make_node_ids(num_supernodes, node_id_seed)
-        self._partition_of = {nid: i for i, nid in enumerate(self._node_ids)}
+        self._nodes = NodeTable(make_node_ids(num_supernodes, node_id_seed))
         self._num_partitions = num_supernodes
         self._node_state: dict[int, RecordDict] = {}  # only nodes with non-empty state
         self._pending: dict[str, _Pending] = {}  # pushed, not yet delivered
@@ -173,11 +171,11 @@ class InProcessGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         """Node ids of all virtual SuperNodes."""
-        return list(self._node_ids)
+        return self._nodes.ids()
 
     def get_nodes(self) -> Iterable[NodeInfo]:
         """NodeInfo of all virtual SuperNodes."""
-        return [NodeInfo(node_id=nid) for nid in self._node_ids]
+        return [NodeInfo(node_id=nid) for nid in self._nodes.ids()]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Accept instruction Messages; return the ids of the valid ones."""
@@ -191,12 +189,12 @@ class InProcessGrid(Grid):
             errors = validate_message(msg, is_reply_message=False)
             if md.run_id != self._run.run_id:
                 errors.append(f"invalid run id {md.run_id}")
-            if md.dst_node_id not in self._partition_of:
+            partition_id = self._nodes.partition_of(md.dst_node_id)
+            if partition_id is None:
                 errors.append(f"invalid destination node id {md.dst_node_id}")
-            if errors:
+            if errors or partition_id is None:
                 log(ERROR, "Message refused by the in-process engine: %s", errors)
                 continue
-            partition_id = self._partition_of[md.dst_node_id]
             mtype = md.message_type
             decision = (
                 self._faults.decide(
@@ -260,7 +258,10 @@ class InProcessGrid(Grid):
 
     def node_partition(self, node_id: int) -> int:
         """The partition id of a node (for tests and tools; the ServerApp never needs it)."""
-        return self._partition_of[node_id]
+        pid = self._nodes.partition_of(node_id)
+        if pid is None:
+            raise KeyError(node_id)
+        return pid
 
     def close(self) -> None:
         """Stop the worker pool, if any."""
@@ -271,7 +272,7 @@ class InProcessGrid(Grid):
             run_id=self._run.run_id,
             node_id=node_id,
             node_config={
-                PARTITION_ID_KEY: self._partition_of[node_id],
+                PARTITION_ID_KEY: self.node_partition(node_id),
                 NUM_PARTITIONS_KEY: self._num_partitions,
                 **self._client_policy,
             },
@@ -418,18 +419,3 @@ def _uuid4s(n: int) -> list[str]:
         h = raw[i:i + 16].hex()
         out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
     return out
-
-
-def _make_node_ids(n: int, seed: int | None) -> list[int]:
-    """Random unsigned 64-bit node ids, never 0 or the SuperLink's id, all distinct."""
-    import random
-
-    rng: Any = secrets.SystemRandom() if seed is None else random.Random(seed)
-    ids: list[int] = []
-    seen = {0, SUPERLINK_NODE_ID}
-    while len(ids) < n:
-        nid = rng.getrandbits(64)
-        if nid not in seen:
-            seen.add(nid)
-            ids.append(nid)
-    return ids
