@@ -44,10 +44,10 @@ def dpsgd_schedule_of(cfg: RunConfig, partition_id: int, *, num_partitions: int)
     """``(steps, sample rate)`` of the DP-SGD :func:`local_training` runs for ``partition_id`` in one
     round (:func:`fedprivacy.ml.train.dpsgd_schedule` of its partition's size and the run's
     ``local-epochs`` / ``batch-size``, which the round instructions carry)."""
-    from fedprivacy.ml.partition import partition_sizes
+    from fedprivacy.ml.partition import partition_size
     from fedprivacy.ml.train import dpsgd_schedule
 
-    n = partition_sizes(cfg, num_partitions)[partition_id]
+    n = partition_size(cfg, partition_id, num_partitions)
     return dpsgd_schedule(num_examples=int(n), batch_size=cfg.batch_size, epochs=cfg.local_epochs)
 
 

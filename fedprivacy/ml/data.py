@@ -140,6 +140,12 @@ class DatasetLoader(Protocol):
     ) -> tuple[Split, Split]: ...
 
 
+class ClientLoader(Protocol):
+    def __call__(
+        self, opts: Any, /, *, seed: int, test_fraction: float, client_id: int
+    ) -> tuple[Split, Split]: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DatasetEntry:
     """One registered data set.
@@ -155,6 +161,10 @@ class DatasetEntry:
             the partition whatever ``partitioner`` says (Synthetic: generated per client).
         per_client: True if the data are generated per client, so ``num_clients`` changes the data.
         description: one line for ``dataset_names`` listings and errors.
+        client_loader: for a data set generated lazily, ``client_loader(opts, *, seed, test_fraction,
+            client_id) -> (train, test)`` of one client, a function of the seed and the id alone: a
+            partition is made when a client is asked for and nothing exists for the others
+            (:func:`fedprivacy.ml.partition.load_partition`). ``loader`` then gives the server's pool.
     """
 
     name: str
@@ -164,6 +174,7 @@ class DatasetEntry:
     natural_partition: bool = False
     per_client: bool = False
     description: str = ""
+    client_loader: ClientLoader | None = None
 
     def options_from(self, get: Callable[[str, Any], Any] | Mapping[str, Any]) -> Any:
         """Build this data set's options from run-config keys.
@@ -198,6 +209,7 @@ def register_dataset(
     natural_partition: bool = False,
     per_client: bool = False,
     description: str = "",
+    client_loader: ClientLoader | None = None,
 ) -> Callable[[DatasetLoader], DatasetLoader]:
     """Register a data-set loader under ``name`` (a decorator; returns the loader unchanged).
 
@@ -221,6 +233,7 @@ def register_dataset(
             natural_partition=natural_partition,
             per_client=per_client,
             description=description,
+            client_loader=client_loader,
         )
         return loader
 

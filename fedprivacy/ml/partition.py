@@ -19,7 +19,9 @@ Every training index lands in exactly one partition; a configuration that would 
 or leave a partition empty raises ValueError. The result is deterministic given the seed (it is data
 splitting, not privacy noise) and cached per process: a simulation asks for partition i many times.
 
-It is also cached on disk (:mod:`fedprivacy.ml.diskcache`), keyed by a hash of everything the result
+A data set generated lazily (``DatasetEntry.client_loader``, e.g. ``"synthetic-lazy"``) has no split to
+partition: partition k is its client k, made when asked for (a bounded per-process cache), never all
+of them up front. Otherwise the partitioning is cached on disk (:mod:`fedprivacy.ml.diskcache`), keyed by a hash of everything the result
 depends on; an entry is used only when its indices are a valid partition of the training split, else
 it is recomputed and rewritten. Only indices are stored, never data.
 
@@ -39,8 +41,8 @@ import numpy as np
 from fedprivacy.ml import diskcache
 from fedprivacy.ml.data import Split, dataset_entry, load_dataset
 
-__all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "partition_sizes", "DataSpec",
-           "data_spec"]
+__all__ = ["PARTITIONERS", "partition", "load_partition", "load_test_set", "partition_size", "partition_sizes",
+           "DataSpec", "data_spec"]
 
 PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
 
@@ -375,14 +377,48 @@ def load_partition(cfg: Any, partition_id: int, num_partitions: int) -> Split:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
     spec = data_spec(cfg)
+    if dataset_entry(spec.dataset).client_loader is not None:
+        cached = _lazy_client(spec, int(partition_id))
+        return cached.subset(np.arange(len(cached)))  # a copy, as below: the cache stays intact
     train, _ = _splits(spec, num_partitions)
     return train.subset(_partitions_cached(spec, int(num_partitions))[partition_id])
 
 
 def partition_sizes(cfg: Any, num_partitions: int) -> tuple[int, ...]:
-    """The number of training examples of every partition (what :func:`load_partition` returns)."""
+    """The number of training examples of every partition (what :func:`load_partition` returns).
+
+    For a lazily generated data set this makes every client: ask :func:`partition_size` instead.
+    """
     spec = data_spec(cfg)
+    if dataset_entry(spec.dataset).client_loader is not None:
+        return tuple(len(_lazy_client(spec, pid)) for pid in range(int(num_partitions)))
     return tuple(len(p) for p in _partitions_cached(spec, int(num_partitions)))
+
+
+def partition_size(cfg: Any, partition_id: int, num_partitions: int) -> int:
+    """The number of training examples of partition ``partition_id`` (``partition_sizes(...)[id]``)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
+    spec = data_spec(cfg)
+    if dataset_entry(spec.dataset).client_loader is not None:
+        return len(_lazy_client(spec, int(partition_id)))
+    return len(_partitions_cached(spec, int(num_partitions))[partition_id])
+
+
+LAZY_CACHE_CLIENTS = 1024  # lazily generated clients kept per process (Synthetic: <= 240 kB each)
+
+
+@functools.lru_cache(maxsize=LAZY_CACHE_CLIENTS)
+def _lazy_client(spec: DataSpec, client_id: int) -> Split:
+    """Client ``client_id``'s training split of a lazily generated data set (read-only arrays)."""
+    client_loader = dataset_entry(spec.dataset).client_loader
+    assert client_loader is not None  # callers check
+    train, _ = client_loader(spec.options, seed=spec.seed, test_fraction=spec.test_fraction,
+                             client_id=client_id)
+    for arr in (train.x, train.y, train.groups):
+        if arr is not None:
+            arr.setflags(write=False)
+    return train
 
 
 def load_test_set(cfg: Any, num_partitions: int = 1) -> Split:
