@@ -23,6 +23,7 @@ NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))
 RUN_ELSEWHERE = {
     "audit": "tests/attacks/test_attacks_scripts.py",
     "benchmark": "tests/bench/test_bench_smoke.py",
+    "bench_population": "tests/bench/test_bench_population.py",
     "bench_sweep": "tests/sweep/test_sweep_runs.py",
     "deployment_local": "tests/e2e/test_e2e_flower.py",
     "flwr_local": "tests/e2e/test_sweep.py",
