@@ -5,19 +5,19 @@ The server keeps the model ``x`` and a control variate ``c`` and sends both; cli
 ``Δy_i = y_i - x``, ``c_i+ = c_i - c + (x - y_i) / (K lr)``, ``Δc_i = c_i+ - c_i``.
 
 Privacy. The client releases ONE vector, the concatenation ``(Δy_i, Δc_i)``, clipped jointly to L2 norm
-``C`` (and re-clipped by the server in central mode); the round's noise (central: ``N(0, (zC)²)`` on
-every coordinate of the sum; distributed: the discrete Gaussian inside secure aggregation, whose mask
-also covers ``Δc``) covers the whole concatenated sum. That is one release per round with L2
-sensitivity ``C`` (Dwork & Roth 2014, Thm. A.1; McMahan et al. 2018, Alg. 1), so the central event and
-ε are exactly FedAvg's at the same ``z``, ``q``, ``T``: the control variates are not a second,
-uncharged release. The distributed bound grows with the encoded dimension (Kairouz et al. 2021,
-Thm. 1), which is the length of ``Δy ++ Δc``: its ε is FedAvg's for a model of that dimension. The server's ``x <- x + mean Δy`` and ``c <- c + (1/N) Σ Δc`` use only the noised
-sum (post-processing, Dwork & Roth 2014, Prop. 2.1). ``c_i`` leaves the client only through that
-noised sum; keeping it in the client's memory releases nothing. The client's ``c_i+`` is Alg. 1's
-(un-clipped) value, so ``c`` tracks the mean of the clipped and noised ``Δc``. docs/ROBUST_AGGREGATION.md
-says what the ε covers.
+``C`` (re-clipped by the server in central mode), and the mode's noise covers every coordinate of it:
+central ``N(0, (zC)²)`` on the sum, local the client's own Gaussian, distributed the discrete Gaussian
+inside secure aggregation (whose mask covers ``Δc`` too). So a round is one release of sensitivity
+``C`` (``2C`` replace-one; Dwork & Roth 2014, Thm. A.1; McMahan et al. 2018, Alg. 1) and the event and
+ε are FedAvg's at the same ``z``, ``q``, ``T``: the control variates are not a second, uncharged
+release. The distributed bound grows with the encoded dimension (Kairouz et al. 2021, Thm. 1), the
+length of ``Δy ++ Δc``: its ε is FedAvg's for a model of that length. The server's
+``x <- x + mean Δy`` and ``c <- c + (1/N) Σ Δc`` use only the noised sum (post-processing, Dwork &
+Roth 2014, Prop. 2.1). ``c_i`` leaves the client only through that release, so keeping it releases
+nothing; ``c_i+`` is Alg. 1's un-clipped value, so ``c`` tracks the mean of the clipped, noised ``Δc``.
+docs/ROBUST_AGGREGATION.md says what the ε covers.
 
-Refused (one line, naming the key): privacy ``local`` / ``dpftrl``, ``dpsgd``, a robust ``aggregation``,
+Refused (one line, naming the key): privacy ``dpftrl``, ``dpsgd``, a robust ``aggregation``,
 ``adaptive-clip``, ``batched-training = "on"`` and FedProx's ``proximal-mu``.
 """
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ClientControl", "ScaffoldServer", "check_scaffold", "client_step", "split_arrays"]
 
-_MODES = ("none", "central", "distributed")
+_MODES = ("none", "central", "local", "distributed")
 
 
 def check_scaffold(cfg: RunConfig) -> None:
@@ -45,7 +45,7 @@ def check_scaffold(cfg: RunConfig) -> None:
     if not cfg.scaffold:
         return
     if cfg.privacy not in _MODES:
-        raise ValueError(f"scaffold=true is implemented for privacy 'none', 'central' and 'distributed', got "
+        raise ValueError(f"scaffold=true is implemented for privacy {', '.join(map(repr, _MODES))}, got "
                          f"{cfg.privacy!r} (the clients' joint (Δy, Δc) vector is not wired into that mode's release)")
     reasons = (  # (refused, key, what was asked, why)
         (cfg.dpsgd, "dpsgd", "true", "Opacus would clip the correction c - c_i with each example's gradient"),

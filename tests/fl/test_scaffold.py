@@ -172,7 +172,6 @@ def test_the_server_control_variate_moves_by_the_released_sum_over_n() -> None:
 
 
 @pytest.mark.parametrize(("extra", "key"), [
-    ({"privacy": "local"}, "privacy"),
     ({"privacy": "dpftrl"}, "privacy"),
     ({"dpsgd": True}, "dpsgd=true"),
     ({"aggregation": "median"}, "aggregation='median'"),
@@ -270,7 +269,7 @@ def test_a_run_with_another_mode_object_is_refused_before_it_starts() -> None:
 
     cfg = RunConfig.from_mapping({"dataset": "digits", "privacy": "central", "scaffold": True})
     with pytest.raises(ValueError, match="scaffold=true is implemented for privacy modes"):
-        FederatedRun(cfg, population=4, exchange=local_exchange(cfg, population=4), mode=get_mode("local"),
+        FederatedRun(cfg, population=4, exchange=local_exchange(cfg, population=4), mode=get_mode("dpftrl"),
                      callbacks=[])
 
 
@@ -301,3 +300,30 @@ def test_a_secure_scaffold_run_without_dp_sums_dc_under_the_mask(tmp_path: Path)
     server = ScaffoldServer(population=10)
     server.load_state_dict(state["extra"]["scaffold"])
     assert server.control is not None and any(np.any(c != 0) for c in server.control)
+
+
+def test_a_local_client_noises_the_dc_half_of_its_own_vector() -> None:
+    # the same client and seed with and without its Gaussian: the difference is the noise, N(0, (zC)^2)
+    # on every coordinate of dy ++ dc
+    split = _split(30, 8)
+    x = get_weights(_model())
+    c = [np.full(w.shape, 0.02, dtype=np.float32) for w in x]
+    released = []
+    for mechanism, z in (("", 0.0), ("gaussian", 0.8)):
+        instr = RoundInstructions(round=1, privacy="local", clip_norm=0.5, client_mechanism=mechanism,
+                                  noise_multiplier=z, private=True, learning_rate=0.1, local_epochs=1,
+                                  batch_size=4, num_classes=3, seed=11, scaffold=True)
+        update = client_update(partition_id=1, weights=[*x, *c], instructions=instr,
+                               train=_trainer(split, instr, []), control=ClientControl())
+        released.append(np.concatenate([np.ravel(a) for a in update.delta[len(x):]]).astype(np.float64))
+    noise = released[1] - released[0]
+    assert abs(float(np.std(noise)) / (0.8 * 0.5) - 1) < 0.15 and abs(float(np.mean(noise))) < 0.1
+
+
+def test_a_local_scaffold_run_reports_exactly_fedavgs_privacy(tmp_path: Path) -> None:
+    local = {"privacy": "local", "noise-multiplier": 2.0}
+    fedavg = _run(tmp_path, "fedavg", **local)
+    scaffold = _run(tmp_path, "scaffold", scaffold=True, **local)
+    assert scaffold["privacy"]["epsilon"] > 0
+    assert scaffold["privacy"] == fedavg["privacy"]
+    assert scaffold["rounds"][-1]["test_loss"] != fedavg["rounds"][-1]["test_loss"]
