@@ -41,6 +41,7 @@ QUICK: dict[str, list[str]] = {
     "bench_dpftrl_noise": ["--dim", "1000", "--rounds", "2", "--bands", "4"],
     "bench_engine": ["--quick", "--population", "20", "--cohort", "5"],
     "client_memory_bench": ["--clients", "4", "--rounds", "1"],
+    "bench_tracking": ["--clients", "4", "--rounds", "3", "--skip", "1"],
     "bench_noise": ["--size", "10000", "--repeats", "1", "--exact-draws", "10"],
     "ddp_bits_bench": ["--setups", "default", "--seeds", "0", "--bits", "16", "--local-epochs", "1",
                        "--no-legacy"],

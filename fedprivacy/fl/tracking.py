@@ -143,8 +143,9 @@ class _ScalarCallback(RunCallback):
 
 
 class TensorBoardCallback(_ScalarCallback):
-    """Scalars per round in ``<tracking-dir>/<run name>`` (default ``<run dir>/tensorboard``), with
-    ``torch.utils.tensorboard``'s writer (the ``tensorboard`` package)."""
+    """Scalars per round in ``<tracking-dir>/<run name>`` (default ``<run dir>/tensorboard``): one
+    event per round holding all of its scalars, through TensorBoard's own event-file writer (a
+    background thread writes; ``torch.utils.tensorboard`` wraps the same writer, one event a scalar)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -152,7 +153,7 @@ class TensorBoardCallback(_ScalarCallback):
         self.log_dir: Path | None = None
 
     def on_run_start(self, run: FederatedRun) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         cfg = run.cfg
         if cfg.tracking_dir:
@@ -160,11 +161,14 @@ class TensorBoardCallback(_ScalarCallback):
         else:
             assert run.run_dir is not None  # tracking_callbacks refuses the other case
             self.log_dir = run.run_dir / "tensorboard"
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        self.writer = EventFileWriter(str(self.log_dir))
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, global_step=step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         if self.writer is None:
@@ -192,15 +196,22 @@ def _artifact_root(uri: str, experiment: str) -> str | None:
 
 class MlflowCallback(_ScalarCallback):
     """One MLflow run per fedprivacy run, in experiment ``tracking-experiment``: params = the run
-    config, metrics per round (logged asynchronously, waited for at the end), artifacts = the run's
-    published files (:data:`ARTIFACTS`). A resumed run continues its MLflow run (tag
-    ``fedprivacy.run``) and keeps the params of its start."""
+    config, metrics per round, artifacts = the run's published files (:data:`ARTIFACTS`). A resumed
+    run continues its MLflow run (tag ``fedprivacy.run``) and keeps the params of its start.
 
-    def __init__(self) -> None:
+    Metrics are kept and handed to MLflow's background writer in one batch at most every
+    ``flush_seconds`` (and waited for at the end), as TensorBoard's writer does: one write to a
+    SQLite store costs about 6 ms plus 0.06 ms a metric, a round of a small model 20-100 ms.
+    """
+
+    def __init__(self, *, flush_seconds: float = 5.0) -> None:
         super().__init__()
         self.client: Any = None
         self.run_id: str | None = None
-        self._pending: list[Any] = []
+        self.flush_seconds = flush_seconds
+        self._pending: list[Any] = []  # metrics not yet handed to MLflow
+        self._writing: list[Any] = []  # MLflow's RunOperations not yet waited for
+        self._flushed = 0.0
 
     def on_run_start(self, run: FederatedRun) -> None:
         from mlflow.entities import Param
@@ -217,27 +228,38 @@ class MlflowCallback(_ScalarCallback):
         if earlier:  # the same run, continued: its params are those it started with
             self.run_id = earlier[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
+            self._flushed = time.monotonic()
             return
         self.run_id = client.create_run(experiment, run_name=label, tags={"fedprivacy.run": label}).info.run_id
         params = [Param(k, str(v)) for k, v in run.cfg.to_mapping().items()]
         for i in range(0, len(params), 100):  # MLflow's limit per batch
             client.log_batch(self.run_id, params=params[i:i + 100])
+        self._flushed = time.monotonic()
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        metrics = [Metric(key=k, value=v, timestamp=stamp, step=step) for k, v in scalars.items()]
-        self._pending.append(self.client.log_batch(self.run_id, metrics=metrics, synchronous=False))
+        self._pending.extend(Metric(key=k, value=v, timestamp=stamp, step=step) for k, v in scalars.items())
+        if time.monotonic() - self._flushed >= self.flush_seconds:
+            self.flush()
+
+    def flush(self, *, wait: bool = False) -> None:
+        """Hand every metric kept so far to MLflow's background writer (batches of 1000, its limit);
+        ``wait``: until all that was handed over is in the store."""
+        for i in range(0, len(self._pending), 1000):
+            self._writing.append(self.client.log_batch(self.run_id, metrics=self._pending[i:i + 1000],
+                                                       synchronous=False))
+        self._pending, self._flushed = [], time.monotonic()
+        while wait and self._writing:
+            self._writing.pop(0).wait()
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         if self.run_id is None:
             return
         for step, scalars in self._final_scalars(run, result).items():
             self._write(run, step, scalars)
-        for pending in self._pending:
-            pending.wait()
-        self._pending = []
+        self.flush(wait=True)
         for path in [run.run_dir / name for name in ARTIFACTS] if run.run_dir is not None else []:
             if path.is_file():
                 self.client.log_artifact(self.run_id, str(path))
