@@ -41,6 +41,9 @@ def _cases(tmp_path: Path) -> list[tuple[str, str]]:
         (f"output-dir='{blocker}'", "is not a folder"),
         (f"data-dir='{tmp_path / 'missing'}'", "data-dir"),
         ("privacy='central' secagg=false adaptive-clip=true", "adaptive-clip-count-std"),
+        ("privacy='dpftrl' secagg=false scaffold=true", "scaffold=true is implemented for privacy"),
+        ("privacy='central' secagg=false scaffold=true aggregation='median'",
+         "aggregation='median' with scaffold=true is refused"),
     ]
 
 
