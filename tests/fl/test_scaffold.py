@@ -327,3 +327,25 @@ def test_a_local_scaffold_run_reports_exactly_fedavgs_privacy(tmp_path: Path) ->
     assert scaffold["privacy"]["epsilon"] > 0
     assert scaffold["privacy"] == fedavg["privacy"]
     assert scaffold["rounds"][-1]["test_loss"] != fedavg["rounds"][-1]["test_loss"]
+
+
+def test_a_resumed_scaffold_run_continues_from_the_checkpointed_control_variate(tmp_path: Path) -> None:
+    from fedprivacy.fl.client import local_exchange
+    from fedprivacy.fl.run import FederatedRun, resolve_run_dir, run_federated
+
+    keys = {"dataset": "digits", "privacy": "central", "secagg": False, "scaffold": True, "seed": 3,
+            "sample-rate": 0.5, "local-epochs": 1, "output-dir": str(tmp_path), "run-name": "r"}
+    first = RunConfig.from_mapping({**keys, "num-server-rounds": 2})
+    run_federated(first, population=6, exchange=local_exchange(first, population=6), log=lambda _: None)
+    state = json.loads((tmp_path / "r" / "checkpoint" / "state.json").read_text(encoding="utf-8"))
+    saved = ScaffoldServer(population=6)
+    saved.load_state_dict(state["extra"]["scaffold"])
+    again = RunConfig.from_mapping({**keys, "num-server-rounds": 3, "resume": True})
+    run = FederatedRun(again, population=6, exchange=local_exchange(again, population=6), log=lambda _: None,
+                       run_dir=resolve_run_dir(again))
+    run.start()
+    assert run.scaffold is not None and run.next_round == 3
+    for a, b in zip(run.scaffold.control or [], saved.control or [], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(np.any(c != 0) for c in saved.control or [])
+    assert run.run().status.value == "completed"
