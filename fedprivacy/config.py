@@ -313,6 +313,7 @@ class RunOptions:
     tracking_dir: str = ""
     tracking_uri: str = ""
     tracking_experiment: str = ""
+    tracking_run_name: str = ""
 
     def __post_init__(self) -> None:
         from fedprivacy.fl.byzantine import ByzantineSpec
@@ -320,8 +321,7 @@ class RunOptions:
 
         _check_fields(self)
         ByzantineSpec.parse(self.byzantine)
-        check_tracking(tracking=self.tracking, tracking_dir=self.tracking_dir, tracking_uri=self.tracking_uri,
-                       tracking_experiment=self.tracking_experiment)
+        check_tracking(self)
         _positive_int("num-server-rounds", self.num_server_rounds)
         _positive_int("eval-every", self.eval_every)
         if self.seed < -1:

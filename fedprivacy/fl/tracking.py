@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from fedprivacy.fl.run import FederatedRun, RunResult
     from fedprivacy.fl.types import RoundRecord
 
-__all__ = ["ARTIFACTS", "DEFAULT_EXPERIMENT", "TRACKERS", "MlflowCallback", "mlflow_uri", "TensorBoardCallback", "check_tracking", "parse_tracking",
+__all__ = ["ARTIFACTS", "DEFAULT_EXPERIMENT", "TRACKERS", "MlflowCallback", "mlflow_uri", "prepare_mlflow",
+           "TensorBoardCallback", "check_tracking", "parse_tracking",
            "published_scalars", "tracking_callbacks"]
 
 #: tracker -> (the module it needs, the package that brings it)
@@ -56,23 +57,27 @@ def parse_tracking(value: str) -> tuple[str, ...]:
     return names
 
 
-def check_tracking(*, tracking: str, tracking_dir: str, tracking_uri: str, tracking_experiment: str) -> None:
-    """The tracking keys' rules (run by the config, before anything starts); ValueError naming the key.
+def check_tracking(options: Any) -> None:
+    """The rules of the tracking keys of ``options`` (the config's :class:`~fedprivacy.config.RunOptions`,
+    before anything starts); ValueError naming the key.
 
     A tracker whose library is not installed is refused here (``importlib.util.find_spec``: nothing
     is imported), as is a key that no chosen tracker reads.
     """
+    tracking, tracking_uri = options.tracking, options.tracking_uri
     names = parse_tracking(tracking)
     for name in names:
         module, package = TRACKERS[name]
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"tracking={name!r} needs the {package} package, which is not installed: "
                              f"pip install 'fedprivacy[tracking]', or set tracking=''")
-    if tracking_dir and "tensorboard" not in names:
-        raise ValueError(f"tracking-dir is read only with tracking='tensorboard', got tracking={tracking!r}")
-    for key, value in (("tracking-uri", tracking_uri), ("tracking-experiment", tracking_experiment)):
-        if value and "mlflow" not in names:
-            raise ValueError(f"{key} is read only with tracking='mlflow', got tracking={tracking!r}")
+    for key, reader in (("tracking-dir", "tensorboard"), ("tracking-uri", "mlflow"),
+                        ("tracking-experiment", "mlflow"), ("tracking-run-name", "")):
+        if getattr(options, key.replace("-", "_")) and not (reader in names if reader else names):
+            raise ValueError(f"{key} is read only with tracking={reader or 'tensorboard or mlflow'!r}, "
+                             f"got tracking={tracking!r}")
+    if any(c in options.tracking_run_name for c in "/\\") or options.tracking_run_name in (".", ".."):
+        raise ValueError(f"tracking-run-name must be a plain name, got {options.tracking_run_name!r}")
     if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
         raise ValueError(f"tracking-uri {tracking_uri!r} is MLflow's file store, which MLflow 3 refuses "
                          "unless MLFLOW_ALLOW_FILE_STORE=true; use 'sqlite:///<path>/mlflow.db'")
@@ -91,7 +96,10 @@ def tracking_callbacks(cfg: RunConfig, run_dir: Path | None) -> list[RunCallback
 
 
 def run_label(run: FederatedRun) -> str:
-    """The name a tracker gives the run: its folder's name (``run-name``, or the timestamp)."""
+    """The name a tracker gives the run: ``tracking-run-name``, else its folder's name (``run-name``,
+    or the timestamp)."""
+    if run.cfg.tracking_run_name:
+        return run.cfg.tracking_run_name
     return run.run_dir.name if run.run_dir is not None else (run.cfg.run_name or "run")
 
 
@@ -194,6 +202,22 @@ def _artifact_root(uri: str, experiment: str) -> str | None:
     return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).resolve().as_uri()
 
 
+def mlflow_experiment(client: Any, uri: str, name: str) -> str:
+    """The id of experiment ``name`` in the store (created, artifacts beside a SQLite store, if new)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    return str(client.create_experiment(name, artifact_location=_artifact_root(uri, name)))
+
+
+def prepare_mlflow(uri: str, experiment: str) -> None:
+    """Create the store and the experiment once, before runs that share them start in parallel (a
+    new SQLite store builds its tables, which two processes must not do at once)."""
+    from mlflow.tracking import MlflowClient
+
+    mlflow_experiment(MlflowClient(tracking_uri=uri), uri, experiment)
+
+
 class MlflowCallback(_ScalarCallback):
     """One MLflow run per fedprivacy run, in experiment ``tracking-experiment``: params = the run
     config, metrics per round, artifacts = the run's published files (:data:`ARTIFACTS`). A resumed
@@ -220,16 +244,16 @@ class MlflowCallback(_ScalarCallback):
         uri, label = mlflow_uri(run.cfg), run_label(run)
         name = run.cfg.tracking_experiment or DEFAULT_EXPERIMENT
         self.client = client = MlflowClient(tracking_uri=uri)
-        found = client.get_experiment_by_name(name)
-        experiment = (found.experiment_id if found is not None
-                      else client.create_experiment(name, artifact_location=_artifact_root(uri, name)))
-        earlier = client.search_runs([experiment], filter_string=f"tags.`fedprivacy.run` = '{label}'",
-                                     max_results=1) if run.policy.resumes else []
-        if earlier:  # the same run, continued: its params are those it started with
+        experiment = mlflow_experiment(client, uri, name)
+        earlier = client.search_runs([experiment], filter_string=f"tags.`fedprivacy.run` = '{label}'")
+        if earlier and run.policy.resumes:  # the same run, continued: its params are those it started with
             self.run_id = earlier[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
             self._flushed = time.monotonic()
             return
+        for stale in earlier:  # an attempt that died and is started over (a sweep's unfinished run)
+            if stale.info.status == "RUNNING":
+                client.set_terminated(stale.info.run_id, status="KILLED")
         self.run_id = client.create_run(experiment, run_name=label, tags={"fedprivacy.run": label}).info.run_id
         params = [Param(k, str(v)) for k, v in run.cfg.to_mapping().items()]
         for i in range(0, len(params), 100):  # MLflow's limit per batch

@@ -8,8 +8,10 @@ the seeds. Keys are the run-config keys of ``pyproject.toml [tool.flwr.app.confi
 can come from the command line (:func:`sweep_from_options`).
 
 A run's identity is its hash (:func:`config_hash`): SHA-256 over the fused run config without the
-keys that only say where it writes (``output-dir``, ``run-name``, ``resume``) and the number of
-SuperNodes. A restarted sweep skips a run whose hash finished before.
+keys that only say where it writes (``output-dir``, ``run-name``, ``resume``, the ``tracking*``
+keys) and the number of SuperNodes. A restarted sweep skips a run whose hash finished before.
+A tracked sweep groups its runs (:func:`tracking_overrides`): one TensorBoard folder, one MLflow
+experiment, and in each one run per config hash.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any
 
 from fedprivacy.config import ConfigError
 
-__all__ = ["RunPlan", "SweepSpec", "config_hash", "load_sweep", "parse_sweep", "sweep_from_options"]
+__all__ = ["RunPlan", "SweepSpec", "config_hash", "load_sweep", "parse_sweep", "sweep_from_options",
+           "tracking_overrides"]
 
 SWEEP_KEYS = ("name", "num-supernodes", "seeds", "jobs", "workers")
 TABLES = ("sweep", "base", "grid")
 WHERE_KEYS = ("output-dir", "run-name", "resume")  # where a run writes, not what it computes
+SWEEP_TRACKING_KEYS = ("tracking-dir", "tracking-run-name")  # set by the sweep (tracking_overrides)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,10 +67,10 @@ class SweepSpec:
             raise ConfigError(f"sweep.jobs must be >= 0 and sweep.workers >= 1, got {self.jobs}, "
                               f"{self.workers}")
         for where, table in (("base", self.base), *(("grid", g) for g in self.grids)):
-            for key in ("seed", *WHERE_KEYS):
+            for key in ("seed", *WHERE_KEYS, *SWEEP_TRACKING_KEYS):
                 if key in table:
                     raise ConfigError(f"{where}.{key}: set by the sweep itself (seeds: sweep.seeds; "
-                                      "where runs go: --out)")
+                                      "where runs and their tracking go: --out)")
 
     def plans(self) -> tuple[RunPlan, ...]:
         """Every run, in file order: grid tables, their product (last axis fastest), then seeds."""
@@ -96,9 +100,25 @@ def _varying_keys(grids: Sequence[Mapping[str, Any]]) -> set[str]:
 
 def config_hash(fused: Mapping[str, Any], *, num_supernodes: int) -> str:
     """The run's identity: 16 hex digits of SHA-256 over what it computes (not where it writes)."""
-    what = {k: v for k, v in sorted(fused.items()) if k not in WHERE_KEYS}
+    what = {k: v for k, v in sorted(fused.items()) if k not in WHERE_KEYS and not k.startswith("tracking")}
     blob = json.dumps({"num-supernodes": num_supernodes, "config": what}, sort_keys=True, allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tracking_overrides(fused: Mapping[str, Any], *, out: Path, sweep: str, digest: str) -> dict[str, Any]:
+    """The tracking keys a sweep gives one of its runs: the run is named by its config hash, in
+    ``<out>/tensorboard/`` and in the MLflow experiment named after the sweep (in
+    ``<out>/mlflow.db`` unless ``tracking-uri`` says where; ``tracking-experiment`` overrides the name)."""
+    from fedprivacy.fl.tracking import parse_tracking
+
+    names = parse_tracking(str(fused.get("tracking", "")))
+    extra: dict[str, Any] = {"tracking-run-name": digest} if names else {}
+    if "tensorboard" in names:
+        extra["tracking-dir"] = str((out / "tensorboard").absolute())
+    if "mlflow" in names:
+        extra["tracking-uri"] = fused.get("tracking-uri") or f"sqlite:///{(out / 'mlflow.db').absolute()}"
+        extra["tracking-experiment"] = fused.get("tracking-experiment") or sweep
+    return extra
 
 
 def _grids(raw: Any) -> tuple[dict[str, Any], ...]:

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from fedprivacy._io import atomic_write_text
 from fedprivacy.config import ConfigError
-from fedprivacy.sweep.spec import RunPlan, SweepSpec, config_hash
+from fedprivacy.sweep.spec import RunPlan, SweepSpec, config_hash, tracking_overrides
 from fedprivacy.sweep.table import render_sweep, run_row
 
 __all__ = ["FINISHED", "SweepOutcome", "SweepRun", "default_jobs", "prepare", "run_sweep"]
@@ -90,7 +90,8 @@ def prepare(spec: SweepSpec, *, out: Path, app_dir: str | Path) -> list[SweepRun
                               f"(config hash {digest}): drop one from the grid")
         seen[digest] = plan.name
         run_dir = (out / "runs" / digest).absolute()
-        overrides = {**pre.overrides, "output-dir": str(run_dir), "run-name": "run"}
+        overrides = {**pre.overrides, "output-dir": str(run_dir), "run-name": "run",
+                     **tracking_overrides(pre.fused, out=out, sweep=spec.name, digest=digest)}
         runs.append(SweepRun(plan=plan, config_hash=digest, run_dir=run_dir, overrides=overrides))
     return runs
 
@@ -129,6 +130,9 @@ def _start(run: SweepRun, *, spec: SweepSpec, app_dir: str | Path) -> tuple[subp
 
     if run.run_dir.exists():
         shutil.rmtree(run.run_dir)  # an unfinished earlier attempt: run again from scratch
+    events = run.overrides.get("tracking-dir")
+    if events and (Path(events) / run.config_hash).exists():
+        shutil.rmtree(Path(events) / run.config_hash)  # and its TensorBoard events
     run.run_dir.mkdir(parents=True)
     log = open(run.log_path, "wb")  # closed when the process is reaped
     argv = [sys.executable, "-c", _CHILD, "simulate", "--app-dir", str(Path(app_dir).absolute()),
@@ -175,6 +179,17 @@ def _stop(running: dict[int, tuple[SweepRun, subprocess.Popen[bytes], IO[bytes],
         log.close()
 
 
+def _prepare_stores(runs: Sequence[SweepRun]) -> None:
+    """Each MLflow store and experiment the runs share, made once before they start in parallel."""
+    stores = {(str(r.overrides["tracking-uri"]), str(r.overrides["tracking-experiment"]))
+              for r in runs if "tracking-uri" in r.overrides}
+    if stores:
+        from fedprivacy.fl.tracking import prepare_mlflow
+
+        for uri, experiment in sorted(stores):
+            prepare_mlflow(uri, experiment)
+
+
 def run_sweep(spec: SweepSpec, runs: Sequence[SweepRun], *, out: Path, app_dir: str | Path = ".",
               jobs: int = 0, on_event: Event | None = None) -> SweepOutcome:
     """Run what has not finished, ``jobs`` at a time (0: :func:`default_jobs`); render at the end.
@@ -196,6 +211,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[SweepRun], *, out: Path, app_dir: 
             on_event("skipped", run, rows[run.config_hash])
         else:
             pending.append(run)
+    _prepare_stores(pending)
     running: dict[int, tuple[SweepRun, subprocess.Popen[bytes], IO[bytes], float]] = {}
     with signals_interrupt():
         try:

@@ -95,6 +95,10 @@ def test_mlflow_keys_are_refused_naming_the_key(tmp_path: Path, monkeypatch: pyt
         _cfg(tmp_path, tracking="tensorboard", **{"tracking-uri": "sqlite:///x.db"})
     with pytest.raises(ConfigError, match="^tracking-experiment is read only with tracking='mlflow'"):
         _cfg(tmp_path, tracking="", **{"tracking-experiment": "e"})
+    with pytest.raises(ConfigError, match="^tracking-run-name is read only with tracking="):
+        _cfg(tmp_path, tracking="", **{"tracking-run-name": "x"})
+    with pytest.raises(ConfigError, match="^tracking-run-name must be a plain name"):
+        _cfg(tmp_path, **{"tracking-run-name": "a/b"})
     monkeypatch.setitem(sys.modules, "mlflow", None)  # the package cannot be imported here
     with pytest.raises(ConfigError, match=r"^tracking='mlflow' needs the mlflow-skinny package"):
         _cfg(tmp_path, tracking="tensorboard,mlflow")
@@ -110,3 +114,17 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     assert _metrics(client, run) == _expected(results)
     assert run.data.params["num-server-rounds"] == "2" and run.data.params["resume"] == "False"  # its start
     assert run.info.status == "FINISHED"
+
+
+def test_a_run_started_over_marks_its_dead_attempt_killed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    (tmp_path / "runs").mkdir()
+    client = MlflowClient(tracking_uri=uri)
+    dead = client.create_run(client.create_experiment("fedprivacy"), run_name="ml",
+                             tags={"fedprivacy.run": "ml"})  # an attempt that never ended
+
+    _run(_cfg(tmp_path))
+
+    runs = client.search_runs([dead.info.experiment_id])
+    assert sorted((r.info.run_id == dead.info.run_id, r.info.status) for r in runs) == [
+        (False, "FINISHED"), (True, "KILLED")]
