@@ -140,7 +140,8 @@ def _colluders(p: dict[str, Any]) -> int | None:
 def _covers(covers: Sequence[str], colluders: int | None = None) -> list[str]:
     lines = list(covers)
     return [line.replace("{colluders}", str(colluders or 0)) for line in lines] + [
-        "- Assumes: the listed clip norm is enforced (the server re-clips in central mode), the "
+        "- Assumes: the listed clip norm is enforced (the server re-clips in central mode; under secure "
+        "aggregation each honest client clips its own update), the "
         "accountant's composition theorem, and a secure source of randomness (see Randomness).",
         "",
     ]

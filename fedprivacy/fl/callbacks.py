@@ -117,8 +117,9 @@ class OutputsCallback(RunCallback):
 
         if run.run_dir is None:  # the results stay in the RunResult
             return
-        write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results,
-                                                                          covers=run.mode.covers))
+        covers_for = getattr(run.mode, "covers_for", None)  # a mode whose lines depend on the config
+        covers = covers_for(run.cfg) if callable(covers_for) else run.mode.covers
+        write_outputs(run.run_dir, result.results, report_md=privacy_report_md(result.results, covers=covers))
 
 
 def default_callbacks(log: Callable[[str], None] = print) -> list[RunCallback]:

@@ -28,7 +28,7 @@ __all__ = ["PARTICIPATION_KEYS", "SECURE_COUNT_KEYS", "TIMING_KEYS", "UNNOISED_K
 PARTICIPATION_KEYS = ("clients_sampled", "clients_aggregated")
 #: Row keys of a secure round that depend on its counts (distributed runs with private counts).
 SECURE_COUNT_KEYS = ("secagg_roster", "secagg_survivors", "secagg_degree", "noise_std_sum", "aborted",
-                     "secagg_late")
+                     "secagg_late", "secagg_max_abs_error")  # a fixed-point sum's error bound is n/s
 #: Per-round figures computed from clients' un-noised values (central mode): private with the counts.
 UNNOISED_KEYS = ("train_loss",)
 #: A round's wall time grows with its cohort (in-process, clients run one after another), so it is

@@ -215,8 +215,12 @@ def _largest_scale(*, clip_norm: float, fits: Callable[[float], bool]) -> float:
 def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bits: int, population: int,
                            noise_multiplier: float = 0.0, threshold: int = 1,
                            rotation_seed: bytes = b"\x00" * 32, xnoise: bool = False,
-                           colluders: int = 0, count_noise_std: float = 0.0) -> EncodingSpec:
+                           colluders: int = 0, count_noise_std: float = 0.0,
+                           server_noise_multiplier: float = 0.0) -> EncodingSpec:
     """The encoding with the largest power-of-two scale whose sum over ``population`` cannot wrap.
+
+    ``server_noise_multiplier`` (``fixed-point``, central noise over secure aggregation): the sum plus
+    the server's ``N(0, (z (C s + sqrt(d)))^2)`` must not wrap either, at probability 1e-9.
 
     For ``ddgauss`` the headroom check counts the rotated signal and the noise tail at probability
     1e-9; it also keeps a factor 4 of spare range so that the scale (and hence the privacy event) is
@@ -244,6 +248,12 @@ def largest_scale_encoding(*, kind: str, dim: int, clip_norm: float, modulus_bit
     def fits(s: float) -> bool:
         try:
             EncodingSpec(scale=s, count_scale=count_scale(s), **base)
+            if server_noise_multiplier and not dd:
+                from fedprivacy.secagg.quantize import check_headroom
+
+                noise_std = server_noise_multiplier * (clip_norm * s + math.sqrt(dim))
+                check_headroom(num_clients=population, clip_norm=clip_norm, scale=s, modulus_bits=modulus_bits,
+                               dim=dim, noise_variance_total=noise_std**2)
         except ValueError:
             return False
         return True

@@ -39,6 +39,7 @@ __all__ = [
     "from_ring",
     "stochastic_round",
     "to_ring",
+    "torus_noised",
 ]
 
 
@@ -171,6 +172,18 @@ def encode_fixed_point(
     v = v * (clip_norm / norm) if norm > clip_norm else v.copy()
     v *= scale  # clip, then scale: the same two roundings as always
     return to_ring(stochastic_round(v, rng=rng), modulus_bits=modulus_bits)
+
+
+def torus_noised(total: np.ndarray, noise: np.ndarray, *, modulus_bits: int) -> np.ndarray:
+    """``(total + noise) mod 2^b`` as a real residue, lifted to ``[-2^(b-1), 2^(b-1))`` (float64).
+
+    A function of ``(S + Z) mod 2^b`` alone: for any other inputs in the sum ``S``, one input's
+    contribution ``e`` moves the result by exactly ``e`` on the torus, wrap or not, so the release is a
+    post-processing of the Gaussian mechanism on the integer sum (Dwork & Roth 2014, Prop. 2.1).
+    """
+    m = float(1 << modulus_bits)
+    v = from_ring(total, modulus_bits=modulus_bits).astype(np.float64) + np.asarray(noise, dtype=np.float64)
+    return np.mod(v + m / 2.0, m) - m / 2.0
 
 
 def decode_fixed_point(total: np.ndarray, *, scale: float, modulus_bits: int) -> np.ndarray:

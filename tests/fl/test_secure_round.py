@@ -268,7 +268,7 @@ def test_the_plan_budgets_for_the_worst_case_of_t_survivors() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    ({"privacy": "central", "secagg": True}, "distributed"),
+    ({"privacy": "central", "secagg": True, "adaptive-clip": True}, "adaptive-clip"),
     ({"privacy": "distributed", "secagg": True, "accountant": "prv"}, "'pld' or 'rdp'"),
     ({"privacy": "distributed", "secagg": True, "noise-multiplier": 0.0}, "target-epsilon"),
     ({"privacy": "distributed", "secagg": True, "privacy-audience": "public"}, "privacy-audience"),

@@ -153,8 +153,10 @@ def exchange_of(transport: Transport, cfg: RunConfig) -> Exchange:
 
 
 def secure_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
-                 aggregator: Aggregator | None, log: Callable[[str], None]) -> RoundFn:
-    """The secure-aggregation round (:class:`fedprivacy.fl.secure.SecureRound`)."""
+                 aggregator: Aggregator | None, log: Callable[[str], None],
+                 central_noise_multiplier: float | None = None) -> RoundFn:
+    """The secure-aggregation round (:class:`fedprivacy.fl.secure.SecureRound`); with
+    ``central_noise_multiplier`` the server adds Gaussian noise to the unmasked sum."""
     from fedprivacy.fl.secure.server import SecureRound
 
     if transport.secure is None:
@@ -163,7 +165,8 @@ def secure_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
     if aggregator is not None:
         raise ValueError("a custom aggregator cannot run under secure aggregation: the server only "
                          "ever sees the sum")
-    return SecureRound(cfg, transport.secure, population=plan.population, log=log)
+    return SecureRound(cfg, transport.secure, population=plan.population, log=log,
+                       central_noise_multiplier=central_noise_multiplier)
 
 
 def privacy_block(cfg: RunConfig, plan: PrivacyPlan, accountant: Accountant | None,

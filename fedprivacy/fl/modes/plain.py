@@ -209,11 +209,23 @@ class CentralMode(_GaussianMode):
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        if cfg.secagg:
-            raise ValueError(
-                f"secagg=true with privacy={self.name!r} is refused: the server would unmask the un-noised "
-                "sum before adding its noise; set secagg=false for central DP, or privacy='distributed' "
-                "(clients add discrete Gaussian noise, the server only ever sees a noised sum)")
+        if cfg.secagg and cfg.adaptive_clip:
+            raise ValueError("adaptive-clip=true with privacy='central' and secagg=true is not implemented "
+                             "(the clipped count would need its own noise in the sum); set secagg=false, "
+                             "or privacy='distributed'")
+
+    def covers_for(self, cfg: RunConfig) -> tuple[str, ...]:
+        """The report's lines: over secure aggregation the server sees only the exact sum."""
+        from fedprivacy.fl.modes.central_secure import COVERS
+
+        return COVERS if cfg.secagg else self.covers
+
+    def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> PrivacyPlan:
+        if not cfg.secagg:
+            return super().plan(cfg, population=population, dim=dim)
+        from fedprivacy.fl.modes.central_secure import secure_central_plan
+
+        return secure_central_plan(cfg, population=population, dim=dim, mechanism=self.mechanism)
 
     def disclosure(self, cfg: RunConfig) -> Disclosure:
         """With client sampling the number of clients in a round is itself a disclosure (at N = 10,
@@ -226,6 +238,9 @@ class CentralMode(_GaussianMode):
 
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
+        if cfg.secagg:  # the server adds its noise to the unmasked sum (fedprivacy.fl.modes.central_secure)
+            return secure_round(cfg.replace(noise_multiplier=plan.noise_multiplier), plan, transport,
+                                aggregator=aggregator, log=log, central_noise_multiplier=plan.noise_multiplier)
         if plan.adaptive_clip is not None:
             return _adaptive_round(cfg, plan, transport, aggregator)
         agg = aggregator or make_aggregator(cfg, clip_norm=cfg.clip_norm,

@@ -242,8 +242,11 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
                          round=request.round).child("xnoise-seeds")
         components = ComponentSeeds.fresh(ddp.design(roster=roster), round=request.round,
                                           node_id=session.node_id, rng=rng)
-    else:
-        policy.check_mode("none")
+    else:  # fixed-point: this client adds no noise (none; central, whose server adds it to the sum)
+        if instructions.privacy != cfg.privacy:  # check_encoding matched the encoding to cfg's mode
+            raise PolicyRefusal(f"server asks for privacy {instructions.privacy!r} in its instructions but "
+                                f"{cfg.privacy!r} in its run config; refused")
+        policy.check_mode(cfg.privacy)
     if peers is not None:
         peers.check_roster(request, node_id=session.node_id, run_id=key[0], setup=session.setup)
     reply = session.share_keys(request, components=components)

@@ -131,9 +131,11 @@ def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
     XNoise components (the legacy ``σ²/t`` share is not run: clients refuse it). ``count_noise_std``
     (adaptive clipping, :mod:`fedprivacy.fl.adaptive_clip`): the clipped-count coordinate's noise σ_b."""
     distributed = cfg.mode.secure_noise
+    # a DP mode whose noise is not added in secure aggregation: the server adds it to the sum (central)
+    server_z = cfg.noise_multiplier if cfg.is_dp and not distributed else 0.0
     return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
                                   modulus_bits=cfg.secagg_bits, population=population,
                                   noise_multiplier=cfg.noise_multiplier, threshold=threshold,
                                   rotation_seed=rotation_seed, xnoise=distributed,
                                   colluders=cfg.secagg_colluders if distributed else 0,
-                                  count_noise_std=count_noise_std)
+                                  count_noise_std=count_noise_std, server_noise_multiplier=server_z)

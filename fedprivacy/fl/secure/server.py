@@ -111,14 +111,18 @@ class SecureRound:
     """The secure :data:`fedprivacy.fl.types.RoundFn` (five exchanges per round, three pipelined)."""
 
     def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, central_noise_multiplier: float | None = None) -> None:
         from fedprivacy.fl.sampling import expected_cohort
 
         if not cfg.secagg:
             raise ValueError("SecureRound needs secagg=true")
-        if cfg.is_dp and not cfg.mode.secure_noise:
-            raise ValueError(f"secagg=true supports a mode without DP or one whose noise is added in secure "
-                             f"aggregation ('none', 'distributed'), got {cfg.privacy!r}")
+        if cfg.mode.secure_noise and central_noise_multiplier is not None:
+            raise ValueError("a mode whose noise is added in secure aggregation takes no central noise")
+        if cfg.is_dp and not cfg.mode.secure_noise and not (central_noise_multiplier or 0.0) > 0.0:
+            raise ValueError(f"secagg=true with privacy={cfg.privacy!r} needs the server's noise multiplier "
+                             "(central noise on the unmasked sum) or noise added in secure aggregation")
+        #: z of the Gaussian the server adds to the unmasked sum (privacy central), else None
+        self.central_noise_multiplier = central_noise_multiplier
         self.cfg = cfg
         self.transport = transport
         self.population = population
@@ -260,10 +264,11 @@ class SecureRound:
         ledger's audience (``privacy-audience``: the run's sampling for observers with exact noise,
         none otherwise).
         """
-        if not self.cfg.mode.secure_noise:
+        if not self.cfg.mode.secure_noise:  # the plan's event, if any (central: the server's noise)
+            std = 0.0 if self.central_noise_multiplier is None else self._central_std(enc)
             info = dataclasses.replace(info, max_abs_error=enc.max_abs_error(num_clients=survivors),
-                                       noise_std_sum=0.0)
-            return None, 0.0, info
+                                       noise_std_sum=std)
+            return None, std, info
         from fedprivacy.accounting.events import NoSampling
 
         ddp = enc.ddp()
@@ -314,8 +319,23 @@ class SecureRound:
             return self._aborted(f"secure aggregation aborted: {exc}", like=weights,
                                  failures=progress.failures, info=progress.info())
         progress.merge(server.failures)
+        if self.central_noise_multiplier is not None:  # charged before the unmask; released only now
+            total = self._central_noise(enc, total, rng.child("central-noise"))
         return self._released(instr, weights, enc, total, updates, survivors=tuple(sorted(server.u3)),
                               progress=progress)
+
+    def _central_std(self, enc: EncodingSpec) -> float:
+        """``z (C + sqrt(d)/s)``: one client's encoded contribution is within ``C + sqrt(d)/s`` (stochastic
+        rounding moves each coordinate by less than ``1/s``), so this std gives Gaussian(z) on the sum."""
+        assert self.central_noise_multiplier is not None
+        return self.central_noise_multiplier * (enc.clip_norm + math.sqrt(enc.padded_dim) / enc.scale)
+
+    def _central_noise(self, enc: EncodingSpec, total: np.ndarray, rng: RandomSource) -> np.ndarray:
+        """The unmasked ring sum plus the server's Gaussian on the torus, lifted to ``[-2^(b-1), 2^(b-1))``."""
+        from fedprivacy.secagg.quantize import torus_noised
+
+        noise = rng.normal(std=self._central_std(enc) * enc.scale, size=int(np.size(total)))
+        return torus_noised(total, noise, modulus_bits=enc.modulus_bits)
 
     def _encoding(self, instr: RoundInstructions, *, dim: int, threshold: int,
                   rotation_seed: bytes) -> EncodingSpec:
@@ -330,7 +350,9 @@ class SecureRound:
         """Decode the survivors' sum into the mean update; the outcome with the event that ran."""
         from fedprivacy.dp.clipping import unflatten
 
-        mean = unflatten(enc.decode(total) / self.denominator, weights)
+        # central: ``total`` is already the noised sum's centred real lift, in ring units
+        decoded = enc.decode(total) if self.central_noise_multiplier is None else total / enc.scale
+        mean = unflatten(decoded / self.denominator, weights)
         mean_update = tuple(np.asarray(m).astype(np.asarray(w).dtype) for m, w in zip(mean, weights, strict=True))
         info = dataclasses.replace(progress.info(), survivors=len(survivors))
         event, noise_std, info = self._event(enc, len(survivors), info)
@@ -343,8 +365,11 @@ class SecureRound:
                 self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
         if missed:  # the completion depended on the other survivors' shares: the row says how many
             info = dataclasses.replace(info, late=len(missed))
+        # central noise: std z*Delta on a sum whose sensitivity is Delta (ratio Delta / C)
+        ratio = 1.0 if self.central_noise_multiplier is None else noise_std / (self.central_noise_multiplier
+                                                                                * enc.clip_norm)
         agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
-                              denominator=float(self.denominator))
+                              denominator=float(self.denominator), sensitivity_ratio=ratio)
         kept = tuple(updates[p] for p in survivors if p in updates)
         dropped = {pid: reason for pid, reason in failures.items() if pid not in survivors}
         return RoundOutcome(aggregate=agg, failures=dropped, updates=kept, event=event, secagg=info)

@@ -1,0 +1,104 @@
+"""``privacy = "central"`` with ``secagg = true``: the server adds the noise to a sum it only sees whole.
+
+The clients mask fixed-point encodings of their clipped updates (no noise of their own); the server
+unmasks the exact sum and adds ``N(0, (z Delta)^2)`` to it on the ring's torus, before decoding
+(:class:`fedprivacy.fl.secure.SecureRound`). ``Delta = C + sqrt(d)/s`` bounds one client's encoded
+contribution (stochastic rounding moves each of the ``d`` coordinates by less than ``1/s``), so the
+release is a Gaussian mechanism of multiplier ``z`` on the integer sum, whatever the other inputs are:
+``(S + Z) mod 2^b`` moves by exactly one client's encoding, wrap or not (post-processing of the
+Gaussian on the integers; Dwork & Roth 2014, Thm. A.1 and Prop. 2.1).
+
+Audiences: against the server, no differential privacy (it sees the exact sum; single updates stay
+hidden, as with ``privacy = "none"``). Against observers of the released models, the central ε; with
+Poisson sampling and private counts, the completion of a round is public, so each completed round is
+the labelled mixture of :mod:`fedprivacy.accounting.completion` (as distributed mode's public
+figure), and an abort it does not model voids the amplification
+(:meth:`fedprivacy.fl.journal.WriteAheadJournal.void_amplification`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description
+
+if TYPE_CHECKING:
+    from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.config import RunConfig
+
+__all__ = ["COVERS", "secure_central_plan"]
+
+COVERS: tuple[str, ...] = (
+    "- Covers: the sequence of released global models (and anything computed from them, such as the "
+     "test accuracy), against anyone who sees them but the server, for the unit above.",
+    "- Against the server: no differential privacy. Secure aggregation hides each client's update; the "
+     "server sees their exact sum and adds the noise to it (trusted for the noise, not for single updates).",
+    "- Does not cover: who took part in a round, the train loss, and timing. With Poisson sampling the "
+     "ε claims amplification only while the server keeps the cohorts and counts private (the run "
+     "folder's owner-only `private/`); whether a round completed is public and is accounted.",
+)
+
+
+def _events(cfg: RunConfig, z: float, *, population: int) -> tuple[PrivacyEvent, PrivacyEvent | None]:
+    """The per-round event (observers) and, when it claims amplification, the unamplified one."""
+    from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
+    from fedprivacy.fl.secure.params import public_sampling
+
+    sampling = public_sampling(cfg, population=population)
+    if isinstance(sampling, CohortRuleSampling):
+        return sampling.event_for(z), PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z))
+    return PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z), sampling=sampling), None
+
+
+def _calibrated(cfg: RunConfig, *, population: int) -> tuple[float, bool]:
+    from fedprivacy.accounting.calibration import calibrate_completed, calibrate_noise_multiplier
+    from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.accounting.events import Neighbouring
+    from fedprivacy.fl.secure.params import public_sampling
+
+    if cfg.noise_multiplier > 0:
+        return cfg.noise_multiplier, False
+    sampling = public_sampling(cfg, population=population)
+    if isinstance(sampling, CohortRuleSampling):
+        return calibrate_completed(target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
+                                   sampling=sampling, steps=cfg.num_server_rounds, backend=cfg.accountant), True
+    return float(calibrate_noise_multiplier(
+        target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta, sampling=sampling,
+        steps=cfg.num_server_rounds, backend=cfg.accountant,
+        neighbouring=Neighbouring.parse(cfg.neighbouring))), True
+
+
+def secure_central_plan(cfg: RunConfig, *, population: int, dim: int | None, mechanism: str) -> PrivacyPlan:
+    """The plan of a central run over secure aggregation (see the module docstring)."""
+    from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+
+    if dim is None or dim < 1:
+        raise ValueError(f"dim (the model's number of parameters) must be >= 1 for privacy='central' with "
+                         f"secagg=true, got {dim}")
+    z, calibrated = _calibrated(cfg, population=population)
+    event, unamplified = _events(cfg, z, population=population)
+    t, _ = secagg_parameters(cfg, population=population)
+    try:  # the scale leaves room for the server's noise too (no wrap at probability 1e-9)
+        enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim, threshold=t)
+    except ValueError as exc:
+        raise ValueError(f"secagg-bits={cfg.secagg_bits} is too small for central noise over secure "
+                         f"aggregation: {exc}") from None
+    delta = cfg.clip_norm + math.sqrt(enc.padded_dim) / enc.scale
+    from fedprivacy.accounting.events import NoSampling
+
+    claimed = unamplified is not None or not isinstance(event.sampling, NoSampling)
+    amplified = "" if claimed else "; no amplification claimed"
+    return PrivacyPlan(
+        mode="central", population=population, denominator=denominator_of(cfg, population=population),
+        clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
+        central_noise_std=z * cfg.clip_norm, local_noise_std=0.0, unit="user (all data of one client)",
+        neighbouring=cfg.neighbouring,
+        sampling_description=(sampling_description(cfg, population=population) + amplified
+                              + f"; secagg threshold t={t}; ε against observers (the server sees the exact sum)"),
+        event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
+        mechanism=(f"{mechanism}, added by the server to the secure-aggregation sum on the ring's torus "
+                   f"with std z*(C + sqrt(d)/s) = {z * delta:.6g} (the fixed-point rounding's bound)"),
+        unamplified_event=unamplified,
+    )
