@@ -8,7 +8,8 @@ is refused with the config (:func:`check_tracking`), in one line naming ``tracki
 Privacy: a tracker logs exactly the run's published rows (:meth:`fedprivacy.fl.disclosure.
 RunDisclosure.published_rows`, the ``rounds`` of ``results.json``), so where the participation counts
 are private, so are the counts, the rounds' wall times, the worst client's DP-SGD ε and (as the
-mode says) the train loss: none of them reaches a tracker. Per round the scalars are the row's
+mode says) the train loss: none of them reaches a tracker, and the values' wall-time stamps are
+then the time the tracker opened (they would time the rounds). Per round the scalars are the row's
 numbers under the row's keys (``test_accuracy``, ``test_loss``, ``epsilon``, ``clip_norm``, and
 ``seconds`` or ``clients_sampled`` where published), with ``clip_norm`` the configured one under
 fixed clipping; after the run, a distributed run's ε for each audience as ``epsilon/<audience>``.
@@ -126,9 +127,15 @@ class _ScalarCallback(RunCallback):
 
     def __init__(self) -> None:
         self._logged: dict[int, set[str]] = {}
+        self._opened = time.time()
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         raise NotImplementedError
+
+    def _stamp(self, run: FederatedRun) -> float:
+        """A value's wall time: now, or, where the rounds' wall times are private (they grow with the
+        cohort), the time the tracker opened, so that the stamps do not time the rounds."""
+        return time.time() if run.publishes_participation else self._opened
 
     def on_round_end(self, run: FederatedRun, record: RoundRecord) -> None:
         scalars = published_scalars(run, run.disclosure.published_rows([record])[0])
@@ -170,13 +177,14 @@ class TensorBoardCallback(_ScalarCallback):
             assert run.run_dir is not None  # tracking_callbacks refuses the other case
             self.log_dir = run.run_dir / "tensorboard"
         self.writer = EventFileWriter(str(self.log_dir))
+        self._opened = time.time()
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
-        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        self.writer.add_event(Event(wall_time=self._stamp(run), step=step, summary=Summary(value=values)))
 
     def on_run_end(self, run: FederatedRun, result: RunResult) -> None:
         if self.writer is None:
@@ -244,6 +252,7 @@ class MlflowCallback(_ScalarCallback):
         uri, label = mlflow_uri(run.cfg), run_label(run)
         name = run.cfg.tracking_experiment or DEFAULT_EXPERIMENT
         self.client = client = MlflowClient(tracking_uri=uri)
+        self._opened = time.time()
         experiment = mlflow_experiment(client, uri, name)
         earlier = client.search_runs([experiment], filter_string=f"tags.`fedprivacy.run` = '{label}'")
         if earlier and run.policy.resumes:  # the same run, continued: its params are those it started with
@@ -263,7 +272,7 @@ class MlflowCallback(_ScalarCallback):
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
-        stamp = int(time.time() * 1000)
+        stamp = int(self._stamp(run) * 1000)
         self._pending.extend(Metric(key=k, value=v, timestamp=stamp, step=step) for k, v in scalars.items())
         if time.monotonic() - self._flushed >= self.flush_seconds:
             self.flush()

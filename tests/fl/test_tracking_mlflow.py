@@ -81,6 +81,8 @@ def test_private_counts_reach_no_metric_in_the_default_sqlite_store(tmp_path: Pa
     private = {k for line in read_participation(run_dir) for k in line} - {"round"}
     assert {"clients_sampled", "seconds"} <= private
     assert not private & set(run.data.metrics)
+    stamps = {m.timestamp for k in run.data.metrics for m in client.get_metric_history(run.info.run_id, k)}
+    assert len(stamps) == 1  # the rounds' wall times are private: the stamps do not time them
     assert _metrics(client, run) == _expected(results)
     artifacts = client.list_artifacts(run.info.run_id)
     assert {a.path for a in artifacts} == FILES and "private" not in {a.path for a in artifacts}

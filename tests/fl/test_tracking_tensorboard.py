@@ -48,6 +48,13 @@ def _scalars(log_dir: Path) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
+def _wall_times(log_dir: Path) -> set[float]:
+    """The wall times of every scalar in the events."""
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.wall_time for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+
+
 def _expected(results: dict[str, Any]) -> dict[str, dict[int, float]]:
     """The rows' numbers by key, and the configured clip norm (fixed clipping), per round."""
     out: dict[str, dict[int, float]] = {}
@@ -76,6 +83,7 @@ def test_scalars_equal_the_published_rows_of_results_json(tmp_path: Path) -> Non
     _assert_equal(got, _expected(results))
     assert {"test_accuracy", "test_loss", "epsilon", "clip_norm", "seconds", "clients_sampled"} <= set(got)
     assert sorted(got["epsilon"]) == [1, 2] and got["epsilon"][2] > got["epsilon"][1] > 0
+    assert len(_wall_times(run_dir / "tensorboard")) == 2  # published round times: real stamps
 
 
 def test_a_run_with_private_counts_leaves_no_count_or_round_time_scalar(tmp_path: Path) -> None:
@@ -87,6 +95,7 @@ def test_a_run_with_private_counts_leaves_no_count_or_round_time_scalar(tmp_path
     assert [r["round"] for r in private] == [1, 2] and all(r["seconds"] > 0 for r in private)
     assert not ({k for line in private for k in line} - {"round"}) & set(got)
     assert not set(PRIVATE + ("train_loss",)) & set(got)
+    assert len(_wall_times(tmp_path / "tb-parent" / "tb")) == 1  # the stamps do not time the rounds
     assert not any(k in row for row in results["rounds"] for k in PRIVATE)
     _assert_equal(got, _expected(results))
     assert not (run_dir / "tensorboard").exists()
@@ -138,3 +147,4 @@ def test_simulate_tracks_a_distributed_run_with_each_audiences_epsilon(
     private = {k for line in read_participation(tmp_path / "dist") for k in line} - {"round"}
     assert {"clients_sampled", "seconds", "secagg_survivors", "noise_std_sum"} <= private
     assert not private & set(got)  # what the owner-only log holds never reaches a tracker
+    assert len(_wall_times(tmp_path / "dist" / "tensorboard")) == 1
