@@ -34,7 +34,10 @@ __all__ = ["RESUMABLE_CHANGES", "ResumePolicy", "check_resume", "check_same_run"
 # Everything else (population, sampling, privacy parameters, accountant, data and partition seed) is
 # what the accounting of the rounds already run depends on, and must match.
 RESUMABLE_CHANGES = frozenset({"resume", "num-server-rounds", "client-timeout", "max-failed-fraction",
-                               "eval-every"})
+                               "eval-every",
+                               # where the published values are also logged (fedprivacy.fl.tracking)
+                               "tracking", "tracking-dir", "tracking-uri", "tracking-experiment",
+                               "tracking-run-name"})
 
 
 class ResumePolicy:

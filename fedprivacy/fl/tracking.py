@@ -142,6 +142,14 @@ class _ScalarCallback(RunCallback):
         self._logged[record.round] = set(scalars)
         self._write(run, record.round, scalars)
 
+    def _resumed(self, run: FederatedRun) -> dict[int, dict[str, float]]:
+        """A resumed run's checkpointed rounds, (round -> scalars): what a tracker may have lost when
+        the run died (a queue not yet written) or never had (tracking turned on at the resume)."""
+        rows = run.disclosure.published_rows(run.records)
+        out = {int(row["round"]): published_scalars(run, row) for row in rows}
+        self._logged.update({step: set(scalars) for step, scalars in out.items()})
+        return out
+
     def _final_scalars(self, run: FederatedRun, result: RunResult) -> dict[int, dict[str, float]]:
         """(round -> scalars) the results hold beyond what was logged per round."""
         out: dict[int, dict[str, float]] = {}
@@ -178,6 +186,13 @@ class TensorBoardCallback(_ScalarCallback):
             self.log_dir = run.run_dir / "tensorboard"
         self.writer = EventFileWriter(str(self.log_dir))
         self._opened = time.time()
+        if run.records:  # resumed: TensorBoard drops the earlier events from step 1 on, then all again
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+            self.writer.add_event(Event(wall_time=self._opened, step=1,
+                                        session_log=SessionLog(status=SessionLog.START)))
+            for step, scalars in self._resumed(run).items():
+                self._write(run, step, scalars)
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -255,10 +270,10 @@ class MlflowCallback(_ScalarCallback):
         self._opened = time.time()
         experiment = mlflow_experiment(client, uri, name)
         earlier = client.search_runs([experiment], filter_string=f"tags.`fedprivacy.run` = '{label}'")
-        if earlier and run.policy.resumes:  # the same run, continued: its params are those it started with
+        if earlier and run.records:  # the same run, continued: its params are those it started with
             self.run_id = earlier[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
-            self._flushed = time.monotonic()
+            self._backfill(run, earlier[0].data.metrics)
             return
         for stale in earlier:  # an attempt that died and is started over (a sweep's unfinished run)
             if stale.info.status == "RUNNING":
@@ -267,7 +282,16 @@ class MlflowCallback(_ScalarCallback):
         params = [Param(k, str(v)) for k, v in run.cfg.to_mapping().items()]
         for i in range(0, len(params), 100):  # MLflow's limit per batch
             client.log_batch(self.run_id, params=params[i:i + 100])
-        self._flushed = time.monotonic()
+        self._backfill(run, {})
+
+    def _backfill(self, run: FederatedRun, keys: Mapping[str, Any]) -> None:
+        """A resumed run's checkpointed rounds that the MLflow run lacks (each (key, round) once)."""
+        have = {(k, m.step) for k in keys for m in self.client.get_metric_history(self.run_id, k)}
+        for step, scalars in self._resumed(run).items():
+            missing = {k: v for k, v in scalars.items() if (k, step) not in have}
+            if missing:
+                self._write(run, step, missing)
+        self.flush(wait=True)
 
     def _write(self, run: FederatedRun, step: int, scalars: Mapping[str, float]) -> None:
         from mlflow.entities import Metric

@@ -114,6 +114,8 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path) -> None:
 
     assert [r["round"] for r in results["rounds"]] == [1, 2, 3] and results["resumed"]
     assert _metrics(client, run) == _expected(results)
+    for key in run.data.metrics:  # each round once: the checkpointed rounds are not logged again
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
     assert run.data.params["num-server-rounds"] == "2" and run.data.params["resume"] == "False"  # its start
     assert run.info.status == "FINISHED"
 

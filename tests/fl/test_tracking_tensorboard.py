@@ -101,6 +101,20 @@ def test_a_run_with_private_counts_leaves_no_count_or_round_time_scalar(tmp_path
     assert not (run_dir / "tensorboard").exists()
 
 
+def test_a_resumed_run_has_each_round_once_in_its_events(tmp_path: Path) -> None:
+    _run(_cfg(tmp_path, tracking=""))  # rounds 1-2 untracked: the resumed run logs them from its checkpoint
+    _run(_cfg(tmp_path, resume=True, **{"num-server-rounds": 3}))
+    run_dir, results = _run(_cfg(tmp_path, resume=True, **{"num-server-rounds": 4}))
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+
+    steps = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3, 4] and len(results["resumed"]) == 2
+    assert steps and all(s == [1, 2, 3, 4] for s in steps.values()), steps  # once each, no duplicate
+    _assert_equal(_scalars(run_dir / "tensorboard"), _expected(results))
+
+
 def test_tracking_values_are_refused_naming_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"^tracking must be '' or a comma list of .*tensorbord"):
         _cfg(tmp_path, tracking="tensorbord")
