@@ -40,23 +40,30 @@ def simulate(  # pylint: disable=too-many-arguments
     app_dir: str | Path = ".",
     faults: FaultPlan | None = None,
     timeout: float | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run the app on the chosen engine; return a JSON-ready summary (used by ``fedprivacy simulate``).
 
     Both engines read the same ``--run-config`` syntax, and the same :func:`server.engine.preflight.
     preflight` checks it before anything starts; a relative ``output-dir`` is made absolute so that
     the results land in this working directory with either engine. The summary's ``status`` and
-    ``exit_code`` are the run's (:mod:`fedprivacy.exit_codes`).
+    ``exit_code`` are the run's (:mod:`fedprivacy.exit_codes`). ``ray_address`` (flower engine only)
+    runs the simulation on that running Ray cluster (:mod:`server.engine.ray_cluster`).
 
     Raises:
-        fedprivacy.config.ConfigError: the configuration is refused (nothing was started).
+        fedprivacy.config.ConfigError: the configuration is refused, or nothing answers at
+            ``ray_address`` (nothing was started).
         server.loop.NoClientsError: (in-process engine) no client answered.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if ray_address is not None and engine != "flower":
+        raise ValueError(f"ray_address applies to the flower engine only, got engine {engine!r}")
     from server.engine.preflight import preflight
 
     pre = preflight(run_config, app_dir=app_dir, num_supernodes=num_supernodes)
+    if ray_address is not None:
+        _check_cluster(ray_address)
     summary: dict[str, Any] = {"engine": engine, "num_supernodes": num_supernodes}
     if engine == "inprocess":
         summary.update(_on_inprocess(pre.overrides, num_supernodes=num_supernodes, workers=workers,
@@ -66,13 +73,25 @@ def simulate(  # pylint: disable=too-many-arguments
         if faults is not None or workers != 1:
             raise ValueError("faults and workers apply to the inprocess engine only")
         summary.update(_on_flower(pre.overrides, pre.spec.default_config, num_supernodes=num_supernodes,
-                                  app_dir=app_dir, timeout=timeout))
+                                  app_dir=app_dir, timeout=timeout, ray_address=ray_address))
+        if ray_address is not None:
+            summary["ray_address"] = ray_address
     if summary.get("results_path"):
         summary.update(_final_round(Path(summary["results_path"])))
     summary.setdefault("status", "error")
     summary["exit_code"] = int(summary.get("exit_code", exit_code_for(summary["status"])))
     summary["num_server_rounds"] = int(pre.config.num_server_rounds)
     return summary
+
+
+def _check_cluster(ray_address: str) -> None:
+    from fedprivacy.config import ConfigError
+    from server.engine.ray_cluster import check_reachable
+
+    try:
+        check_reachable(ray_address)
+    except ValueError as exc:
+        raise ConfigError(f"--ray-address: {exc}") from None
 
 
 def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers: int,
@@ -95,7 +114,7 @@ def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers:
 
 
 def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num_supernodes: int,
-               app_dir: str | Path, timeout: float | None) -> dict[str, Any]:
+               app_dir: str | Path, timeout: float | None, ray_address: str | None) -> dict[str, Any]:
     """``flwr run`` with a named run, so its ``results.json`` is known (no mtime scan: review D9); the
     status is the ServerApp's (``flwr run`` itself returns 0 when the ServerApp fails)."""
     from server.engine._flwr_private import fuse_dicts
@@ -107,7 +126,7 @@ def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num
         overrides["run-name"] = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     final = fuse_dicts(dict(defaults), overrides)
     out = run_flwr(run_config=config_string(overrides), num_supernodes=num_supernodes, app_dir=app_dir,
-                   timeout=timeout)
+                   timeout=timeout, ray_address=ray_address)
     path = Path(str(final["output-dir"])) / str(final["run-name"]) / "results.json"
     status = out.status or {}
     summary: dict[str, Any] = {
@@ -189,6 +208,11 @@ def simulate_command(
     app_dir: Annotated[
         str, typer.Option("--app-dir", help="Directory holding the app's pyproject.toml.")
     ] = ".",
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="flower engine: run on this running Ray cluster, 'auto' or "
+                                           "HOST:PORT of its head (docs/ENGINE.md); default: a private Ray."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the Flower apps on the in-process engine or on Flower's own simulation engine.
@@ -197,9 +221,10 @@ def simulate_command(
     4 client failures, 5 no SuperNode answered, 130 interrupted (README "Exit codes").
     """
     plan = _checked_options(engine, num_supernodes=num_supernodes, workers=workers, faults=faults,
-                            fault_seed=fault_seed)
+                            fault_seed=fault_seed, ray_address=ray_address)
     summary = _guarded_simulate(engine=engine.value, num_supernodes=num_supernodes,
-                                run_config=run_config, workers=workers, app_dir=app_dir, faults=plan)
+                                run_config=run_config, workers=workers, app_dir=app_dir, faults=plan,
+                                ray_address=ray_address)
     if as_json:
         from fedprivacy.fl.outputs import clean_json
 
@@ -237,8 +262,17 @@ def _guarded_simulate(**kwargs: Any) -> dict[str, Any]:
 
 
 def _checked_options(engine: EngineName, *, num_supernodes: int, workers: int, faults: str,
-                     fault_seed: int) -> FaultPlan | None:
+                     fault_seed: int, ray_address: str | None = None) -> FaultPlan | None:
     """The options ``simulate`` checks itself (exit 2, one line); the parsed fault plan."""
+    if ray_address is not None:
+        from server.engine.ray_cluster import check_ray_address
+
+        if engine is not EngineName.flower:
+            usage_error(f"--ray-address applies only to --engine flower, got --engine {engine.value}")
+        try:
+            check_ray_address(ray_address)
+        except ValueError as exc:
+            usage_error(f"--ray-address: {exc}")
     if num_supernodes < 1:
         usage_error(f"--num-supernodes must be >= 1, got {num_supernodes}")
     if workers < 1:

@@ -46,6 +46,7 @@ from server.engine._flwr_private import fuse_dicts, run_simulation_as_flwr_run
 from server.engine.appspec import app_root, load_app_spec, parse_overrides
 from server.engine.flwr_output import run_forwarding
 from server.engine.processes import Watchdog, stop_processes, stop_started_by
+from server.engine.ray_cluster import ray_env
 from server.engine.run import forget_run_memory, make_run, server_context
 
 __all__ = ["FlwrRunResult", "flwr_env", "free_port", "run_flower_simulation", "run_flwr", "status_path",
@@ -216,6 +217,7 @@ def run_flwr(  # pylint: disable=too-many-arguments
     capture: bool = False,
     echo: bool = False,
     connection: str | None = None,
+    ray_address: str | None = None,
 ) -> FlwrRunResult:
     """``flwr run <app_dir> --stream`` on a local simulation; stops only what this run started.
 
@@ -231,6 +233,8 @@ def run_flwr(  # pylint: disable=too-many-arguments
         echo: print the command before running it.
         connection: a SuperLink connection named in ``flwr_home``'s ``config.toml`` (the Deployment
             Engine, see ``scripts/deployment_local.py``) instead of the local simulation.
+        ray_address: the simulation joins this running Ray cluster (``auto`` or ``HOST:PORT``,
+            :mod:`server.engine.ray_cluster`) and leaves it running; None: it starts its own Ray.
     """
     app = app_root(app_dir)
     temporary = flwr_home is None
@@ -249,6 +253,7 @@ def run_flwr(  # pylint: disable=too-many-arguments
     policy = _client_policy(app, run_config)
     if policy:  # the simulation fixes node_config: the clients read their floor from the environment
         env[ENV_VAR] = json.dumps(policy)
+    env.update(ray_env(ray_address, env))  # after the floor: a cluster's actors get it in the job's env
     watchdog = Watchdog(home, remove=[home] if temporary else [])
     try:
         # Flower logs its "default SuperNodes changed" warning on every simulation, whatever count it
