@@ -69,6 +69,7 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
         from fedprivacy.fl.resume import resume_checkpoint
 
         check_population(cfg, population=num_supernodes)
+        check_population_data(cfg, population=num_supernodes)
         _check_adaptive_clip(cfg, population=num_supernodes)
         if cfg.secagg:
             from fedprivacy.fl.secure.params import secagg_parameters
@@ -81,6 +82,38 @@ def preflight(run_config: Mapping[str, Any] | str, *, app_dir: str | Path = ".",
         if cfg.run_name:
             resume_checkpoint(cfg, Path(cfg.output_dir) / cfg.run_name, population=num_supernodes)
     return Preflight(spec=spec, overrides=overrides, fused=fused, config=cfg)
+
+
+EAGER_CLIENTS = 100_000  # above this, a data set made for every client up front is refused
+SIZE_CHECK_CLIENTS = 1000  # above this, a pooled data set is loaded to check it has an example a client
+
+
+def check_population_data(cfg: RunConfig, *, population: int) -> None:
+    """Refuse a population the data set cannot give a partition to every client, before start-up.
+
+    A data set generated for every client up front (``synthetic``) is refused above ``EAGER_CLIENTS``
+    clients, and a pooled one (``digits``, ``fashion-mnist``) with fewer training examples than clients;
+    ``synthetic-lazy`` makes each client when it is sampled and has no limit.
+    """
+    from fedprivacy.ml.data import dataset_entry
+
+    entry = dataset_entry(cfg.dataset)
+    if entry.client_loader is not None or entry.prefix:
+        return
+    if entry.per_client and population > EAGER_CLIENTS:
+        raise ConfigError(f"dataset {cfg.dataset!r} generates all {population} clients before round 1 "
+                          f"(at most {EAGER_CLIENTS} here); use dataset='synthetic-lazy', which makes each "
+                          "client when it is sampled")
+    if not entry.per_client and population > SIZE_CHECK_CLIENTS:
+        from fedprivacy.ml.data import load_dataset
+        from fedprivacy.ml.partition import data_spec
+
+        spec = data_spec(cfg)
+        train, _ = load_dataset(spec.dataset, seed=spec.seed, test_fraction=spec.test_fraction,
+                                options=spec.options)
+        if population > len(train):
+            raise ConfigError(f"dataset {cfg.dataset!r} has {len(train)} training examples for {population} "
+                              "clients (one each at least); use fewer clients or dataset='synthetic-lazy'")
 
 
 def _check_adaptive_clip(cfg: RunConfig, *, population: int) -> None:

@@ -10,9 +10,11 @@ import pytest
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 import server.loop
+from fedprivacy.config import ConfigError
 from server.engine import InProcessGrid, load_app_spec, parse_overrides, resolve_run_config
 from server.engine._flwr_private import TaskIdentityScope
 from server.engine.nodes import NodeTable, make_node_ids
+from server.engine.preflight import preflight
 from server.engine.run import load_apps, make_run
 from server.loop import PartitionNodes, discover_partitions
 
@@ -73,3 +75,21 @@ def test_discovery_asks_in_chunks_and_maps_every_partition_to_its_node(monkeypat
     assert [n for kind, n, _ in grid.stats.exchanges if kind == "query"] == [4, 4, 3]
     with pytest.raises(KeyError):
         nodes[11]
+
+
+@pytest.mark.parametrize(("overrides", "clients", "needle"), [
+    ("dataset='synthetic' secagg=false privacy='none'", 100_001,
+     "dataset 'synthetic' generates all 100001 clients before round 1"),
+    ("secagg=false privacy='none'", 5000, "dataset 'digits' has 1437 training examples for 5000 clients"),
+])
+def test_a_population_the_data_cannot_serve_is_refused_before_start(overrides: str, clients: int,
+                                                                     needle: str) -> None:
+    with pytest.raises(ConfigError, match="dataset='synthetic-lazy'") as exc:
+        preflight(overrides, app_dir=REPO_DIR, num_supernodes=clients)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_synthetic_lazy_passes_the_preflight_at_a_million_clients() -> None:
+    pre = preflight("dataset='synthetic-lazy' secagg=false privacy='none' target-delta=1e-7", app_dir=REPO_DIR,
+                    num_supernodes=1_000_000)
+    assert pre.config.dataset == "synthetic-lazy"
