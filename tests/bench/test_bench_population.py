@@ -12,7 +12,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_population.py"
 ROW_KEYS = {"population", "sample_rate", "rounds", "round_seconds", "median_round_seconds",
             "median_train_exchange_seconds", "train_messages", "discovery_seconds", "startup_seconds",
-            "wall_seconds", "peak_rss_mb", "peak_rss_workers_mb", "peak_tree_pss_mb"}
+            "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "peak_tree_pss_mb"}
 
 
 @pytest.mark.slow
