@@ -201,7 +201,7 @@ def test_a_round_with_less_noise_than_charged_is_refused_before_it_is_applied(tm
 
 
 @pytest.mark.parametrize(("overrides", "key"), [
-    ({"secagg": True}, "secagg"),
+    ({"secagg": True, "sample-rate": 0.5, "dpftrl-groups": 2}, "sample-rate"),
     ({"adaptive-clip": True}, "adaptive-clip"),
     ({"aggregation": "median"}, "aggregation"),
     ({"dpsgd": True}, "dpsgd"),

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.mechanisms import ClientMechanism, ServerMechanism
     from fedprivacy.fl.privacy import PrivacyPlan
+    from fedprivacy.fl.secure.noise import ServerNoise
     from fedprivacy.fl.secure.server import SecureTransport
 
 __all__ = ["Disclosure", "PrivacyMode", "Transport", "plain_round", "privacy_block", "secure_round"]
@@ -154,9 +155,10 @@ def exchange_of(transport: Transport, cfg: RunConfig) -> Exchange:
 
 def secure_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None, log: Callable[[str], None],
-                 central_noise_multiplier: float | None = None) -> RoundFn:
+                 server_noise: ServerNoise | None = None, denominator: float | None = None) -> RoundFn:
     """The secure-aggregation round (:class:`fedprivacy.fl.secure.SecureRound`); with
-    ``central_noise_multiplier`` the server adds Gaussian noise to the unmasked sum."""
+    ``server_noise`` (:mod:`fedprivacy.fl.secure.noise`) the server adds it to the unmasked sum;
+    ``denominator``: the mean's (default: the expected cohort)."""
     from fedprivacy.fl.secure.server import SecureRound
 
     if transport.secure is None:
@@ -165,8 +167,8 @@ def secure_round(cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
     if aggregator is not None:
         raise ValueError("a custom aggregator cannot run under secure aggregation: the server only "
                          "ever sees the sum")
-    return SecureRound(cfg, transport.secure, population=plan.population, log=log,
-                       central_noise_multiplier=central_noise_multiplier)
+    return SecureRound(cfg, transport.secure, population=plan.population, log=log, server_noise=server_noise,
+                       denominator=denominator)
 
 
 def privacy_block(cfg: RunConfig, plan: PrivacyPlan, accountant: Accountant | None,

@@ -20,8 +20,9 @@ group: round 1 alone has all of it), and a per-round prefix charge would need th
 of every schema proven: not done. The budget (``target-epsilon``) is checked for the whole horizon
 before anything starts; calibration bisects z on the run's own accountant (never overshoots).
 
-Refused: secure aggregation, adaptive clipping, robust rules, DP-SGD clients, fixed cohorts,
-replace-one, resume (the noise state is a secret this mode does not checkpoint).
+Over secure aggregation (``secagg = true``, whole groups only) the server adds ``w_t`` to the unmasked
+sum: :mod:`fedprivacy.fl.modes.dpftrl_secure`. Refused: adaptive clipping, robust rules, DP-SGD
+clients, fixed cohorts, replace-one, resume (the noise state is a secret this mode does not checkpoint).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import numpy as np
 from fedprivacy.dp.clipping import flatten, unflatten
 from fedprivacy.fl.aggregation import Aggregator, PlainAggregator
 from fedprivacy.fl.mechanisms import ServerMechanism
-from fedprivacy.fl.modes.base import Disclosure, Transport, exchange_of
+from fedprivacy.fl.modes.base import Disclosure, Transport, exchange_of, secure_round
+from fedprivacy.fl.modes.dpftrl_secure import SAMPLE_RATE_REFUSAL
 from fedprivacy.fl.modes.plain import CentralMode
 from fedprivacy.fl.privacy import PrivacyPlan
 from fedprivacy.fl.types import CorrelatedDraw, RoundFn, RoundInstructions, RoundOutcome
@@ -168,8 +170,7 @@ class DpftrlRound:
 
 
 _REFUSED: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
-    ("secagg", lambda c: c.secagg, "secagg=true with privacy='dpftrl' is refused: the server would unmask the "
-     "un-noised sum before adding its noise; set secagg=false"),
+    ("sample-rate", lambda c: c.secagg and c.sample_rate < 1.0, SAMPLE_RATE_REFUSAL),
     ("adaptive-clip", lambda c: c.adaptive_clip, "adaptive-clip=true with privacy='dpftrl' is not implemented "
      "(the sensitivity of C is in clip-norm units); set adaptive-clip=false"),
     ("aggregation", lambda c: c.aggregation != "plain", "aggregation must be 'plain' with privacy='dpftrl' "
@@ -212,6 +213,12 @@ class DpftrlMode(CentralMode):
                              f"{cfg.dpftrl_band}")
         matrix_mechanism(cfg, cfg.noise_multiplier or 1.0)  # the schema's hypotheses, before anything starts
 
+    def covers_for(self, cfg: RunConfig) -> tuple[str, ...]:
+        """The report's lines: over secure aggregation the server sees only the exact sum."""
+        from fedprivacy.fl.modes.dpftrl_secure import COVERS
+
+        return COVERS if cfg.secagg else self.covers
+
     def disclosure(self, cfg: RunConfig) -> Disclosure:
         if cfg.publish_participation:
             return super().disclosure(cfg)
@@ -237,7 +244,7 @@ class DpftrlMode(CentralMode):
         event = horizon_event(matrix)
         _check_accountant(cfg, event)
         claim = matrix.claim()
-        return PrivacyPlan(
+        plan = PrivacyPlan(
             mode=self.name, population=population,
             denominator=cfg.sample_rate * population / cfg.dpftrl_groups, clip_norm=cfg.clip_norm,
             noise_multiplier=sigma, calibrated=calibrated, central_noise_std=matrix.noise_std(cfg.clip_norm),
@@ -247,6 +254,11 @@ class DpftrlMode(CentralMode):
             event=event, target_delta=cfg.target_delta,
             # the budget is the whole horizon's, checked here; the in-loop check would re-project it
             target_epsilon=0.0, mechanism=f"{self.mechanism}: {claim['factorization']}", correlated=matrix)
+        if not cfg.secagg:
+            return plan
+        from fedprivacy.fl.modes.dpftrl_secure import secure_dpftrl_plan
+
+        return secure_dpftrl_plan(cfg, plan, population=population, dim=dim)
 
     def _calibrated(self, cfg: RunConfig) -> tuple[float, bool]:
         """z as configured (its ε_T checked against target-epsilon), or the smallest that meets it."""
@@ -274,6 +286,11 @@ class DpftrlMode(CentralMode):
         mechanism = self.server_mechanism
         if not isinstance(mechanism, CorrelatedNoise):
             raise TypeError(f"privacy mode {self.name!r} needs a CorrelatedNoise server mechanism, got {mechanism!r}")
+        if cfg.secagg:  # the server adds w_t to the unmasked sum (fedprivacy.fl.modes.dpftrl_secure)
+            from fedprivacy.fl.modes.dpftrl_secure import server_noise
+
+            return secure_round(cfg, plan, transport, aggregator=None, log=log, denominator=plan.denominator,
+                                server_noise=server_noise(plan, num_rounds=cfg.num_server_rounds))
         return DpftrlRound(exchange_of(transport, cfg), cfg, plan, mechanism=mechanism)
 
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Any, *, accountant: Any,

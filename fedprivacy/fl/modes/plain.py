@@ -239,8 +239,11 @@ class CentralMode(_GaussianMode):
     def round_fn(self, cfg: RunConfig, plan: PrivacyPlan, transport: Transport, *,
                  aggregator: Aggregator | None = None, log: Callable[[str], None] = print) -> RoundFn:
         if cfg.secagg:  # the server adds its noise to the unmasked sum (fedprivacy.fl.modes.central_secure)
+            from fedprivacy.fl.secure.noise import GaussianSumNoise
+
             return secure_round(cfg.replace(noise_multiplier=plan.noise_multiplier), plan, transport,
-                                aggregator=aggregator, log=log, central_noise_multiplier=plan.noise_multiplier)
+                                aggregator=aggregator, log=log,
+                                server_noise=GaussianSumNoise(noise_multiplier=plan.noise_multiplier))
         if plan.adaptive_clip is not None:
             return _adaptive_round(cfg, plan, transport, aggregator)
         agg = aggregator or make_aggregator(cfg, clip_norm=cfg.clip_norm,

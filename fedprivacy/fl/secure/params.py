@@ -19,10 +19,13 @@ __all__ = ["COHORT_RULE_ABORT", "completes", "counts_private", "encoding_kind", 
 
 
 def expected_cohort_size(cfg: RunConfig, *, population: int) -> int:
-    """The cohort the round parameters are sized for (``cohort-size`` or ``round(q N)``)."""
+    """The cohort the round parameters are sized for (``cohort-size`` or ``round(q N)``; ``privacy =
+    "dpftrl"`` trains one of ``dpftrl-groups`` g fixed groups a round: ``round(q floor(N / g))``, the
+    smallest group's)."""
     if cfg.sampling == "fixed":
         return int(cfg.cohort_size)
-    return max(1, int(round(cfg.sample_rate * population)))
+    groups = cfg.dpftrl_groups if cfg.privacy == "dpftrl" else 1
+    return max(1, int(round(cfg.sample_rate * (population // groups))))
 
 
 def largest_roster(cfg: RunConfig, *, population: int) -> int:
@@ -125,14 +128,20 @@ def encoding_kind(cfg: RunConfig) -> str:
 
 
 def make_encoding(cfg: RunConfig, *, population: int, dim: int, threshold: int,
-                  rotation_seed: bytes = b"\x00" * 32, count_noise_std: float = 0.0) -> EncodingSpec:
+                  rotation_seed: bytes = b"\x00" * 32, count_noise_std: float = 0.0,
+                  server_noise_multiplier: float | None = None) -> EncodingSpec:
     """The run's encoding: the largest power-of-two scale whose sum over ``population`` cannot wrap
     (:func:`fedprivacy.secagg.encoding.largest_scale_encoding`). Distributed DP always uses exact
     XNoise components (the legacy ``σ²/t`` share is not run: clients refuse it). ``count_noise_std``
-    (adaptive clipping, :mod:`fedprivacy.fl.adaptive_clip`): the clipped-count coordinate's noise σ_b."""
+    (adaptive clipping, :mod:`fedprivacy.fl.adaptive_clip`): the clipped-count coordinate's noise σ_b.
+    ``server_noise_multiplier``: the headroom of the server's noise on the sum
+    (:attr:`fedprivacy.fl.secure.noise.ServerNoise.headroom_multiplier`); default ``noise-multiplier``
+    for a DP mode whose noise is not added in secure aggregation."""
     distributed = cfg.mode.secure_noise
-    # a DP mode whose noise is not added in secure aggregation: the server adds it to the sum (central)
+    # a DP mode whose noise is not added in secure aggregation: the server adds it to the sum
     server_z = cfg.noise_multiplier if cfg.is_dp and not distributed else 0.0
+    if server_noise_multiplier is not None:
+        server_z = server_noise_multiplier
     return largest_scale_encoding(kind=encoding_kind(cfg), dim=dim, clip_norm=cfg.clip_norm,
                                   modulus_bits=cfg.secagg_bits, population=population,
                                   noise_multiplier=cfg.noise_multiplier, threshold=threshold,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from fedprivacy.fl.charging import before_release
+from fedprivacy.fl.secure.noise import GaussianSumNoise, ServerNoise
 from fedprivacy.fl.secure.params import (
     largest_roster,
     make_encoding,
@@ -111,18 +112,23 @@ class SecureRound:
     """The secure :data:`fedprivacy.fl.types.RoundFn` (five exchanges per round, three pipelined)."""
 
     def __init__(self, cfg: RunConfig, transport: SecureTransport, *, population: int,
-                 log: Callable[[str], None] = print, central_noise_multiplier: float | None = None) -> None:
+                 log: Callable[[str], None] = print, central_noise_multiplier: float | None = None,
+                 server_noise: ServerNoise | None = None, denominator: float | None = None) -> None:
         from fedprivacy.fl.sampling import expected_cohort
 
         if not cfg.secagg:
             raise ValueError("SecureRound needs secagg=true")
-        if cfg.mode.secure_noise and central_noise_multiplier is not None:
-            raise ValueError("a mode whose noise is added in secure aggregation takes no central noise")
-        if cfg.is_dp and not cfg.mode.secure_noise and not (central_noise_multiplier or 0.0) > 0.0:
-            raise ValueError(f"secagg=true with privacy={cfg.privacy!r} needs the server's noise multiplier "
-                             "(central noise on the unmasked sum) or noise added in secure aggregation")
-        #: z of the Gaussian the server adds to the unmasked sum (privacy central), else None
-        self.central_noise_multiplier = central_noise_multiplier
+        if central_noise_multiplier is not None:  # shorthand for the i.i.d. Gaussian (privacy central)
+            if server_noise is not None:
+                raise ValueError("give central_noise_multiplier or server_noise, not both")
+            server_noise = GaussianSumNoise(noise_multiplier=central_noise_multiplier)
+        if cfg.mode.secure_noise and server_noise is not None:
+            raise ValueError("a mode whose noise is added in secure aggregation takes no server noise")
+        if cfg.is_dp and not cfg.mode.secure_noise and server_noise is None:
+            raise ValueError(f"secagg=true with privacy={cfg.privacy!r} needs the server's noise "
+                             "(on the unmasked sum) or noise added in secure aggregation")
+        #: what the server adds to the unmasked sum before decoding (central, dpftrl), else None
+        self.server_noise = server_noise
         self.cfg = cfg
         self.transport = transport
         self.population = population
@@ -130,8 +136,9 @@ class SecureRound:
         self.log = log
         self.lookahead: Lookahead | None = None
         self._ahead: _Ahead | None = None  # round r+1's key stages done during round r
-        self.denominator = expected_cohort(sampling=cfg.sampling, population=population,
-                                           sample_rate=cfg.sample_rate, cohort_size=cfg.cohort_size)
+        self.denominator = denominator if denominator is not None else expected_cohort(
+            sampling=cfg.sampling, population=population, sample_rate=cfg.sample_rate,
+            cohort_size=cfg.cohort_size)
 
     def set_lookahead(self, lookahead: Lookahead) -> None:
         """``lookahead(r)``: round r's instructions, cohort and source exactly as the run will pass them
@@ -251,7 +258,10 @@ class SecureRound:
             ureqs = server.receive_consistency(list(views.values()))
         # The survivors (server.u3) and hence the round's event are known here, before the unmask
         # requests go out: the write-ahead charge of the release (raises on the budget).
-        before_release(self._event(enc, len(server.u3), progress.info())[0])
+        noise = self.server_noise
+        before_release(self._event(enc, len(server.u3), progress.info())[0] if noise is None else noise.event(rnd))
+        if noise is not None:
+            noise.charged(rnd)
         unm = self._stage("unmask", ureqs, progress, round=rnd, ahead=ahead)
         return server.receive_unmask(list(unm.values())), updates
 
@@ -265,7 +275,7 @@ class SecureRound:
         none otherwise).
         """
         if not self.cfg.mode.secure_noise:  # the plan's event, if any (central: the server's noise)
-            std = 0.0 if self.central_noise_multiplier is None else self._central_std(enc)
+            std = 0.0 if self.server_noise is None else self.server_noise.noise_std(enc)
             info = dataclasses.replace(info, max_abs_error=enc.max_abs_error(num_clients=survivors),
                                        noise_std_sum=std)
             return None, std, info
@@ -319,30 +329,21 @@ class SecureRound:
             return self._aborted(f"secure aggregation aborted: {exc}", like=weights,
                                  failures=progress.failures, info=progress.info())
         progress.merge(server.failures)
-        if self.central_noise_multiplier is not None:  # charged before the unmask; released only now
-            total = self._central_noise(enc, total, rng.child("central-noise"))
+        if self.server_noise is not None:  # charged before the unmask; released only now
+            from fedprivacy.secagg.quantize import torus_noised
+
+            noise = self.server_noise.draw(enc, round=instr.round, size=int(np.size(total)), rng=rng)
+            total = torus_noised(total, noise, modulus_bits=enc.modulus_bits)  # lifted to [-2^(b-1), 2^(b-1))
         return self._released(instr, weights, enc, total, updates, survivors=tuple(sorted(server.u3)),
                               progress=progress)
-
-    def _central_std(self, enc: EncodingSpec) -> float:
-        """``z (C + sqrt(d)/s)``: one client's encoded contribution is within ``C + sqrt(d)/s`` (stochastic
-        rounding moves each coordinate by less than ``1/s``), so this std gives Gaussian(z) on the sum."""
-        assert self.central_noise_multiplier is not None
-        return self.central_noise_multiplier * (enc.clip_norm + math.sqrt(enc.padded_dim) / enc.scale)
-
-    def _central_noise(self, enc: EncodingSpec, total: np.ndarray, rng: RandomSource) -> np.ndarray:
-        """The unmasked ring sum plus the server's Gaussian on the torus, lifted to ``[-2^(b-1), 2^(b-1))``."""
-        from fedprivacy.secagg.quantize import torus_noised
-
-        noise = rng.normal(std=self._central_std(enc) * enc.scale, size=int(np.size(total)))
-        return torus_noised(total, noise, modulus_bits=enc.modulus_bits)
 
     def _encoding(self, instr: RoundInstructions, *, dim: int, threshold: int,
                   rotation_seed: bytes) -> EncodingSpec:
         """The round's encoding (the run's; :class:`fedprivacy.fl.adaptive_clip.AdaptiveSecureRound`
         gives each round its own clip norm and count coordinate)."""
+        headroom = None if self.server_noise is None else self.server_noise.headroom_multiplier
         return make_encoding(self.cfg, population=self.population, dim=dim, threshold=threshold,
-                             rotation_seed=rotation_seed)
+                             rotation_seed=rotation_seed, server_noise_multiplier=headroom)
 
     def _released(self, instr: RoundInstructions, weights: Sequence[np.ndarray], enc: EncodingSpec,
                   total: np.ndarray, updates: Mapping[int, ClientUpdate], *, survivors: tuple[int, ...],
@@ -351,7 +352,7 @@ class SecureRound:
         from fedprivacy.dp.clipping import unflatten
 
         # central: ``total`` is already the noised sum's centred real lift, in ring units
-        decoded = enc.decode(total) if self.central_noise_multiplier is None else total / enc.scale
+        decoded = enc.decode(total) if self.server_noise is None else total / enc.scale
         mean = unflatten(decoded / self.denominator, weights)
         mean_update = tuple(np.asarray(m).astype(np.asarray(w).dtype) for m, w in zip(mean, weights, strict=True))
         info = dataclasses.replace(progress.info(), survivors=len(survivors))
@@ -365,11 +366,14 @@ class SecureRound:
                 self.log(f"  round {instr.round}: client {pid} is in the sum but missed a later stage: {reason}")
         if missed:  # the completion depended on the other survivors' shares: the row says how many
             info = dataclasses.replace(info, late=len(missed))
-        # central noise: std z*Delta on a sum whose sensitivity is Delta (ratio Delta / C)
-        ratio = 1.0 if self.central_noise_multiplier is None else noise_std / (self.central_noise_multiplier
-                                                                                * enc.clip_norm)
+        # the server's noise: std (per unit of C) times Delta on a sum whose sensitivity is Delta
+        noise = self.server_noise
+        ratio = 1.0 if noise is None else noise.sensitivity_ratio(enc)
+        if noise is not None:
+            event = noise.event(instr.round)
         agg = AggregateResult(mean_update=mean_update, aggregated=survivors, dropped={}, noise_std=noise_std,
-                              denominator=float(self.denominator), sensitivity_ratio=ratio)
+                              denominator=float(self.denominator), sensitivity_ratio=ratio,
+                              correlated_draw=None if noise is None else noise.correlated_draw(instr.round))
         kept = tuple(updates[p] for p in survivors if p in updates)
         dropped = {pid: reason for pid, reason in failures.items() if pid not in survivors}
         return RoundOutcome(aggregate=agg, failures=dropped, updates=kept, event=event, secagg=info)
