@@ -147,3 +147,27 @@ def test_poisson_sampling_within_groups_over_secure_aggregation_is_refused_namin
         RunConfig.from_mapping({"privacy": "dpftrl", "secagg": True, "sample-rate": 0.5, "dpftrl-groups": 2,
                                 "dpftrl-band": 2, "noise-multiplier": 1.0, "num-server-rounds": 4})
     assert "\n" not in str(info.value) and "completed is public" in str(info.value)
+
+
+def test_a_secure_round_whose_stream_is_below_the_plans_std_is_refused_before_it_is_applied() -> None:
+    # Arrange: the plan's mechanism, and a stream at half its innovations' multiplier
+    from fedprivacy.fl.mechanisms import MechanismMismatch, check_release
+    from fedprivacy.fl.modes.dpftrl_secure import server_noise
+    from fedprivacy.fl.secure import SecureRound
+    from fedprivacy.fl.secure.noise import CorrelatedSumNoise
+
+    n, dim = 6, 200
+    cfg, plan, honest_fn, updates, like = _setup(n, dim, 2, band=2)
+    honest = server_noise(plan, num_rounds=2)
+    half = CorrelatedSumNoise(honest.strategy, innovation_multiplier=honest.innovation_multiplier / 2,
+                              horizon=honest.horizon, covered=honest.covered)
+    stingy = SecureRound(cfg, DirectTransport(cfg, updates), population=n, log=lambda _: None, server_noise=half,
+                         denominator=plan.denominator)
+    mode = get_mode("dpftrl")
+    # Act
+    ok = honest_fn(_instr(1, privacy="dpftrl"), list(range(n)), like, RandomSource.seeded(1))
+    low = stingy(_instr(1, privacy="dpftrl"), list(range(n)), like, RandomSource.seeded(1))
+    # Assert: the honest round passes the run's check, the stingy one is refused
+    check_release(mode, plan, ok, charged=plan.event)
+    with pytest.raises(MechanismMismatch, match="noise std"):
+        check_release(mode, plan, low, charged=plan.event)

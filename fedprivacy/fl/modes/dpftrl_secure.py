@@ -12,7 +12,8 @@ so an aborted round leaves its draw unreleased (a projection of the output) and 
 the separation of its group.
 
 Completion: with ``sample-rate = 1`` each round's cohort is its whole public group, so whether the
-round completes depends on no client's data (dropouts assumed data-independent, as for
+round completes depends on no client's data (dropouts assumed data-independent; for that bit a client
+is compared with itself sending a zero update, the zero-out relation of
 :mod:`fedprivacy.accounting.completion`). With ``sample-rate < 1`` the cohort's size is private, a
 round below the threshold aborts in public, and the cyclic-Poisson amplification (Choquette-Choo et
 al. 2023, Thm. 4) does not model that bit: refused.
@@ -48,7 +49,8 @@ COVERS: tuple[str, ...] = (
      "state, not for single updates).",
     "- Does not cover: the train loss, per-round counts and timing (kept in the server's private log).",
     "- Assumes: the groups (partition id mod dpftrl-groups) are public, each round trains its whole group, "
-    "and whether a round completes does not depend on the clients' data.",
+    "and whether a round completes does not depend on the clients' data (dropouts independent of it; for "
+    "that bit a client is compared with itself sending a zero update).",
 )
 
 
