@@ -82,6 +82,8 @@ def _claim(p: dict[str, Any], dp: bool) -> list[str]:
         f"| Rounds accounted | {p['rounds']} |",
         f"| Accountant | {p['accountant']} |",
         f"| **ε** | **{_fmt(p['epsilon'], '.6g')}** |",
+        *([f"| ε against participating clients | {_fmt(p['participants_epsilon'], '.6g')} (each round "
+           "unamplified: a client in a round sees its roster) |"] if "participants_epsilon" in p else []),
         *([f"| Colluding clients assumed | {_colluders(p)} (ε is computed for at most that many clients "
            "colluding with the server; their noise is not counted) |"] if _colluders(p) is not None else []),
         f"| δ | {_fmt(p['delta'], 'g')} |",

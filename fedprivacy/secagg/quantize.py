@@ -174,16 +174,24 @@ def encode_fixed_point(
     return to_ring(stochastic_round(v, rng=rng), modulus_bits=modulus_bits)
 
 
+_TORUS_GRID_BITS = 20  # the server noise's grid on the torus (2^-20 ring units; b + 20 <= 52 bits)
+
+
 def torus_noised(total: np.ndarray, noise: np.ndarray, *, modulus_bits: int) -> np.ndarray:
     """``(total + noise) mod 2^b`` as a real residue, lifted to ``[-2^(b-1), 2^(b-1))`` (float64).
 
-    A function of ``(S + Z) mod 2^b`` alone: for any other inputs in the sum ``S``, one input's
-    contribution ``e`` moves the result by exactly ``e`` on the torus, wrap or not, so the release is a
-    post-processing of the Gaussian mechanism on the integer sum (Dwork & Roth 2014, Prop. 2.1).
+    Exactly a function of ``(S + Z) mod 2^b``: the noise is rounded to the grid ``2^-20`` (``S`` is an
+    integer, so that is a rounding of ``S + Z``) and the sum is reduced in int64, where float64's
+    rounding would depend on which lift of ``S`` it started from. One input's contribution ``e`` then
+    moves the result by exactly ``e`` on the torus, wrap or not: the release is a post-processing of the
+    Gaussian mechanism on the integer sum (Dwork & Roth 2014, Prop. 2.1).
     """
-    m = float(1 << modulus_bits)
-    v = from_ring(total, modulus_bits=modulus_bits).astype(np.float64) + np.asarray(noise, dtype=np.float64)
-    return np.mod(v + m / 2.0, m) - m / 2.0
+    k = _TORUS_GRID_BITS
+    z = np.rint(np.asarray(noise, dtype=np.float64) * float(1 << k)).astype(np.int64)
+    v = (from_ring(total, modulus_bits=modulus_bits) << np.int64(k)) + z
+    half = np.int64(1) << np.int64(modulus_bits + k - 1)
+    v = np.mod(v + half, half << np.int64(1)) - half  # exact: |v| < 2^(b + 20) <= 2^52
+    return v.astype(np.float64) / float(1 << k)
 
 
 def decode_fixed_point(total: np.ndarray, *, scale: float, modulus_bits: int) -> np.ndarray:

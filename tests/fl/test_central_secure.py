@@ -124,6 +124,8 @@ def test_every_client_every_round_is_the_composed_gaussian(tmp_path: Path) -> No
     assert exact <= eps <= exact * 1.01
     assert got["status"] == "completed" and len(got["rounds"]) == 3
     assert "torus" in got["privacy"]["mechanism"] and got["privacy"]["accountant_claim"]["steps"] == 3
+    # removing a client would change whether a round completes: only zero-out is claimed
+    assert got["privacy"]["adjacency"].startswith("zero-out")
 
 
 def test_sampled_rounds_are_amplified_less_than_central_because_completion_is_public(tmp_path: Path) -> None:
@@ -132,11 +134,33 @@ def test_sampled_rounds_are_amplified_less_than_central_because_completion_is_pu
     plain = _run(tmp_path, "plain", **{"sample-rate": 0.5, "secagg": False})
     # Assert: between plain central's amplified ε and the unamplified Gaussian's
     eps = secure["privacy"]["epsilon"]
-    assert plain["privacy"]["epsilon"] < eps < _gaussian_epsilon(math.sqrt(3.0), DELTA)
+    exact = _gaussian_epsilon(math.sqrt(3.0), DELTA)
+    assert plain["privacy"]["epsilon"] < eps < exact
     assert secure["privacy"]["accountant_claim"]["mechanism"] == "completed_round_gaussian"
+    # the completion pair is proved for zero-out only; a participant sees rosters: unamplified for it
+    assert secure["privacy"]["adjacency"].startswith("zero-out")
+    assert exact <= secure["privacy"]["participants_epsilon"] <= exact * 1.01
     # nothing published depends on the round's counts
     private = {"clients_sampled", "clients_aggregated", "secagg_survivors", "secagg_roster", "secagg_degree",
                "secagg_max_abs_error", "noise_std_sum", "seconds", "train_loss"}
     assert all(not (private & set(row)) for row in secure["rounds"])
     report = (tmp_path / "secure" / "privacy_report.md").read_text()
     assert "Against the server: no differential privacy" in report
+
+
+def test_a_fixed_cohort_run_that_loses_a_client_voids_its_amplification(tmp_path: Path) -> None:
+    from server.engine.faults import FaultPlan, FaultRule
+
+    # Arrange: fixed cohorts of 6 of 12 (replace-one); partition 0 never answers its masked-input message
+    faults = FaultPlan(rules=(FaultRule(action="drop", message_type="train.secagg_masked", partition_ids=(0,)),))
+    cfg = {"num-server-rounds": 3, "seed": 2, "output-dir": str(tmp_path), "run-name": "lost", "local-epochs": 1,
+           "privacy": "central", "secagg": True, "noise-multiplier": 1.0, "target-delta": DELTA,
+           "sampling": "fixed", "cohort-size": 6, "neighbouring": "replace-one", "client-timeout": 20.0}
+    # Act
+    run_inprocess(run_config=cfg, num_supernodes=12, app_dir=APP_DIR, node_id_seed=3, faults=faults)
+    got = json.loads((tmp_path / "lost" / "results.json").read_text())
+    # Assert: once a sampled client is lost, the ledger holds the unamplified Gaussian for every release
+    p = got["privacy"]
+    releases = p["rounds"]
+    unamplified = _gaussian_epsilon(2.0 * math.sqrt(releases) / 1.0, DELTA)  # replace-one: sensitivity 2
+    assert releases >= 1 and p["epsilon"] >= unamplified * 0.999

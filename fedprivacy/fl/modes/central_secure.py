@@ -19,25 +19,34 @@ figure), and an abort it does not model voids the amplification
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description
 
 if TYPE_CHECKING:
+    from fedprivacy.accounting.accountant import Accountant
     from fedprivacy.accounting.events import PrivacyEvent
     from fedprivacy.config import RunConfig
 
-__all__ = ["COVERS", "secure_central_plan"]
+__all__ = ["COVERS", "secure_central_plan", "secure_central_summary"]
 
 COVERS: tuple[str, ...] = (
     "- Covers: the sequence of released global models (and anything computed from them, such as the "
-     "test accuracy), against anyone who sees them but the server, for the unit above.",
+     "test accuracy), against observers who take part in no round, for the unit above.",
     "- Against the server: no differential privacy. Secure aggregation hides each client's update; the "
      "server sees their exact sum and adds the noise to it (trusted for the noise, not for single updates).",
+    "- Against participating clients: a client in a round sees its roster and survivors, so the rounds "
+     "it is in are unamplified for it; `participants_epsilon` (every round unamplified) bounds them all.",
     "- Does not cover: who took part in a round, the train loss, and timing. With Poisson sampling the "
      "ε claims amplification only while the server keeps the cohorts and counts private (the run "
      "folder's owner-only `private/`); whether a round completed is public and is accounted.",
 )
+
+# Removing a client changes the survivor count, hence whether a secure round completes (public): only
+# a client that stays in the protocol with its update replaced is claimed (as in distributed mode)
+_ZERO_OUT = ("zero-out: one client's update replaced by 0 while it stays in the protocol (whether a secure "
+             "round completes then does not depend on it); removing a client from the population is not "
+             "claimed")
 
 
 def _events(cfg: RunConfig, z: float, *, population: int) -> tuple[PrivacyEvent, PrivacyEvent | None]:
@@ -46,10 +55,13 @@ def _events(cfg: RunConfig, z: float, *, population: int) -> tuple[PrivacyEvent,
     from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
     from fedprivacy.fl.secure.params import public_sampling
 
+    unamplified = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z))
     sampling = public_sampling(cfg, population=population)
     if isinstance(sampling, CohortRuleSampling):
-        return sampling.event_for(z), PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z))
-    return PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z), sampling=sampling), None
+        return sampling.event_for(z), unamplified
+    event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z), sampling=sampling)
+    # fixed cohorts are amplified too: an unmodelled abort or dropout voids it (the journal's void)
+    return event, (unamplified if event != unamplified else None)
 
 
 def _calibrated(cfg: RunConfig, *, population: int) -> tuple[float, bool]:
@@ -94,7 +106,7 @@ def secure_central_plan(cfg: RunConfig, *, population: int, dim: int | None, mec
         mode="central", population=population, denominator=denominator_of(cfg, population=population),
         clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
         central_noise_std=z * cfg.clip_norm, local_noise_std=0.0, unit="user (all data of one client)",
-        neighbouring=cfg.neighbouring,
+        neighbouring=cfg.neighbouring, adjacency=_ZERO_OUT if cfg.neighbouring == "add-remove" else "",
         sampling_description=(sampling_description(cfg, population=population) + amplified
                               + f"; secagg threshold t={t}; ε against observers (the server sees the exact sum)"),
         event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,
@@ -102,3 +114,25 @@ def secure_central_plan(cfg: RunConfig, *, population: int, dim: int | None, mec
                    f"with std z*(C + sqrt(d)/s) = {z * delta:.6g} (the fixed-point rounding's bound)"),
         unamplified_event=unamplified,
     )
+
+
+def secure_central_summary(block: dict[str, Any], cfg: RunConfig, plan: PrivacyPlan,
+                           accountant: Accountant | None) -> dict[str, Any]:
+    """The claim block plus the participants' bound: every release as the unamplified Gaussian(z)
+    (valid for a client that sees the rosters of the rounds it is in); ``rounds`` counts releases, not
+    a void's re-charges."""
+    from fedprivacy.accounting.accountant import Accountant
+    from fedprivacy.accounting.events import Neighbouring
+    from fedprivacy.fl.modes.distributed import charged_releases
+
+    if accountant is None or plan.event is None:
+        return block
+    releases = charged_releases(accountant, plan)
+    block["rounds"] = releases
+    if plan.unamplified_event is None or not releases:
+        block["participants_epsilon"] = block["epsilon"]
+        return block
+    worst = Accountant(backend=cfg.accountant, neighbouring=Neighbouring.parse(cfg.neighbouring), unit="user")
+    worst.spend(plan.unamplified_event.with_count(releases))
+    block["participants_epsilon"] = max(worst.epsilon(delta=cfg.target_delta), block["epsilon"])
+    return block

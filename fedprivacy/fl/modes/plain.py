@@ -176,7 +176,12 @@ class _GaussianMode:
 
     def summary(self, cfg: RunConfig, plan: PrivacyPlan, records: Sequence[RoundRecord], *,
                 accountant: Accountant | None, rng: RandomSource) -> dict[str, Any]:
-        return privacy_block(cfg, plan, accountant, rng)
+        block = privacy_block(cfg, plan, accountant, rng)
+        if not cfg.secagg:
+            return block
+        from fedprivacy.fl.modes.central_secure import secure_central_summary
+
+        return secure_central_summary(block, cfg, plan, accountant)
 
 
 _CENTRAL_PRIVATE = ("per-round client counts, the train loss (the mean of the clients' un-noised losses) and "
