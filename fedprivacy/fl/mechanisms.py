@@ -216,8 +216,12 @@ def expected_event(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> Mechanis
     return None
 
 
-def check_plan(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> None:
-    """Refuse a plan that charges other than what the mode's mechanisms add (before round 1)."""
+def check_plan(mode: Any, plan: PrivacyPlan, *, dim: int | None, completion: Any = None) -> None:
+    """Refuse a plan that charges other than what the mode's mechanisms add (before round 1).
+
+    ``completion``: the run's :class:`fedprivacy.accounting.completion.CohortRuleSampling` (a secure run
+    whose rounds' completion is public), under which a Gaussian is charged as its completed-round pair.
+    """
     if getattr(mode, "secure_noise", False):
         if plan.event is None:
             raise MechanismMismatch(f"privacy mode {mode.name!r} adds noise in secure aggregation but its "
@@ -229,19 +233,19 @@ def check_plan(mode: Any, plan: PrivacyPlan, *, dim: int | None) -> None:
         raise MechanismMismatch(f"privacy mode {mode.name!r} charges {got!r} but names no mechanism that adds "
                                 "noise (client_mechanism and server_mechanism are None): its ε would cover "
                                 "updates released without noise; refused")
-    if want is not None and got != want and not _completion_form(got, want):
+    if want is not None and got != want and not _completion_form(got, want, completion):
         raise MechanismMismatch(f"privacy mode {mode.name!r} charges {got!r}, but its mechanism adds "
                                 f"{want!r}; the ledger must charge what runs")
 
 
-def _completion_form(got: Any, want: Any) -> bool:
-    """``got`` is ``want``'s Gaussian as the public sees a round whose completion is public
-    (:class:`fedprivacy.accounting.completion.CompletedRoundGaussian`: its sampling lives inside)."""
-    from fedprivacy.accounting.completion import CompletedRoundGaussian
+def _completion_form(got: Any, want: Any, completion: Any) -> bool:
+    """``got`` is ``want``'s Gaussian as the public sees a round of this run whose completion is public:
+    exactly the pair ``completion`` gives it (its rate and weights; the sampling lives inside)."""
     from fedprivacy.accounting.events import GaussianEvent
 
-    return (isinstance(got, CompletedRoundGaussian) and isinstance(want, GaussianEvent)
-            and got.noise_multiplier == want.noise_multiplier and got.sensitivity == 1.0)
+    if completion is None or not isinstance(want, GaussianEvent):
+        return False
+    return bool(got == completion.event_for(want.noise_multiplier).mechanism)
 
 
 def check_release(mode: Any, plan: PrivacyPlan, outcome: RoundOutcome, *,

@@ -164,3 +164,29 @@ def test_a_fixed_cohort_run_that_loses_a_client_voids_its_amplification(tmp_path
     releases = p["rounds"]
     unamplified = _gaussian_epsilon(2.0 * math.sqrt(releases) / 1.0, DELTA)  # replace-one: sensitivity 2
     assert releases >= 1 and p["epsilon"] >= unamplified * 0.999
+
+
+def test_a_plan_charging_another_completion_pair_than_the_runs_is_refused() -> None:
+    import dataclasses
+
+    from fedprivacy.fl.mechanisms import MechanismMismatch
+    from fedprivacy.fl.modes import get_mode, plan_privacy
+
+    # Arrange: a sampled central run over secure aggregation, and a copy of central whose plan claims
+    # the public's pair at a lower sampling rate than the run's
+    cfg = RunConfig(privacy="central", secagg=True, clip_norm=0.5, num_server_rounds=2, noise_multiplier=1.0,
+                    sample_rate=0.5)
+    honest = plan_privacy(cfg, population=20, dim=100)
+    assert honest.event is not None
+
+    class Optimistic(type(get_mode("central"))):  # type: ignore[misc]
+        name = "test-optimistic-central"
+
+        def plan(self, cfg: RunConfig, *, population: int, dim: int | None = None) -> object:
+            plan = super().plan(cfg, population=population, dim=dim)
+            mech = dataclasses.replace(plan.event.mechanism, sample_rate=0.05)
+            return dataclasses.replace(plan, event=dataclasses.replace(plan.event, mechanism=mech))
+
+    # Act / Assert
+    with pytest.raises(MechanismMismatch, match="charges"):
+        plan_privacy(cfg, population=20, dim=100, mode=Optimistic())

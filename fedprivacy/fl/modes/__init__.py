@@ -10,7 +10,7 @@ calls :func:`register_mode` so that ``privacy = "<name>"`` selects it from a run
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.modes.base import Disclosure, PrivacyMode, Transport, plain_round, privacy_block
 from fedprivacy.fl.modes.distributed import DistributedMode
@@ -93,5 +93,19 @@ def plan_privacy(cfg: RunConfig, *, population: int, dim: int | None = None,
     mode = mode or get_mode(cfg.privacy)
     check_mode_object(mode)
     plan = mode.plan(cfg, population=population, dim=dim)
-    check_plan(mode, plan, dim=dim)
+    check_plan(mode, plan, dim=dim, completion=_completion(cfg, population=population))
     return plan
+
+
+def _completion(cfg: RunConfig, *, population: int) -> Any:
+    """The public's completion-labelled sampling of a secure run (None without it)."""
+    if not cfg.secagg:
+        return None
+    from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.fl.secure.params import public_sampling
+
+    try:
+        sampling = public_sampling(cfg, population=population)
+    except ValueError:  # no secure parameters for this population: the mode's plan says why
+        return None
+    return sampling if isinstance(sampling, CohortRuleSampling) else None
