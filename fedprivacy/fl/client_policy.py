@@ -111,6 +111,7 @@ def _memory_path(memory_dir: str, run_id: int, partition_id: int, env: tuple[str
 
 SCHEDULES = ("active", "semi-honest")
 METRICS = ("num-examples", "train-loss", "dpsgd-steps", "dpsgd-sample-rate")
+PEER_AUTH = ("pin", "relay")
 
 
 #: node_config key -> ClientPolicy field
@@ -133,6 +134,7 @@ NODE_CONFIG_KEYS = {
     "client-disclose": "disclose",
     "client-identity-key": "identity_key",
     "client-peer-directory": "peer_directory",
+    "client-peer-auth": "peer_auth",
 }
 
 
@@ -181,9 +183,13 @@ class ClientPolicy:
         allow_seeded: whether the seeded research mode (not private) may be used.
         disclose: metrics it may send beside its update.
         identity_key: its long-term Ed25519 key file (PEM): it signs its key advertisements and checks its
-            peers' (:mod:`fedprivacy.secagg.peers`); ``""``: peers are trusted as the server relays them.
-        peer_directory: the operator's node id -> public key file; ``""`` with an identity key: peers'
+            peers' (:mod:`fedprivacy.secagg.peers`); ``""``: one the node makes itself on first use,
+            ``partition-<id>.identity.pem`` beside its durable memory (unless ``peer_auth`` is ``relay``).
+        peer_directory: the operator's node id -> public key file (needs ``identity_key``); ``""``: peers'
             keys are pinned on first use beside the durable memory (:func:`fedprivacy.fl.secure.peer_auth`).
+        peer_auth: ``pin`` (the default: peers' long-term keys checked against the directory or pinned on
+            first use) or ``relay`` (the weaker opt-out: no identity, peers' keys trusted as the server
+            relays them; docs/SECAGG.md "Peer keys").
     """
 
     modes: tuple[str, ...] = ("local", "distributed")
@@ -208,6 +214,7 @@ class ClientPolicy:
     disclose: tuple[str, ...] = field(default=())
     identity_key: str = ""
     peer_directory: str = ""
+    peer_auth: str = "pin"
 
     def __post_init__(self) -> None:
         if not all(isinstance(m, str) and m for m in self.modes):
@@ -239,6 +246,11 @@ class ClientPolicy:
         for m in self.disclose:
             if m not in METRICS:
                 raise ValueError(f"disclose must be among {METRICS}, got {m!r}")
+        if self.peer_auth not in PEER_AUTH:
+            raise ValueError(f"peer_auth (client-peer-auth) must be one of {PEER_AUTH}, got {self.peer_auth!r}")
+        if self.peer_auth == "relay" and (self.identity_key or self.peer_directory):
+            raise ValueError("client-peer-auth = 'relay' trusts the server's relay of peer keys; it cannot be "
+                             "combined with client-identity-key or client-peer-directory")
 
     # ------------------------------------------------------------------ configuration
     @classmethod

@@ -5,7 +5,8 @@ Each client signs its :class:`.AdvertiseKeys` with its long-term Ed25519 key (RF
 the four advertised values, so one signature vouches for one advertisement of one run, setup and round.
 Before it shares anything (stage 2) a client checks every roster entry against that peer's long-term
 key: from the operator's peer directory (node id -> public key, given out of band) or, without one,
-pinned on first use in the client's own file (:class:`FilePinStore`). A substituted key, a missing or
+pinned on first use in the client's own file (:class:`FilePinStore`; without a key of the operator's the
+client makes its own once, :func:`own_identity`). A substituted key, a missing or
 replayed signature, a peer outside the directory or a changed pin is refused (ProtocolViolation: the
 client drops out of the round). The directory is the PKI that Bonawitz et al. 2017 (CCS, Sec. 6,
 active adversary) and Bell et al. 2020 (CCS, malicious-server variant) assume; pinning gives it after
@@ -16,9 +17,11 @@ Node ids are the protocol's (the client's ``partition-id``), not the ids the ser
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,13 +39,15 @@ from fedprivacy.secagg.messages import (
 from fedprivacy.secagg.transcript import _verify
 
 __all__ = ["FilePinStore", "PeerAuth", "PinStore", "advertisement_statement", "generate_identity",
-           "identity_columns", "load_directory", "load_identity"]
+           "identity_columns", "load_directory", "load_identity", "own_identity"]
 
 _DOMAIN = b"fedprivacy/v1/peer-advertisement"
 
 
+@functools.lru_cache(maxsize=16)
 def _setup_digest(setup: SetupRequest) -> bytes:
-    values = [int(v) for v in dataclasses.astuple(setup)]
+    """SHA-256 of the setup's fields; once per setup and process (a roster check hashes it per entry)."""
+    values = [int(getattr(setup, f.name)) for f in dataclasses.fields(setup)]
     return hashlib.sha256(struct.pack(f">{len(values)}Q", *values)).digest()
 
 
@@ -70,21 +75,70 @@ def load_identity(path: str | os.PathLike[str], *, what: str = "client-identity-
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"{what}: cannot read an Ed25519 private key from {str(path)!r}: {exc}") from None
+        detail = " ".join(str(exc).split())  # one line
+        raise ValueError(f"{what}: cannot read an Ed25519 private key from {str(path)!r}, refusing: {detail}"
+                         ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{what}: {str(path)!r} holds a {type(key).__name__}, not an Ed25519 key")
     return key
 
 
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` (owner-only), written whole, fsync'd, then linked into place: a reader sees no
+    file or the whole one; FileExistsError when ``path`` exists (another process's key is never replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # the no-clobber rename
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def _pem(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
 def generate_identity(path: str | os.PathLike[str]) -> bytes:
-    """Write a fresh long-term key to ``path`` (owner-only PEM) and return its raw public key."""
+    """Write a fresh long-term key to ``path`` (owner-only PEM, durable) and return its raw public key;
+    FileExistsError when ``path`` exists."""
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
+    _write_new(Path(path), _pem(key))
     return _public_bytes(key)
+
+
+def own_identity(path: str | os.PathLike[str], *, what: str = "client-identity-key") -> Ed25519PrivateKey:
+    """The node's own long-term key at ``path``, generated there on first use (trust on first use needs
+    no operator step): a fresh key is written whole, fsync'd and linked into place before it signs
+    anything, so a crash leaves no file or the whole one, and two processes of one node end up with the
+    same key (the one linked first). A file that exists is read, never replaced: a truncated or altered
+    one is refused (ValueError naming ``what``), since a new key would be refused by every peer that
+    pinned the old one."""
+    target = Path(path)
+    if not os.path.lexists(target):
+        try:
+            _write_new(target, _pem(Ed25519PrivateKey.generate()))
+        except OSError as exc:
+            # FileExistsError with the file there: another process of this node made it first (its key is
+            # the one to use); without it, something else is in the way
+            if not (isinstance(exc, FileExistsError) and os.path.lexists(target)):
+                raise ValueError(f"{what}: cannot create this node's long-term key {str(target)!r}: {exc}"
+                                 ) from None
+    return load_identity(target, what=what)
 
 
 def _parse_keys(raw: object, where: str) -> dict[int, bytes]:
@@ -145,11 +199,7 @@ class FilePinStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(self.path.parent)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,16 +257,19 @@ class PeerAuth:
             self.pins.pin(new)
 
     @classmethod
-    def from_paths(cls, *, identity: str, directory: str = "", pins: str | os.PathLike[str] = ""
-                   ) -> PeerAuth | None:
+    def from_paths(cls, *, identity: str, directory: str = "", pins: str | os.PathLike[str] = "",
+                   create: bool = False) -> PeerAuth | None:
         """From the client's configuration: ``None`` without an identity key (then a directory is refused);
-        ``directory`` when given, else the pin file ``pins``."""
+        ``directory`` when given, else the pin file ``pins``. ``create``: ``identity`` is the node's own
+        generated key (:func:`own_identity`), made on first use; only without a directory."""
         if not identity:
             if directory:
                 raise ValueError("client-peer-directory needs client-identity-key (this client's own "
                                  "long-term Ed25519 key, to sign its advertisements)")
             return None
-        key = load_identity(identity)
+        if create and directory:
+            raise ValueError("client-peer-directory needs client-identity-key (the key the directory names)")
+        key = own_identity(identity) if create else load_identity(identity)
         if directory:
             return cls(key, directory=load_directory(directory))
         if not str(pins):

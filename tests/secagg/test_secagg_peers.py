@@ -30,6 +30,7 @@ from fedprivacy.secagg.peers import (
     generate_identity,
     load_directory,
     load_identity,
+    own_identity,
 )
 from fedprivacy.secagg.server_session import ServerSession
 
@@ -197,3 +198,22 @@ def test_unreadable_key_files_are_refused_with_the_key_named(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="needs client-identity-key"):
         PeerAuth.from_paths(identity="", directory=str(tmp_path / "missing.json"))
     assert PeerAuth.from_paths(identity="") is None  # neither: peers as the server relays them
+
+
+def test_a_nodes_own_identity_is_made_once_owner_only_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    # Arrange: no key file yet, in a directory that does not exist either
+    path = tmp_path / "memory" / "partition-3.identity.pem"
+    # Act: two loads (two processes of one node, or two runs)
+    first, second = own_identity(path), own_identity(path)
+    # Assert: one key, owner-only, no temporary file left beside it; a truncated file is refused, not replaced
+    assert first.public_key().public_bytes_raw() == second.public_key().public_bytes_raw()
+    assert path.stat().st_mode & 0o777 == 0o600 and [p.name for p in path.parent.iterdir()] == [path.name]
+    with pytest.raises(FileExistsError):
+        generate_identity(path)  # an existing key is never overwritten
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(ValueError, match=r"^client-identity-key: cannot read .* refusing"):
+        own_identity(path)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(ValueError, match=r"^client-identity-key: cannot create"):
+        own_identity(blocked / "partition-0.identity.pem")

@@ -20,6 +20,7 @@ from fedprivacy.fl.secure.client import (
     client_masked_round,
     client_share,
     client_unmask,
+    forget_peer_auth,
     peer_auth,
 )
 from fedprivacy.fl.secure.params import (
@@ -50,6 +51,7 @@ __all__ = [
     "encoding_kind",
     "expected_cohort_size",
     "export_session",
+    "forget_peer_auth",
     "import_session",
     "make_encoding",
     "peer_auth",

@@ -52,6 +52,7 @@ __all__ = [
     "client_masked_round",
     "client_share",
     "client_unmask",
+    "forget_peer_auth",
     "peer_auth",
 ]
 
@@ -256,20 +257,31 @@ def client_share(store: SessionStore, key: tuple[int, int], request: ShareKeysRe
 
 
 @functools.lru_cache(maxsize=4096)
-def _peer_auth(identity: str, directory: str, pins: str) -> PeerAuth | None:
+def _peer_auth(identity: str, directory: str, pins: str, create: bool) -> PeerAuth | None:
     """Loaded once per node and process (the in-process engine runs every node of a run in one)."""
-    return PeerAuth.from_paths(identity=identity, directory=directory, pins=pins)
+    return PeerAuth.from_paths(identity=identity, directory=directory, pins=pins, create=create)
 
 
 def peer_auth(policy: ClientPolicy, *, run_id: int, partition_id: int) -> PeerAuth | None:
-    """The client's peer authentication (``client-identity-key``, ``client-peer-directory``): ``None``
-    without an identity key; else the directory, or pins in ``partition-<id>.peers.json`` beside the
-    node's durable memory file. ValueError (one line naming the key) on an unreadable file."""
-    if not policy.identity_key:
-        return _peer_auth("", policy.peer_directory, "")
+    """The client's peer authentication (``client-peer-auth``, ``client-identity-key``,
+    ``client-peer-directory``): ``None`` under ``relay`` (peers trusted as relayed); else its long-term
+    key (``client-identity-key``, or without one ``partition-<id>.identity.pem`` beside the node's durable
+    memory file, made on first use) and the directory, or pins in ``partition-<id>.peers.json`` beside
+    it. ValueError (one line naming the key) on an unreadable file."""
+    if policy.peer_auth == "relay":
+        return None
     memory = policy.memory_path(run_id=run_id, partition_id=partition_id)
-    return _peer_auth(policy.identity_key, policy.peer_directory,
-                      str(memory.with_name(f"partition-{int(partition_id)}.peers.json")))
+    own = not policy.identity_key
+    if own and policy.peer_directory:
+        return _peer_auth("", policy.peer_directory, "", False)  # refused: a directory names given keys
+    identity = str(memory.with_name(f"partition-{int(partition_id)}.identity.pem")) if own else policy.identity_key
+    return _peer_auth(identity, policy.peer_directory,
+                      str(memory.with_name(f"partition-{int(partition_id)}.peers.json")), own)
+
+
+def forget_peer_auth() -> None:
+    """Drop this process's loaded identities (a restarted node reads its key file again)."""
+    _peer_auth.cache_clear()
 
 
 def check_encoding(cfg: RunConfig, encoding: EncodingSpec, setup: SetupRequest) -> None:
