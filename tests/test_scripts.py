@@ -45,6 +45,7 @@ QUICK: dict[str, list[str]] = {
     "bench_noise": ["--size", "10000", "--repeats", "1", "--exact-draws", "10"],
     "ddp_bits_bench": ["--setups", "default", "--seeds", "0", "--bits", "16", "--local-epochs", "1",
                        "--no-legacy"],
+    "peer_auth_bench": ["--clients", "6", "--rounds", "2", "--repeats", "1"],
     "methods_bench": ["--dataset", "digits", "--clients", "20", "--rounds", "2", "--seeds", "0", "--only",
                       "fedavg", "fedadam"],
     "secagg_round_bench": ["--clients", "4", "--rounds", "1"],
