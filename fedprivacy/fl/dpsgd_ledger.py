@@ -70,6 +70,8 @@ class DpsgdLedger:
         # partition sizes, all the cohort-independent bound needs (None: unknown, an old journal)
         self.attempts: int | None = 0
         self.beyond_plan = False  # a reply reported a spend the plan did not foresee
+        # the population's schedule classes, by (schedule, population): asked once, not at every summary
+        self._classes: tuple[Schedule, int, frozenset[tuple[int, float]]] | None = None
         self.schedule: Schedule | None = None
 
     def open_in(self, run_dir: Path, policy: ResumePolicy, *, expected: bool, checkpointed: bool) -> None:
@@ -244,8 +246,8 @@ class DpsgdLedger:
             return None
         if self.attempts == 0:
             return 0.0
-        classes = {schedule(pid) for pid in range(population)}
         worst = 0.0
+        classes = self._population_classes(schedule, population)
         for steps, rate in sorted(classes):
             if steps < 1 or not 0 < rate <= 1:
                 continue
@@ -256,6 +258,14 @@ class DpsgdLedger:
             acc.spend(self._event(rate=float(rate), count=int(steps) * self.attempts), round=self.attempts)
             worst = max(worst, acc.epsilon(delta=self.cfg.target_delta))
         return worst
+
+    def _population_classes(self, schedule: Schedule, population: int) -> frozenset[tuple[int, float]]:
+        """Every partition's ``(steps, rate)`` (a public function of its size), kept for the next call."""
+        memo = self._classes
+        if memo is None or memo[0] is not schedule or memo[1] != population:
+            memo = (schedule, population, frozenset(schedule(pid) for pid in range(population)))
+            self._classes = memo
+        return memo[2]
 
     def to_json(self) -> dict[str, Any]:
         return {str(k): v.to_json() for k, v in self.accountants.items()}

@@ -146,6 +146,10 @@ class ClientLoader(Protocol):
     ) -> tuple[Split, Split]: ...
 
 
+class ClientSize(Protocol):
+    def __call__(self, opts: Any, /, *, seed: int, test_fraction: float, client_id: int) -> int: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DatasetEntry:
     """One registered data set.
@@ -165,6 +169,8 @@ class DatasetEntry:
             client_id) -> (train, test)`` of one client, a function of the seed and the id alone: a
             partition is made when a client is asked for and nothing exists for the others
             (:func:`fedprivacy.ml.partition.load_partition`). ``loader`` then gives the server's pool.
+        client_size: optionally, the number of training examples ``client_loader`` would give, without
+            making them (:func:`fedprivacy.ml.partition.partition_size`).
     """
 
     name: str
@@ -175,6 +181,7 @@ class DatasetEntry:
     per_client: bool = False
     description: str = ""
     client_loader: ClientLoader | None = None
+    client_size: ClientSize | None = None
 
     def options_from(self, get: Callable[[str, Any], Any] | Mapping[str, Any]) -> Any:
         """Build this data set's options from run-config keys.
@@ -210,6 +217,7 @@ def register_dataset(
     per_client: bool = False,
     description: str = "",
     client_loader: ClientLoader | None = None,
+    client_size: ClientSize | None = None,
 ) -> Callable[[DatasetLoader], DatasetLoader]:
     """Register a data-set loader under ``name`` (a decorator; returns the loader unchanged).
 
@@ -234,6 +242,7 @@ def register_dataset(
             per_client=per_client,
             description=description,
             client_loader=client_loader,
+            client_size=client_size,
         )
         return loader
 

@@ -387,11 +387,11 @@ def load_partition(cfg: Any, partition_id: int, num_partitions: int) -> Split:
 def partition_sizes(cfg: Any, num_partitions: int) -> tuple[int, ...]:
     """The number of training examples of every partition (what :func:`load_partition` returns).
 
-    For a lazily generated data set this makes every client: ask :func:`partition_size` instead.
+    For a lazily generated data set this asks every client: ask :func:`partition_size` for one.
     """
     spec = data_spec(cfg)
     if dataset_entry(spec.dataset).client_loader is not None:
-        return tuple(len(_lazy_client(spec, pid)) for pid in range(int(num_partitions)))
+        return tuple(partition_size(spec, pid, int(num_partitions)) for pid in range(int(num_partitions)))
     return tuple(len(p) for p in _partitions_cached(spec, int(num_partitions)))
 
 
@@ -400,7 +400,11 @@ def partition_size(cfg: Any, partition_id: int, num_partitions: int) -> int:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
     spec = data_spec(cfg)
-    if dataset_entry(spec.dataset).client_loader is not None:
+    entry = dataset_entry(spec.dataset)
+    if entry.client_size is not None:
+        return int(entry.client_size(spec.options, seed=spec.seed, test_fraction=spec.test_fraction,
+                                     client_id=int(partition_id)))
+    if entry.client_loader is not None:
         return len(_lazy_client(spec, int(partition_id)))
     return len(_partitions_cached(spec, int(num_partitions))[partition_id])
 

@@ -6,10 +6,16 @@ import math
 import tracemalloc
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from fedprivacy.ml.datasets.synthetic import SyntheticOptions
-from fedprivacy.ml.datasets.synthetic_lazy import EVAL_CLIENTS, synthetic_client
+from fedprivacy.ml.datasets.synthetic_lazy import (
+    EVAL_CLIENTS,
+    synthetic_client,
+    synthetic_client_size,
+)
 from fedprivacy.ml.partition import DataSpec, load_partition, load_test_set, partition_size
 
 SPEC = DataSpec(dataset="synthetic-lazy", seed=4)
@@ -58,3 +64,16 @@ def test_the_test_set_pools_the_held_out_part_of_the_first_clients() -> None:
     assert np.array_equal(pooled.x, load_test_set(SPEC, EVAL_CLIENTS).x)
     assert set(pooled.groups.tolist()) == set(range(EVAL_CLIENTS))
     assert np.array_equal(pooled.x[:len(first[0]) + len(first[1])], np.concatenate([s.x for s in first]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32), client=st.integers(0, 10**7), fraction=st.floats(0.05, 0.5))
+def test_the_size_alone_is_the_size_of_the_client_it_would_make(seed: int, client: int, fraction: float) -> None:
+    opts = SyntheticOptions()
+    train, _ = synthetic_client(opts, seed=seed, test_fraction=fraction, client_id=client)
+    assert synthetic_client_size(opts, seed=seed, test_fraction=fraction, client_id=client) == len(train)
+
+
+def test_partition_size_of_a_lazy_data_set_is_its_partitions_length() -> None:
+    assert [partition_size(SPEC, k, 10**6) for k in range(50)] == [len(load_partition(SPEC, k, 10**6))
+                                                                   for k in range(50)]
