@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -92,7 +93,8 @@ def _ray_start(args: list[str], env: dict[str, str]) -> str | None:
         return "ray start did not return within 120 s"
     if out.returncode == 0:
         return None
-    lines = (out.stderr + out.stdout).strip().splitlines() or [f"exit code {out.returncode}"]
+    errors = [line for line in out.stderr.splitlines() if re.match(r"\w+(Error|Exception): ", line)]
+    lines = errors or (out.stderr + out.stdout).strip().splitlines() or [f"exit code {out.returncode}"]
     return f"ray start {args[0]} failed: {lines[-1]}"
 
 
