@@ -217,3 +217,19 @@ def test_a_nodes_own_identity_is_made_once_owner_only_and_a_damaged_one_is_refus
     blocked.write_text("")
     with pytest.raises(ValueError, match=r"^client-identity-key: cannot create"):
         own_identity(blocked / "partition-0.identity.pem")
+
+
+def test_pinning_refuses_an_unsigned_peer_and_trusts_only_what_first_contact_showed(tmp_path: Path) -> None:
+    auth = _auth(tmp_path, tofu=True)
+    setup = _setup()
+    _, ads = _advertise(setup, auth)
+    # a peer that opted out (client-peer-auth = "relay") signs nothing: a pinning client refuses the roster
+    ads[1] = _attacker_ad(setup)  # (its own fresh keys, unsigned)
+    with pytest.raises(ProtocolViolation, match=f"peer {IMPERSONATED}'s advertised keys are not signed"):
+        auth[VICTIM].check_roster(ServerSession(setup).receive_keys(ads), node_id=VICTIM, run_id=RUN, setup=setup)
+    # the limit of trust on first use: a server that substitutes a key at first contact gets it pinned
+    fake = _attacker_ad(setup)
+    mallory = PeerAuth(Ed25519PrivateKey.generate(), pins=FilePinStore(tmp_path / "mallory.json"))
+    ads[1] = mallory.sign(fake, run_id=RUN, setup=setup)
+    auth[VICTIM].check_roster(ServerSession(setup).receive_keys(ads), node_id=VICTIM, run_id=RUN, setup=setup)
+    assert FilePinStore(tmp_path / f"pins-{VICTIM}.json").pins()[IMPERSONATED] == mallory.public
