@@ -48,6 +48,12 @@ def check_scaffold(cfg: RunConfig) -> None:
         raise ValueError(f"scaffold=true is implemented for privacy {', '.join(map(repr, _MODES))}, got "
                          f"{cfg.privacy!r} (the clients' joint (Δy, Δc) vector is not wired into that mode's release)")
     reasons = (  # (refused, key, what was asked, why)
+        # Δc_i = -c - Δy_i/(K_i lr): the exact sum also gives sum_i Δy_i/K_i, and with unequal local step
+        # counts K_i the server solves the two sums for single updates; only noise in the sum covers that
+        (cfg.secagg and not cfg.mode.secure_noise, "secagg", "true",
+         f"with privacy={cfg.privacy!r} the server unmasks the exact sum of (Δy, Δc), whose Δc half is "
+         "sum_i Δy_i/K_i up to a known term, so unequal local step counts K_i reveal single updates; use "
+         "privacy='distributed' (its noise covers the whole vector) or secagg=false"),
         (cfg.dpsgd, "dpsgd", "true", "Opacus would clip the correction c - c_i with each example's gradient"),
         (cfg.aggregation != "plain", "aggregation", repr(cfg.aggregation),
          "SCAFFOLD's server step is the mean of Δc (Alg. 1), which a robust rule does not output"),

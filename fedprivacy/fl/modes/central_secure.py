@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fedprivacy.accounting.events import PrivacyEvent
     from fedprivacy.config import RunConfig
 
-__all__ = ["COVERS", "secure_central_plan", "secure_central_summary"]
+__all__ = ["COVERS", "ZERO_OUT", "secure_central_plan", "secure_central_summary"]
 
 COVERS: tuple[str, ...] = (
     "- Covers: the sequence of released global models (and anything computed from them, such as the "
@@ -44,7 +44,7 @@ COVERS: tuple[str, ...] = (
 
 # Removing a client changes the survivor count, hence whether a secure round completes (public): only
 # a client that stays in the protocol with its update replaced is claimed (as in distributed mode)
-_ZERO_OUT = ("zero-out: one client's update replaced by 0 while it stays in the protocol (whether a secure "
+ZERO_OUT = ("zero-out: one client's update replaced by 0 while it stays in the protocol (whether a secure "
              "round completes then does not depend on it); removing a client from the population is not "
              "claimed")
 
@@ -106,7 +106,7 @@ def secure_central_plan(cfg: RunConfig, *, population: int, dim: int | None, mec
         mode="central", population=population, denominator=denominator_of(cfg, population=population),
         clip_norm=cfg.clip_norm, noise_multiplier=z, calibrated=calibrated,
         central_noise_std=z * cfg.clip_norm, local_noise_std=0.0, unit="user (all data of one client)",
-        neighbouring=cfg.neighbouring, adjacency=_ZERO_OUT if cfg.neighbouring == "add-remove" else "",
+        neighbouring=cfg.neighbouring, adjacency=ZERO_OUT if cfg.neighbouring == "add-remove" else "",
         sampling_description=(sampling_description(cfg, population=population) + amplified
                               + f"; secagg threshold t={t}; ε against observers (the server sees the exact sum)"),
         event=event, target_delta=cfg.target_delta, target_epsilon=cfg.target_epsilon,

@@ -87,8 +87,11 @@ def secure_dpftrl_plan(cfg: RunConfig, plan: PrivacyPlan, *, population: int, di
         raise ValueError(f"secagg-bits={cfg.secagg_bits} is too small for correlated noise over secure "
                          f"aggregation: {exc}") from None
     std = noise.noise_std(enc)
+    from fedprivacy.fl.modes.central_secure import ZERO_OUT
+
     return dataclasses.replace(
-        plan, sampling_description=(plan.sampling_description + f"; secagg threshold t={t}; ε against "
+        plan, adjacency=ZERO_OUT if cfg.neighbouring == "add-remove" else plan.adjacency,
+        sampling_description=(plan.sampling_description + f"; secagg threshold t={t}; ε against "
                                     "observers (the server sees the exact sum)"),
         mechanism=(f"{plan.mechanism}, added by the server to the secure-aggregation sum on the ring's torus "
                    f"with innovations' std z*sens*(C + sqrt(d)/s) = {std:.6g} (the fixed-point rounding's "
