@@ -7,11 +7,12 @@ of the largest of its own children (the forked workers with ``--workers 2``), an
 ``mlp`` model, Poisson sampling at ``q = cohort / N`` with the secure sampler, ``privacy`` none by
 default, a few rounds. Reported per population: the partition discovery (one query per node), the
 median round time (rounds 2..R from ``results.json``) and the median train exchange; then the ratio
-of the largest population's median round to the smallest's, and the two goals (peak <= 2 GB, ratio
+of the largest population's median round to the smallest's (medians over ``--repeats`` runs of each, in
+alternating order, as the machine's load drifts), and the two goals (peak <= 2 GB, ratio
 <= 1.5).
 
 Usage: ``python scripts/bench_population.py [--populations 10000,1000000] [--cohort 1000] [--rounds 4]
-[--privacy none] [--workers 1] [--quick] [--json PATH]``
+[--repeats 1] [--privacy none] [--workers 1] [--quick] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--populations", default="10000,1000000", help="comma-separated client counts N")
     p.add_argument("--cohort", type=int, default=1000, help="expected clients a round (q = cohort / N)")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each population, alternating their order (medians over them)")
     p.add_argument("--privacy", default="none", choices=("none", "central", "local"))
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seed", type=int, default=-1, help="-1: the secure sampler (default); >= 0 seeded")
@@ -98,34 +101,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _runs(args: argparse.Namespace, populations: list[int]) -> list[dict[str, Any]]:
+    """Every population ``--repeats`` times, the order reversed on every other pass (load drifts)."""
+    rows = []
+    for rep in range(args.repeats):
+        for n in populations if rep % 2 == 0 else populations[::-1]:
+            spec = {"population": n, "cohort": args.cohort, "rounds": args.rounds, "privacy": args.privacy,
+                    "workers": args.workers, "seed": args.seed, "all_populations": populations}
+            row = {**_spawn(spec, timeout=args.timeout), "repeat": rep}
+            rows.append(row)
+            print(f"N={n:>9,}  q={row['sample_rate']:.3g}  round {row['median_round_seconds']:.3f} s  "
+                  f"discovery {row['discovery_seconds']:.1f} s  peak RSS {row['peak_rss_mb']:.0f} MB "
+                  f"(largest child {row['peak_rss_children_mb']:.0f} MB, tree PSS "
+                  f"{row['peak_tree_pss_mb']:.0f} MB)", file=sys.stderr)
+    return rows
+
+
+def _peak(row: dict[str, Any]) -> float:
+    return float(max(row["peak_rss_mb"], row["peak_rss_children_mb"], row["peak_tree_pss_mb"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.child is not None:
         print(json.dumps(_child(json.loads(args.child))))
         return 0
     if args.quick:
-        args.populations, args.cohort, args.rounds = "200,2000", 20, 2
+        args.populations, args.cohort, args.rounds, args.repeats = "200,2000", 20, 2, 1
     populations = [int(p) for p in str(args.populations).split(",")]
-    if args.rounds < 2 or args.cohort < 1 or any(p < args.cohort for p in populations):
-        print("bench_population: need --rounds >= 2 and 1 <= --cohort <= every population", file=sys.stderr)
-        return 2
-    rows = []
-    for n in populations:
-        spec = {"population": n, "cohort": args.cohort, "rounds": args.rounds, "privacy": args.privacy,
-                "workers": args.workers, "seed": args.seed, "all_populations": populations}
-        row = _spawn(spec, timeout=args.timeout)
-        rows.append(row)
-        print(f"N={n:>9,}  q={row['sample_rate']:.3g}  round {row['median_round_seconds']:.3f} s  "
-              f"discovery {row['discovery_seconds']:.1f} s  peak RSS {row['peak_rss_mb']:.0f} MB "
-              f"(largest child {row['peak_rss_children_mb']:.0f} MB, tree PSS {row['peak_tree_pss_mb']:.0f} MB)",
+    if args.rounds < 2 or args.repeats < 1 or args.cohort < 1 or any(p < args.cohort for p in populations):
+        print("bench_population: need --rounds >= 2, --repeats >= 1 and 1 <= --cohort <= every population",
               file=sys.stderr)
-    small, large = min(rows, key=lambda r: r["population"]), max(rows, key=lambda r: r["population"])
+        return 2
+    rows = _runs(args, populations)
+    summary = [{"population": n,
+                "median_round_seconds": statistics.median(r["median_round_seconds"] for r in rows
+                                                          if r["population"] == n),
+                "peak_memory_mb": max(_peak(r) for r in rows if r["population"] == n)} for n in populations]
+    small, large = min(summary, key=lambda r: r["population"]), max(summary, key=lambda r: r["population"])
     ratio = large["median_round_seconds"] / small["median_round_seconds"]
-    peak = max(max(r["peak_rss_mb"], r["peak_rss_children_mb"], r["peak_tree_pss_mb"]) for r in rows)
+    peak = max(r["peak_memory_mb"] for r in summary)
     out = {"workload": {"dataset": "synthetic-lazy", "model": "mlp", "cohort": args.cohort,
                         "rounds": args.rounds, "privacy": args.privacy, "workers": args.workers,
-                        "sampling": "poisson", "seeded": args.seed >= 0, "quick": bool(args.quick)},
-           "populations": rows, "round_time_ratio": ratio, "peak_memory_mb": peak,
+                        "repeats": args.repeats, "sampling": "poisson", "seeded": args.seed >= 0,
+                        "quick": bool(args.quick)},
+           "populations": rows, "by_population": summary, "round_time_ratio": ratio, "peak_memory_mb": peak,
            "goals": {"peak_memory_mb <= 2048": peak <= PEAK_GOAL_MB,
                      f"round_time_ratio <= {RATIO_GOAL}": ratio <= RATIO_GOAL}}
     text = json.dumps(out, indent=2)

@@ -30,8 +30,9 @@ def test_quick_run_prints_json_with_every_population_and_the_ratio(tmp_path: Pat
     # Assert: stdout is the JSON that was written, one row per population, each ran its rounds
     printed = json.loads(capsys.readouterr().out)
     assert code == 0 and printed == json.loads(out.read_text())
-    assert {"workload", "populations", "round_time_ratio", "peak_memory_mb", "goals"} <= set(printed)
+    assert {"workload", "populations", "by_population", "round_time_ratio", "peak_memory_mb", "goals"} <= set(printed)
     rows = printed["populations"]
     assert [r["population"] for r in rows] == [200, 2000] and all(ROW_KEYS <= set(r) for r in rows)
     assert all(r["rounds"] == 2 and r["train_messages"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
     assert rows[1]["sample_rate"] == pytest.approx(20 / 2000) and printed["round_time_ratio"] > 0
+    assert [r["population"] for r in printed["by_population"]] == [200, 2000]
