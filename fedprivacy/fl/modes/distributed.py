@@ -139,7 +139,8 @@ class DistributedMode:
         "- Covers: the sequence of released global models, against the server and everyone else: "
          "the server only ever unmasks a sum that already carries the survivors' discrete Gaussian "
          "noise (secure aggregation, threshold t).",
-        "- Trusts: that the server relays the clients' public keys faithfully (no PKI) and that at "
+        "- Trusts: the first contact between two clients (each pins the other's long-term key then; a "
+         "peer directory lifts this, client-peer-auth=relay trusts every relay), and that at "
          "most {colluders} clients collude with it (the ε above is computed for exactly that many "
          "colluders, whose noise is not counted); see docs/SECAGG.md.",
         "- Does not cover: who took part or survived in a round, and timing. Amplification by "
