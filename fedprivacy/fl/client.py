@@ -104,7 +104,8 @@ def client_update(
     from the client's :func:`client_rng`, and so is the local noise, so a seeded run repeats exactly.
     Used by the ClientApp (through :func:`train_client`), the in-process :func:`local_exchange`, the
     membership-inference targets and the benchmarks. ``attack``: a simulated Byzantine client
-    (:mod:`fedprivacy.fl.byzantine`) sends a corruption of what it would release. In a SCAFFOLD round
+    (:mod:`fedprivacy.fl.byzantine`) sends a corruption of what it would release (``backdoor``: ``train``
+    already trained on poisoned data, and Δ is boosted before the clip and the noise). In a SCAFFOLD round
     (``instructions.scaffold``) ``weights`` is ``x ++ c``, ``control`` holds this client's ``c_i`` (set
     to ``c_i+`` here) and the released vector is ``Δy ++ Δc``, clipped and noised as one.
     """
@@ -116,14 +117,17 @@ def client_update(
         result = train(weights, seed)
         delta = [np.asarray(w, dtype=np.float64) - np.asarray(g, dtype=np.float64)
                  for w, g in zip(result.weights, weights, strict=True)]
+    byzantine = attack if attack is not None and attack.is_byzantine(partition_id) else None
+    if byzantine is not None and byzantine.trains_poisoned:  # boosted, then clipped and noised as ever
+        delta = [byzantine.factor * np.asarray(d, dtype=np.float64) for d in delta]
     mechanism = get_client_mechanism(instructions.client_mechanism)
     # a secure-only mechanism's noise goes into the encoded vector (fedprivacy.fl.secure.client), not here
     adds = None if mechanism is None or getattr(mechanism, "secure_only", False) else mechanism
     released = privatize_update(delta, clip_norm=instructions.clip_norm, mechanism=adds,
                                 noise_multiplier=instructions.noise_multiplier, private=instructions.private,
                                 rng=rng.child("noise"))
-    if attack is not None and attack.is_byzantine(partition_id):
-        released = attack.corrupt(released, rng.child("byzantine"))
+    if byzantine is not None and not byzantine.trains_poisoned:
+        released = byzantine.corrupt(released, rng.child("byzantine"))
     trusted = mechanism is None  # the server sees this update as it is: its metadata adds little
     metrics: dict[str, float] = {}
     if trusted and result.dpsgd_steps is not None:
@@ -172,10 +176,14 @@ def train_client(
     """One client's round on the configured model and data partition (:func:`client_update`)."""
     from fedprivacy.fl import task
 
+    poison = attack.poison if attack is not None and attack.trains_poisoned and attack.is_byzantine(partition_id) \
+        else None
+
     def train(w: Sequence[np.ndarray], seed: int, *, correction: Sequence[np.ndarray] | None = None
               ) -> LocalResult:
         return task.local_training(cfg, partition_id=partition_id, num_partitions=num_partitions,
-                                   weights=w, instructions=instructions, seed=seed, correction=correction)
+                                   weights=w, instructions=instructions, seed=seed, correction=correction,
+                                   poison=poison)
 
     return client_update(partition_id=partition_id, weights=weights, instructions=instructions, train=train,
                          attack=attack, control=control)

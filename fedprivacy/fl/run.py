@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedprivacy.fl.aggregation import Aggregator
-from fedprivacy.fl.byzantine import note_byzantine
+from fedprivacy.fl.byzantine import BackdoorProbe, note_byzantine
 from fedprivacy.fl.callbacks import RunCallback, default_callbacks
 from fedprivacy.fl.disclosure import RunDisclosure
 from fedprivacy.fl.dpsgd_ledger import DpsgdLedger
@@ -133,6 +133,7 @@ class FederatedRun:
         self.next_round = 1
         self.status = RunStatus.PENDING
         self.stopped: str | None = None
+        self._backdoor: BackdoorProbe | None = None
         self._started = 0.0
 
     @property
@@ -154,6 +155,8 @@ class FederatedRun:
             from fedprivacy.fl.task import default_hooks
 
             self.hooks = default_hooks(cfg, population=self.population)
+        # the ground truth, and a backdoor's data check (refused here, before round 1) and probe
+        self._backdoor = note_byzantine(cfg, population=self.population, run_dir=self.run_dir, log=self.log)
         if self.dpsgd is not None and self.mode.trusted_server:  # charged before the instructions leave
             self.dpsgd.schedule = self.hooks.dpsgd_schedule
         ckpt = self.policy.checkpoint()
@@ -178,7 +181,6 @@ class FederatedRun:
             budget = (f"target ε {cfg.target_epsilon:g}" if cfg.target_epsilon > 0 else "no ε budget")
             self.log(f"accounting: {cfg.accountant} accountant, ε reported at δ={cfg.target_delta:g}, {budget}")
         self.log(f"randomness: {self.root.describe()}")
-        note_byzantine(cfg, population=self.population, run_dir=self.run_dir, log=self.log)
         self.status = RunStatus.RUNNING
         for cb in self.callbacks:
             cb.on_run_start(self)
@@ -311,6 +313,8 @@ class FederatedRun:
         mean = outcome.aggregate.mean_update if self.scaffold is None else self.scaffold.update(outcome.aggregate)
         self.weights = self.server_optimizer.step(self.weights, mean)
         record = self._record(rnd, cohort, outcome, t0)
+        if self._backdoor is not None and record.test_accuracy is not None:  # owner-only attack metric
+            self._backdoor.observe(rnd, self.weights)
         if self.run_dir is not None:
             append_participation(self.run_dir, self.disclosure.private_line(record, self._left_out))
         self.records.append(record)

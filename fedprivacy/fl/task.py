@@ -6,7 +6,7 @@ Everything here calls :mod:`fedprivacy.ml`; the round logic in :mod:`fedprivacy.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,15 +123,22 @@ def local_training(
     instructions: RoundInstructions,
     seed: int,
     correction: Sequence[np.ndarray] | None = None,
+    poison: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> LocalResult:
     """Train the global model on this client's partition; DP-SGD when ``cfg.dpsgd``; ``correction``:
-    SCAFFOLD's ``c − c_i`` added to every step's gradient (:mod:`fedprivacy.fl.scaffold`)."""
+    SCAFFOLD's ``c − c_i`` added to every step's gradient (:mod:`fedprivacy.fl.scaffold`); ``poison``:
+    a simulated backdoor client's ``(x, y) -> (x', y')`` of its partition (:mod:`fedprivacy.fl.byzantine`)."""
     from fedprivacy.ml.models import build_model, get_weights, set_weights
     from fedprivacy.ml.partition import load_partition
     from fedprivacy.ml.train import DpsgdConfig, train_local
 
     _torch_threads()
     split = load_partition(cfg, partition_id, num_partitions)
+    if poison is not None:
+        from fedprivacy.ml.data import Split
+
+        x, y = poison(split.x, split.y)
+        split = Split(x=x, y=y, num_classes=split.num_classes)
     if cfg.dpsgd:  # Opacus wraps (and hooks) the module: a fresh one per call
         model = build_model(cfg.model, input_shape=split.feature_shape,
                             num_classes=instructions.num_classes, hidden=cfg.hidden_units, seed=0)
