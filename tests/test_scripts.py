@@ -37,7 +37,7 @@ RUN_ELSEWHERE = {
 QUICK: dict[str, list[str]] = {
     "adaptive_adversary": ["--quick"],
     "bench_accounting": ["--rounds", "2"],
-    "bench_byzantine": ["--quick", "--rules", "plain,trimmed-mean", "--attacks", "none,sign-flip"],
+    "bench_byzantine": ["--quick", "--rules", "plain,trimmed-mean", "--attacks", "none,sign-flip,backdoor"],
     "bench_dpftrl_noise": ["--dim", "1000", "--rounds", "2", "--bands", "4"],
     "bench_engine": ["--quick", "--population", "20", "--cohort", "5"],
     "client_memory_bench": ["--clients", "4", "--rounds", "1"],
