@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 SAMPLINGS = ("poisson", "fixed")
 NEIGHBOURINGS = ("add-remove", "replace-one")
-DPFTRL_FACTORIZATIONS = ("bsr",)
+DPFTRL_FACTORIZATIONS = ("bsr", "blt")
 PRIVACY_AUDIENCES = ("server", "observers")
 BATCHED_TRAINING = ("off", "auto", "on")  # off: per client; auto: models marked batched; on: any batchable
 DEVICES = ("auto", "cpu", "cuda", "mps")  # auto: cuda, else mps, when this torch has one; else cpu
@@ -193,6 +193,7 @@ class PrivacyConfig:
     dpftrl_factorization: str = "bsr"
     dpftrl_band: int = 1
     dpftrl_groups: int = 1
+    dpftrl_buffers: int = 1  # checked by the dpftrl mode
 
     def __post_init__(self) -> None:
         from fedprivacy.accounting.backends import BACKENDS

@@ -3,7 +3,8 @@
 Round t's released sum is ``sum of clipped updates + w_t`` with ``w_t = (C^{-1} z)_t``
 (:class:`fedprivacy.dp.matrix.StreamingNoise`), ``z ~ N(0, (z_mult * clip_norm * s)^2)`` and C the banded
 square root of the server optimizer's workload (prefix sums, with ``server-momentum`` for fedavgm;
-Kalinin & Lampert 2024). The released stream ``x + C^{-1} z`` is an invertible function of
+Kalinin & Lampert 2024) or, with ``dpftrl-factorization = "blt"``, a BLT optimized for it and the
+schema (:mod:`fedprivacy.dp.matrix.blt`; sample-rate 1 only, not banded). The released stream ``x + C^{-1} z`` is an invertible function of
 ``C x + z``, so everything after it (denominator, server optimizer) is post-processing; adaptively
 chosen updates are covered for lower-triangular C (Denisov et al. 2022, Theorem 2.1).
 
@@ -28,6 +29,7 @@ clients, fixed cohorts, replace-one, resume (the noise state is a secret this mo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +47,19 @@ from fedprivacy.fl.types import CorrelatedDraw, RoundFn, RoundInstructions, Roun
 if TYPE_CHECKING:
     from fedprivacy.accounting.events import Mechanism, PrivacyEvent, Sampling
     from fedprivacy.config import RunConfig
-    from fedprivacy.dp.matrix import MatrixMechanism, Schema, StreamingNoise
+    from fedprivacy.dp.matrix import (
+        BandedToeplitz,
+        Blt,
+        MatrixMechanism,
+        Schema,
+        StreamingNoise,
+        Workload,
+    )
     from fedprivacy.dp.rng import RandomSource
     from fedprivacy.fl.types import Exchange
 
-__all__ = ["CORRELATED", "CorrelatedNoise", "DpftrlMode", "DpftrlRound", "matrix_mechanism"]
+__all__ = ["BLT_SAMPLE_RATE_REFUSAL", "CORRELATED", "CorrelatedNoise", "DpftrlMode", "DpftrlRound", "cached_blt",
+           "matrix_mechanism"]
 
 _PRIVATE = ("per-round client counts, the train loss and the rounds' wall times are left out of the published "
             "outputs (ε covers none of them); the server keeps them in its private log")
@@ -100,18 +110,68 @@ def schema_of(cfg: RunConfig) -> Schema:
 
 def matrix_mechanism(cfg: RunConfig, noise_multiplier: float) -> MatrixMechanism:
     """The configured strategy, schema and multiplier (ValueError naming the key it cannot honour)."""
-    from fedprivacy.dp.matrix import CyclicPoisson, MatrixMechanism, Workload, bsr
+    from fedprivacy.dp.matrix import CyclicPoisson, MatrixMechanism, MinSeparation, Workload, bsr
 
     momentum = cfg.server_momentum if cfg.server_optimizer == "fedavgm" else 0.0
-    strategy = bsr(Workload(num_rounds=cfg.num_server_rounds, momentum=momentum), cfg.dpftrl_band)
+    workload = Workload(num_rounds=cfg.num_server_rounds, momentum=momentum)
     schema = schema_of(cfg)
+    if cfg.dpftrl_factorization == "blt":
+        if not isinstance(schema, MinSeparation):  # cyclic Poisson: sample-rate < 1
+            raise ValueError(BLT_SAMPLE_RATE_REFUSAL)
+        strategy: BandedToeplitz | Blt = cached_blt(workload, num_buffers=cfg.dpftrl_buffers,
+                                                    min_sep=schema.min_separation,
+                                                    max_participations=schema.max_participations)
+    else:
+        strategy = bsr(workload, cfg.dpftrl_band)
     if isinstance(schema, CyclicPoisson) and cfg.dpftrl_band > cfg.dpftrl_groups:
         raise ValueError(f"dpftrl-band must be <= dpftrl-groups when sample-rate < 1 (cyclic Poisson "
                          f"amplification needs it), got band {cfg.dpftrl_band} > groups {cfg.dpftrl_groups}")
     try:
         return MatrixMechanism(strategy=strategy, schema=schema, noise_multiplier=noise_multiplier)
     except ValueError as exc:
-        raise ValueError(f"dpftrl-band={cfg.dpftrl_band}, dpftrl-groups={cfg.dpftrl_groups}: {exc}") from None
+        key = ("dpftrl-factorization='blt'" if cfg.dpftrl_factorization == "blt"
+               else f"dpftrl-band={cfg.dpftrl_band}")
+        raise ValueError(f"{key}, dpftrl-groups={cfg.dpftrl_groups}: {exc}") from None
+
+
+BLT_SAMPLE_RATE_REFUSAL = (
+    "sample-rate must be 1 with dpftrl-factorization='blt': cyclic Poisson amplification (Choquette-Choo et "
+    "al. 2023, Thm. 4) is proven for banded C with band <= dpftrl-groups only, and a BLT is not banded; set "
+    "sample-rate=1 or dpftrl-factorization='bsr'")
+
+
+@functools.lru_cache(maxsize=16)
+def cached_blt(workload: Workload, *, num_buffers: int, min_sep: int, max_participations: int | None) -> Blt:
+    """:func:`fedprivacy.dp.matrix.blt.optimize_blt`, cached on disk per (T, buffers, workload, schema).
+
+    A cached file only chooses C; the sensitivity and ε are recomputed from the C it gives, so a stale
+    or altered file can cost accuracy, never privacy. Nothing secret is stored.
+    """
+    import hashlib
+    import json
+
+    from fedprivacy.dp.matrix import Blt
+    from fedprivacy.dp.matrix.blt import OPTIMIZER_VERSION, optimize_blt
+    from fedprivacy.ml import diskcache
+
+    spec = {"optimizer": OPTIMIZER_VERSION, "workload": workload.key(), "num_rounds": workload.num_rounds,
+            "num_buffers": num_buffers, "min_sep": min_sep, "max_participations": max_participations,
+            "scipy": diskcache.package_version("scipy")}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    stored = diskcache.read("dpftrl-blt", key)
+    if stored is not None and {"buf_decay", "output_scale"} <= set(stored):
+        try:
+            blt = Blt(num_rounds=workload.num_rounds, buf_decay=tuple(stored["buf_decay"]),
+                      output_scale=tuple(stored["output_scale"]), name=f"blt-{num_buffers}")
+            col = blt.column()
+            if blt.num_buffers == num_buffers and np.all(col >= 0.0) and np.all(np.diff(col) <= 0.0):
+                return blt  # in the box the sensitivity theorem needs; anything else is recomputed
+        except (TypeError, ValueError):
+            pass
+    blt = optimize_blt(workload, num_buffers=num_buffers, min_sep=min_sep, max_participations=max_participations)
+    diskcache.write("dpftrl-blt", key, {"buf_decay": np.asarray(blt.buf_decay),
+                                        "output_scale": np.asarray(blt.output_scale)})
+    return blt
 
 
 def horizon_event(matrix: MatrixMechanism) -> PrivacyEvent:
@@ -189,7 +249,7 @@ class DpftrlMode(CentralMode):
     """A trusted server adds streamed correlated noise to the sum of clipped updates (DP-FTRL)."""
 
     name = "dpftrl"
-    mechanism = "correlated Gaussian on the sum of clipped updates (DP-FTRL, banded matrix factorization)"
+    mechanism = "correlated Gaussian on the sum of clipped updates (DP-FTRL, matrix factorization)"
     server_mechanism: ServerMechanism | None = CORRELATED
     covers: tuple[str, ...] = (
         "- Covers: the sequence of released global models (and anything computed from them), against "
@@ -208,6 +268,12 @@ class DpftrlMode(CentralMode):
         if cfg.noise_multiplier == 0 and cfg.target_epsilon == 0:
             raise ValueError("noise-multiplier must be > 0 (or target-epsilon > 0 to calibrate it) when "
                              f"privacy='dpftrl', got {cfg.noise_multiplier}")
+        if isinstance(cfg.dpftrl_buffers, bool) or not isinstance(cfg.dpftrl_buffers, int) \
+                or cfg.dpftrl_buffers < 1:
+            raise ValueError(f"dpftrl-buffers must be an integer >= 1, got {cfg.dpftrl_buffers!r}")
+        if cfg.dpftrl_factorization == "blt" and cfg.dpftrl_band != 1:
+            raise ValueError(f"dpftrl-band applies to dpftrl-factorization='bsr' only, got {cfg.dpftrl_band} with "
+                             "'blt' (a BLT is not banded: set dpftrl-buffers, and dpftrl-band=1)")
         if cfg.dpftrl_band > cfg.num_server_rounds:
             raise ValueError(f"dpftrl-band must be <= num-server-rounds={cfg.num_server_rounds}, got "
                              f"{cfg.dpftrl_band}")
