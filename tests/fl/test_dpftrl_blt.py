@@ -157,3 +157,34 @@ def test_the_flower_apps_run_blt_plain_and_over_secure_aggregation_at_the_same_e
         assert math.isfinite(result["rounds"][-1].get("test_accuracy", 0.0))
     assert secure["privacy"]["correlated"] == plain["privacy"]["correlated"]
     assert "torus" in secure["privacy"]["mechanism"] and "blt-2" in secure["privacy"]["mechanism"]
+
+
+def test_the_noise_on_the_unmasked_sum_is_c_inverse_z_for_the_blt() -> None:
+    # Arrange: 9 clients in 3 groups, 12 rounds of momentum SGD's BLT, real client steps over secure aggregation
+    from tests.fl.test_dpftrl_secure import _added, _encoding
+    from tests.fl.test_secure_round import DirectTransport, _instr, _updates
+
+    n, dim, rounds = 9, 2000, 12
+    cfg = RunConfig(privacy="dpftrl", secagg=True, clip_norm=0.5, num_server_rounds=rounds, noise_multiplier=1.5,
+                    dpftrl_factorization="blt", dpftrl_buffers=2, dpftrl_groups=3, server_optimizer="fedavgm",
+                    target_delta=DELTA)
+    like = [np.zeros(dim, np.float32)]
+    updates = _updates(n, like)
+    mode = get_mode("dpftrl")
+    plan = mode.plan(cfg, population=n, dim=dim)
+    round_fn = mode.round_fn(cfg, plan, Transport(secure=DirectTransport(cfg, updates)), log=lambda _: None)
+    # Act: round t trains group (t - 1) mod 3; the stream is seeded by the first round's source
+    outcomes = [round_fn(_instr(t, privacy="dpftrl"), [p for p in range(n) if p % 3 == (t - 1) % 3], like,
+                         RandomSource.seeded(7 if t == 1 else t)) for t in range(1, rounds + 1)]
+    # Assert: innovations of std z sens Delta, w = C^{-1} Z from the same source, for the optimized BLT
+    strategy = optimize_blt(Workload(num_rounds=rounds, momentum=0.9), num_buffers=2, min_sep=3, max_participations=4)
+    sens = _brute_sensitivity(strategy.matrix(), 3, 4)
+    enc = _encoding(cfg, strategy, sens, n=n, dim=dim, threshold=round_fn.threshold)
+    std = 1.5 * sens * (0.5 + math.sqrt(dim) / enc.scale)
+    source = RandomSource.seeded(7).child("dpftrl-noise")
+    z = np.stack([np.asarray(source.normal(std=std * enc.scale, size=dim)) for _ in range(rounds)])
+    expected = np.linalg.solve(strategy.matrix(), z) / enc.scale
+    added = np.stack([_added(o, updates, plan) for o in outcomes])
+    assert np.allclose(added, expected, rtol=1e-6, atol=n / enc.scale)
+    assert all(o.aggregate.noise_std == pytest.approx(std, rel=1e-12) for o in outcomes)
+    assert [o.aggregate.correlated_draw.index for o in outcomes] == list(range(1, rounds + 1))
