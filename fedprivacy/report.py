@@ -41,8 +41,9 @@ def privacy_report_md(results: dict[str, Any], *, covers: Sequence[str]) -> str:
 
 def _correlated_section(c: dict[str, Any]) -> list[str]:
     """The matrix mechanism's claim (:meth:`fedprivacy.dp.matrix.MatrixMechanism.claim`)."""
+    shape = f"band {c.get('band')}" if c.get("band") is not None else f"{c.get('buffers')} buffers, not banded"
     return ["## Correlated noise", "",
-            f"Round t adds (C⁻¹z)_t to the clipped sum; C = {c.get('factorization')} (band {c.get('band')}, "
+            f"Round t adds (C⁻¹z)_t to the clipped sum; C = {c.get('factorization')} ({shape}, "
             f"{c.get('num_rounds')} rounds). Schema: {c.get('schema')}. Sensitivity of C: "
             f"{_fmt(c.get('sensitivity'))} ({c.get('sensitivity_basis')}). z = {_fmt(c.get('noise_multiplier'))}; "
             "the noise std above is that of the innovations z_t. Accounting: "

@@ -27,6 +27,7 @@ from fedprivacy.fl.round_inputs import RoundInputs
 from fedprivacy.fl.run import run_federated
 from fedprivacy.fl.task import default_hooks
 from fedprivacy.ml import diskcache
+from fedprivacy.report import privacy_report_md
 from server.engine import run_inprocess
 
 N, DELTA = 6, 1e-3
@@ -111,6 +112,8 @@ def test_the_printed_epsilon_is_the_gaussian_at_z_over_the_brute_force_sensitivi
     claim = privacy["correlated"]
     assert claim["factorization"] == "blt-2" and claim["buffers"] == 2 and claim["band"] is None
     assert claim["sensitivity"] == pytest.approx(sens, rel=1e-12) and "non-increasing" in claim["sensitivity_basis"]
+    report = privacy_report_md(result, covers=get_mode("dpftrl").covers)
+    assert "C = blt-2 (2 buffers, not banded, 6 rounds)" in report and claim["sensitivity_basis"] in report
 
 
 def test_the_optimized_parameters_are_cached_on_disk_and_a_file_only_chooses_c(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from fedprivacy.dp.matrix.workloads import Workload
 __all__ = ["OPTIMIZER_VERSION", "blt_loss", "optimize_blt"]
 
 #: bumped whenever the search changes, so on-disk caches of its results are not reused
-OPTIMIZER_VERSION = "blt-minsep-lbfgsb-1"
+OPTIMIZER_VERSION = "blt-minsep-lbfgsb-2"
 
 _THETA_MAX = 1.0 - 1e-9
 
@@ -71,8 +71,8 @@ def blt_loss(workload: Workload, blt: Blt, *, min_sep: int, max_participations: 
 def _unpack(x: np.ndarray, n: int, m: int) -> Blt:
     theta = np.clip(1.0 / (1.0 + np.exp(-x[:m])), 1e-6, _THETA_MAX)
     w = np.exp(x[m:2 * m] - np.max(x[m:2 * m]))
-    omega = w / w.sum() / (1.0 + np.exp(-x[2 * m]))
-    omega = np.maximum(omega, 1e-12)
+    total = min(1.0 / (1.0 + np.exp(-x[2 * m])), 1.0 - 1e-9)  # c_1 = sum(omega) < c_0 = 1, with room
+    omega = np.maximum(w / w.sum() * total, 1e-15)
     return Blt(num_rounds=n, buf_decay=tuple(theta), output_scale=tuple(omega), name=f"blt-{m}")
 
 
