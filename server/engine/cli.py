@@ -115,7 +115,7 @@ def _on_inprocess(overrides: Mapping[str, Any], *, num_supernodes: int, workers:
 
 def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num_supernodes: int,
                app_dir: str | Path, timeout: float | None, ray_address: str | None) -> dict[str, Any]:
-    """``flwr run`` with a named run, so its ``results.json`` is known (no mtime scan: review D9); the
+    """``flwr run`` with a named run, so its ``results.json`` is known (never guessed from mtimes); the
     status is the ServerApp's (``flwr run`` itself returns 0 when the ServerApp fails)."""
     from server.engine._flwr_private import fuse_dicts
     from server.engine.appspec import config_string
@@ -132,10 +132,12 @@ def _on_flower(overrides: Mapping[str, Any], defaults: Mapping[str, Any], *, num
     summary: dict[str, Any] = {
         "seconds": out.seconds, "results_path": str(path) if path.is_file() else None,
         "status": status.get("status", "error"), "exit_code": out.exit_code,
-        "message": status.get("message") or (
-            f"flwr run exited with code {out.returncode}" if out.returncode else
-            "the ServerApp reported no status (it crashed before starting, see the log above)"),
     }
+    if out.status is None:  # the ServerApp wrote no status: it did not start, or crashed
+        summary["message"] = (f"flwr run exited with code {out.returncode}" if out.returncode else
+                              "the ServerApp reported no status (it crashed before starting, see the log above)")
+    elif status.get("message"):
+        summary["message"] = status["message"]
     return summary
 
 

@@ -177,6 +177,7 @@ def test_a_seeded_run_on_a_two_node_cluster_equals_the_inprocess_run(
     after = _state(ray_cluster.address, tmp_path)
     # Assert: it completed on that cluster, one ClientApp actor per node, and left both nodes running
     assert code == 0 and summary["status"] == "completed", summary
+    assert "message" not in summary, summary  # a completed run is not said to have crashed
     assert summary["ray_address"] == ray_cluster.address
     known = {j["id"] for j in before["jobs"]}
     runs = [j for j in after["jobs"] if j["flwr"] and j["id"] not in known]
