@@ -11,6 +11,7 @@ The in-process engine sweep runs in the fast suite: the configs go through the c
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ SWEEP: list[tuple[str, list[str], str, int, str | None]] = [
     ("overflowing lr", [], "learning-rate=1e400", 2, "learning-rate must be a finite number"),
     ("huge delta", ["--num-supernodes", "10"], "target-delta=0.2", 2, "target-delta must be < 1/number of clients"),
     ("not a number", [], "noise-multiplier='abc'", 2, "noise-multiplier must be a number, got str 'abc'"),
-    ("central under secagg", [], "privacy='central'", 2, "set secagg=false"),
+    ("central adaptive under secagg", [], "privacy='central' adaptive-clip=true", 2, "set secagg=false"),
     ("resume a typo", [], "resume=true run-name='centrl'", 2, "run-name 'centrl' has no checkpoint"),
     ("malformed", [], "num-server-rounds=", 2, "key 'num-server-rounds' has an empty value"),
     ("twice", [], "seed=1", 2, "key 'seed' is given twice"),
@@ -54,6 +55,18 @@ SWEEP: list[tuple[str, list[str], str, int, str | None]] = [
     ("resume with other clients", ["--num-supernodes", "5"], f"{CENTRAL} run-name='central' resume=true",
      2, "number of clients differs"),
 ]
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp folder of the test's own (its runs' Flower homes land there, and a concurrent test's are not
+    counted); Ray keeps the system's short one (its socket paths are limited to about 107 bytes)."""
+    monkeypatch.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR", tempfile.gettempdir()))
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    return private
 
 
 def _tmp_leftovers() -> set[str]:
@@ -88,12 +101,8 @@ def _killed_and_resumed(out: Path) -> tuple[int, int, list[int]]:
 
 
 def test_a_sweep_of_20_configs_gets_the_right_exit_code_and_one_line_each(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    # Arrange: a temp folder of this test's own, so a concurrent test's Flower home is not counted
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(private_tmp))
-    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], private_tmp: Path) -> None:
+    # Arrange
     before = _tmp_leftovers()
     out = tmp_path / "runs"
     # Act
@@ -145,7 +154,8 @@ def test_the_command_prints_one_line_for_a_bad_config_and_one_line_per_round(tmp
 
 
 @pytest.mark.slow
-def test_the_sweep_on_flowers_engine_exits_with_the_runs_code_and_leaves_nothing(tmp_path: Path) -> None:
+def test_the_sweep_on_flowers_engine_exits_with_the_runs_code_and_leaves_nothing(tmp_path: Path,
+                                                                                private_tmp: Path) -> None:
     """``scripts/flwr_local.py`` (Ray simulation): a refused config starts nothing, a completed run is 0,
     a budget stop is 3 (``flwr run`` itself says 0 for it), a SIGKILLed launcher leaves no process of its
     run and no temporary folder."""
