@@ -159,7 +159,9 @@ def _scaffold_delta(arrays: Sequence[np.ndarray], train: LocalTrainer, seed: int
     result = train(x, seed, correction=correction)
     joint, new = client_step(x, c, c_i, result.weights, steps=result.steps,
                              learning_rate=instructions.learning_rate)
-    control.value = tuple(a.astype(np.float32) for a in new)
+    kept = tuple(a.astype(np.float32) for a in new)
+    if all(np.all(np.isfinite(a)) for a in kept):  # beyond float32's range: the old c_i stays
+        control.value = kept
     return joint, result
 
 

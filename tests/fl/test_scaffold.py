@@ -343,3 +343,29 @@ def test_a_resumed_scaffold_run_continues_from_the_checkpointed_control_variate(
         np.testing.assert_array_equal(a, b)
     assert any(np.any(c != 0) for c in saved.control or [])
     assert run.run().status.value == "completed"
+
+
+def test_a_control_variate_beyond_float32s_range_keeps_the_old_one() -> None:
+    """A c_i+ finite in float64 but not in float32 would poison every later round's correction."""
+    from fedprivacy.fl.client import _scaffold_delta
+    from fedprivacy.fl.scaffold import ClientControl
+    from fedprivacy.fl.task import LocalResult
+    from fedprivacy.fl.types import RoundInstructions
+
+    # Arrange: one step of lr 1e-39 moves y by 1, so (x - y)/(K lr) = -1e39 (float32's max is 3.4e38)
+    x, c = [np.zeros(3, np.float32)], [np.zeros(3, np.float32)]
+    old = (np.full(3, 0.25, np.float32),)
+    control = ClientControl(value=old)
+
+    def train(weights: list[np.ndarray], seed: int, *, correction: list[np.ndarray]) -> LocalResult:
+        return LocalResult(weights=[w + 1.0 for w in weights], num_examples=1, loss=0.0, dpsgd_steps=None,
+                           dpsgd_sample_rate=None, steps=1)
+
+    instr = RoundInstructions(round=1, privacy="none", clip_norm=1.0, client_mechanism="", noise_multiplier=0.0,
+                              private=False, learning_rate=1e-39, local_epochs=1, batch_size=1, num_classes=2,
+                              seed=0)
+    # Act
+    joint, _ = _scaffold_delta([*x, *c], train, 0, instr, control)
+    # Assert: the release is the float64 step (clipped later); the kept c_i is the old, finite one
+    assert np.all(np.isfinite(np.concatenate(joint)))
+    assert control.value is old
