@@ -160,7 +160,7 @@ BUDGET_NOTES = [
     "Gaussian) uses the same σ and reports its own accountant's (RDP) ε.",
 ]
 BUDGET_SCOPE = [
-    "**Ran** for this page (1 December 2026): `--budget` = Fashion-MNIST IID, 3000 clients x 20 "
+    "**Ran** for this page: `--budget` = Fashion-MNIST IID, 3000 clients x 20 "
     "examples, 100 per round, T = 30 rounds: non-DP (seeds 0, 1), central DP at ε = 1, 2, 4, 8 (seed 0; "
     "ε = 4 also seed 1), distributed DP at σ of ε = 4 (seed 0); and the same setup at T = 100 "
     "(`--budget --rounds 100 --only <row>`, one process per row, in parallel): non-DP, central ε = 4 "
@@ -183,7 +183,7 @@ BUDGET_SCOPE = [
     "calibrated for the T that ran). The distributed row's ε is what fedprivacy's distributed mode "
     "reports (the server's view: no amplification by sampling, docs/DISTRIBUTED_DP.md), hence 66.8 "
     "for the σ that gives central DP ε = 4 with sampling.",
-    "**Membership inference**: not on the benchmark's models (session 1's probe: loss-threshold AUC "
+    "**Membership inference**: not on the benchmark's models (an earlier probe: loss-threshold AUC "
     "0.50–0.51 there: each example is seen ~7 times and the model generalises), but on an overfitting "
     "setting: 100 candidate clients x 100 Fashion-MNIST training images, each of K = 4 models trained "
     "on a random 50 of them (q = 0.4, T = 30, 5 local epochs, `mlp` with 64 hidden units, C = 1), at "
@@ -296,15 +296,15 @@ FASHION_SETUPS_NAMED: dict[str, FashionSetup] = {
 }
 
 
-# What the page says about the --setup runs (1 December 2026); rendered once per page.
+# What the page says about the --setup runs; rendered once per page.
 SETUP_SCOPE: list[str] = [
-    "**Ran** for the ≥ 88% goal (1 December 2026, 14:44–16:25 UTC, load average 5–14 "
+    "**Ran** for the ≥ 88% goal (load average 5–14 "
     "from other work; one process per row, at most two at a time): `--setup NAME` recipes = the "
     "budget recipe above with only the server step changed (and, for `fedavgm-c300`, the cohort). "
     "`fedavgm-c300` (FedAvgM, 300 clients per round, q = 0.1): non-DP and central ε = 4 at T = 100, "
     "120 and 150 (`--rounds`; σ calibrated for each T); `fedavgm` (FedAvgM, 100 per round, T = 150): "
     "central ε = 4. "
-    "Seed 0 in session 3 (one run per point); session 4 added the seeds and points below.",
+    "Seed 0 first (one run per point); the seeds and points below came after.",
     "**Why 300 per round**: with 100 per round, FedAvgM reaches 0.888 without DP at T = 150 (a probe "
     "with the identical recipe, `runs/probe.py` in the data3 worktree, not on the curves: rounds "
     "10..150 .727 .808 .838 .845 .856 .857 .869 .864 .872 .874 .877 .882 .881 .887 .888), but central "
@@ -326,20 +326,20 @@ SETUP_SCOPE: list[str] = [
     "C = 1. The verdict rule is the one above; at 200 x 100, ε = 4 keeps AUC ≤ 0.552 but the loss "
     "attack's TPR at 1% FPR is 0.048 (not chance at low FPR); ε = 2 is at chance on both measures "
     "with test accuracy 0.528.",
-    "**Ran** in session 4 (1 December 2026, 17:47–19:32 UTC, load average 5–13 from other work; one "
+    "**Ran** next (load average 5–13 from other work; one "
     "process per row, at most two at a time, each command in the list at the top): `fedavgm-c300` at "
     "T = 120 (σ calibrated for T = 120, q = 0.1): non-DP and central ε = 4 at seeds 1 and 2 (with "
-    "session 3's seed 0: three seeds, the min–max band is over them), central ε = 1 and 8 (seed 0) "
+    "the first seed 0: three seeds, the min–max band is over them), central ε = 1 and 8 (seed 0) "
     "and ε = 2 (seeds 0, 1), "
     "and distributed DP at the σ of central ε = 4 (seed 0; PLD accountant; its ε against the server and "
-    "against observers in the issue-12 table; on the curve it sits at the observers' ε); "
+    "against observers in the audiences table; on the curve it sits at the observers' ε); "
     "`digits-100k` (the full sweep's main digits setup, T = 15): central and distributed at the σ of "
     "ε = 3, seeds 0–2, for the several-seed comparison.",
-    "**Ran** in session 5 (1 December 2026, 20:55–22:26 UTC, load average 5–9 from other work; same "
+    "**Ran** then (load average 5–9 from other work; same "
     "way, each command at the top, every row with `--keep-models`: its final global model kept for the "
     "attacks of docs/ATTACKS.md): `fedavgm-c300` at T = 120: central ε = 1 and 8 at seeds 1 and 2, ε = 2 "
     "at seed 2 (every central point now has three seeds); non-DP and central ε = 4 at seed 0 again, to "
-    "keep their models (both reproduced session 3's rows exactly at every evaluated round: seeded runs "
+    "keep their models (both reproduced the first rows exactly at every evaluated round: seeded runs "
     "are deterministic, DP noise included; the page shows the reruns); local DP at ε = 4 (seed 0; σ = "
     "23.70 calibrated under replace-one without amplification, as fedprivacy accounts it; ε 3.997): "
     "test accuracy 0.063, below chance: FedAvgM (momentum 0.9) diverges on per-client noise of that "
@@ -350,16 +350,16 @@ SETUP_SCOPE: list[str] = [
     "fashion_setup_fedavgm-c300_holdout_t120_*.json, not rendered here). Their models reach 0.888 and "
     "0.834 on the held-out training images: the official test images are a little harder, which is "
     "why the attacks need non-members from the training split.",
-    "**Ran** in session 6 (1–2 December 2026, 23:40–01:01 UTC, load average 0.5–6.7 from other work; "
+    "**Ran** then (load average 0.5–6.7 from other work; "
     "one row at a time, each command at the top, with `--keep-models`): `fedavgm-c300` at T = 120, "
     "distributed DP at the σ of central ε = 4 (σ = 1.4702, q = 0.1, PLD) at seeds 1 and 2, so the "
-    "distributed point has three seeds like the central one (the issue-12 table gives each seed, the "
+    "distributed point has three seeds like the central one (the audiences table gives each seed, the "
     "mean and the min–max): 0.8554 / 0.8516 / 0.8495 → 0.8522 (0.8495–0.8554) against central's "
     "0.8484 / 0.8513 / 0.8503 → 0.8500, +0.22 points on the mean (per seed +0.7 / +0.0 / −0.1); "
     "ε 4.101 against observers and 60.21 against the server on every seed (the same σ, q and T). "
     "Seeds 1 and 2 took 24 minutes each (11.4–11.5 s per round at load ~5), seed 0 46 minutes in "
-    "session 4 (22.1 s per round at load ~7): the wall time moves with the machine's load. "
-    "And the Dirichlet(0.5) setup `--setup fedavgm-dir600` (defined in session 6: flwr-datasets' "
+    "in its first run (22.1 s per round at load ~7): the wall time moves with the machine's load. "
+    "And the Dirichlet(0.5) setup `--setup fedavgm-dir600` (defined for this row: flwr-datasets' "
     "DirichletPartitioner through fedprivacy's `dirichlet` partitioner, α = 0.5, 600 clients of ≥ 20 "
     "images (21–290, mean 100; a client's largest class holds 37% of its images on average, 15% for "
     "IID at 100 per client), 100 per round (q = 1/6), `fedavgm-c300`'s clients, model and server "
@@ -369,7 +369,7 @@ SETUP_SCOPE: list[str] = [
     "6.023/300 at q = 1/2), 4.5× the IID setup's 1.470/300 = 0.0049: the population sets the cost of "
     "DP here. Not comparable to the IID setup point for point (another population and cohort, and its "
     "clients hold 5× the data, hence the higher non-DP accuracy at T = 120); one seed: no spread.",
-    "**Ran** in session 7 (5 December 2026, 00:30–01:54 UTC, 84 minutes, load average 3.3–6.3 from other work; one "
+    "**Ran** (84 minutes, load average 3.3–6.3 from other work; one "
     "invocation, one row at a time, its command at the top): the \"Flower's DP strategies at the "
     "same σ in the same run\" on `fedavg-c300` (`fedavgm-c300` with the plain FedAvg step, server lr 1: "
     "the algorithm both frameworks run as DP-FedAvg; around FedAvgM Flower's wrapper is another "
@@ -388,7 +388,7 @@ SETUP_SCOPE: list[str] = [
     "against non-DP 0.8349); the ε differ 15-fold because fedprivacy's Poisson draw from a secure "
     "source earns amplification by sampling and Flower's predictable fixed-size draw earns none "
     "(server/flower_accountant.py). One seed per row: no spread.",
-    "**Ran** in session 7 for the distributed curve (5 December 2026, 00:17–01:56 UTC, load average 1–6 "
+    "**Ran** for the distributed curve (load average 1–6 "
     "from other work; one row at a time from a worktree frozen at 83d2e1d, each command at the top, models "
     "kept): `fedavgm-c300` at T = 120, distributed DP (SecAgg + distributed discrete Gaussian, exact XNoise) "
     "at the σ of central ε = 1, 2 and 8 (4.2835, 2.4190, 0.9802; Poisson q = 0.1, PLD), seed 0, so the "
@@ -398,15 +398,15 @@ SETUP_SCOPE: list[str] = [
     "+2.0 / +2.2 / +3.2%, the discrete noise's slack and the completion rule), against the server 13.88 / "
     "29.53 / 112.16 (no amplification: the server sees the cohorts). 14.1 / 21.1 / 10.9 s per round (the "
     "load moved 2–6), 29 / 43 / 26 minutes. One seed at ε = 1, 2, 8: no spread there; ε = 4 has three. "
-    "Then, two rows at a time (01:57–02:17 UTC, load 1–3): local DP at ε = 8 (σ = 13.159 calibrated under "
+    "Then, two rows at a time (load 1–3): local DP at ε = 8 (σ = 13.159 calibrated under "
     "replace-one without amplification, its accountant's ε 7.994), seed 0: test accuracy 0.0611, below "
     "chance like ε = 4's 0.063 (evaluated every 10 rounds: 0.02–0.10 throughout; the noise on the mean of "
     "300 updates, σC/√300 = 0.38 per coordinate, is ~230 times central ε = 8's σC/300), 4.8 s per round; "
     "and distributed DP at the σ of central ε = 2, seed 1: 0.8231 against central's 0.8147 at seed 1 (+0.8; over seeds 0–1 +0.95, the largest gap of the curve, in distributed's favour; at ε = 1 and 8 it is −0.1 and −0.0, so not a smaller noise: tests/fl/test_secure_round.py measures the released sum's noise at σC within 4%), ε 2.043 against observers, 7.9 s per round, 18 minutes.",
     "**Not run** for the named setups (time: a T = 120 row of `fedavgm-c300` took 17–19 minutes here "
-    "with one worker and the distributed one 24–46 minutes; each session had ~2–2.5 hours of a 2-core "
+    "with one worker and the distributed one 24–46 minutes; each working slot had ~2–2.5 hours of a 2-core "
     "machine shared with 4–6 helpers): distributed DP at ε = 1, 2, 8 with seeds 1 and 2 (one seed each; "
-    "ε = 2 also seed 1, see session 7's entry); local DP at ε = 1 and 2 and seeds 1–2 (at the ε of this curve "
+    "ε = 2 also seed 1, see the distributed-curve entry); local DP at ε = 1 and 2 and seeds 1–2 (at the ε of this curve "
     "local DP adds σC ≥ 6.5 per coordinate to every client's update, σC/√300 ≥ 0.38 on the mean of 300 "
     "against at most C = 0.5 of signal in its norm over 28,938 coordinates: every measured local point is at "
     "chance or diverged, and so would these be); on the Dirichlet(0.5) setup `fedavgm-dir600`, seeds 1 and 2, "
@@ -414,7 +414,7 @@ SETUP_SCOPE: list[str] = [
     "Flower's DP strategies at the same σ on the FedAvgM setups: Flower's DP wrapper adds its noise after "
     "the wrapped strategy's step, and around FedAvgM the released models then carry noise correlated over "
     "rounds, for which a T-fold Gaussian ε understates the privacy loss by far (docs/DESIGN.md, \"Flower's DP wrappers around a "
-    "server optimizer\"; Flower's own accountant refuses FedAvgM). Session 7 compares them on the FedAvg "
+    "server optimizer\"; Flower's own accountant refuses FedAvgM). The page compares them on the FedAvg "
     "setup `fedavg-c300` instead, on the in-process engine (its entry on this page).",
 ]
 

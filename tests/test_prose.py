@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # built from parts so that this file does not match itself
 _LABELS = re.compile("|".join((
-    r"\b" + "iss" + r"ues?\s*#?\d+",
-    r"\b" + "rev" + r"iew\s?\d+",
+    r"\b" + "iss" + r"ues?[\s-]*#?\d+",
+    r"\b" + "rev" + r"iew[\s-]?\d+",
+    r"\b" + "ses" + r"sion[\s-]\d+",
     r"\(" + r"[A-Z]\d{1,2}" + r"\)",
 )), re.I)
 # case-sensitive, and not a norm: a capital and digits such as a review item, but not (m0), (x1) or (L2)

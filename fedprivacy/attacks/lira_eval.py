@@ -21,8 +21,8 @@ each candidate's own IN / OUT spread, :data:`EXVAR_ATTACKS`). A per-example spre
 shadows on each side: they are refused below :data:`EXVAR_MIN_MODELS` models (24 shadows, ~12 IN and ~12
 OUT per candidate), and a pair is scored only with at least 2 shadows on each side it uses. With fewer
 models the few pairs that have 2-3 shadows on a side get near-zero spreads and set the low-FPR
-thresholds, so TPR at 0.1% FPR comes out below what the attack does with more shadows (session 7 review:
-in a two-spread test world at K = 17, TPR@0.1% 0.05-0.12 against 0.25 at K = 26), which would flatter the
+thresholds, so TPR at 0.1% FPR comes out below what the attack does with more shadows (a review
+found, in a two-spread test world at K = 17, TPR@0.1% 0.05-0.12 against 0.25 at K = 26), which would flatter the
 defence.
 """
 

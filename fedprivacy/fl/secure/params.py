@@ -80,7 +80,7 @@ def is_cohort_rule_abort(reason: str | None) -> bool:
 
 def public_sampling(cfg: RunConfig, *, population: int) -> Sampling | CohortRuleSampling:
     """The sampling the public's figure may claim: none unless :func:`counts_private`; else the run's,
-    with Poisson rounds accounted as the public sees them (the issue-12 audience stream).
+    with Poisson rounds accounted as the public sees them (the public's audience stream).
 
     Which rounds completed is public (the model moves or not), and a Poisson round completes only
     for the cohort sizes :func:`completes` accepts. Every completed round is then the labelled
