@@ -51,8 +51,18 @@ def _best_separated_sum(x: np.ndarray, min_sep: int, k: int) -> float:
     return float(f[0])
 
 
+def _check_blt(strategy: BandedToeplitz | Blt) -> None:
+    """A BLT is bounded only inside its monotone box (:attr:`Blt.in_monotone_box`): outside it the float
+    column the bound is computed from may not be the C that the noise stream runs."""
+    if isinstance(strategy, Blt) and not strategy.in_monotone_box:
+        raise ValueError(f"cannot bound the sensitivity of BLT {strategy.name!r}: its output scales must be > 0 "
+                         f"and sum to <= 1 (got {strategy.output_scale}), else its computed coefficients need "
+                         "not be the C that runs")
+
+
 def single_participation_sensitivity(strategy: BandedToeplitz | Blt) -> Sensitivity:
     """Largest column norm; for lower-triangular Toeplitz C it is the first column's norm."""
+    _check_blt(strategy)
     return Sensitivity(value=float(np.linalg.norm(strategy.column())),
                        basis="single participation: max column norm of C")
 
@@ -72,6 +82,7 @@ def min_sep_sensitivity(strategy: BandedToeplitz | Blt, *, min_sep: int,
         ValueError: when neither theorem's hypotheses hold for this (C, schema), or on bad input.
     """
     n = strategy.num_rounds
+    _check_blt(strategy)
     _check_schema(n, min_sep, max_participations)
     k = participation_limit(n, min_sep, max_participations)
     if k == 1:

@@ -89,6 +89,15 @@ class Blt:
     def band(self) -> int:
         return self.num_rounds  # not banded
 
+    @property
+    def in_monotone_box(self) -> bool:
+        """``omega_j > 0`` (finite) and ``sum omega <= 1``: C's coefficients ``1, sum_j omega_j theta_j^(t-1)``
+        are then positive and non-increasing exactly, and their float64 sums (positive terms only) match
+        the exact ones to rounding. Outside it, cancelling scales can give a float column (and a noise
+        stream) that differ from the exact C."""
+        om = self.output_scale
+        return all(np.isfinite(w) and w > 0.0 for w in om) and float(sum(om)) <= 1.0
+
     def column(self) -> np.ndarray:
         k = np.arange(1, self.num_rounds, dtype=np.float64)
         th, om = np.asarray(self.buf_decay), np.asarray(self.output_scale)

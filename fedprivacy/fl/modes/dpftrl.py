@@ -144,8 +144,10 @@ BLT_SAMPLE_RATE_REFUSAL = (
 def cached_blt(workload: Workload, *, num_buffers: int, min_sep: int, max_participations: int | None) -> Blt:
     """:func:`fedprivacy.dp.matrix.blt.optimize_blt`, cached on disk per (T, buffers, workload, schema).
 
-    A cached file only chooses C; the sensitivity and ε are recomputed from the C it gives, so a stale
-    or altered file can cost accuracy, never privacy. Nothing secret is stored.
+    A cached file only chooses C; the sensitivity and ε are recomputed from the C it gives, and a BLT
+    outside its monotone box (:attr:`fedprivacy.dp.matrix.Blt.in_monotone_box`, where the float column is
+    the exact C) is recomputed here and refused by the sensitivity, so a stale or altered file can cost
+    accuracy, never privacy. Nothing secret is stored.
     """
     import hashlib
     import json
@@ -164,7 +166,8 @@ def cached_blt(workload: Workload, *, num_buffers: int, min_sep: int, max_partic
             blt = Blt(num_rounds=workload.num_rounds, buf_decay=tuple(stored["buf_decay"]),
                       output_scale=tuple(stored["output_scale"]), name=f"blt-{num_buffers}")
             col = blt.column()
-            if blt.num_buffers == num_buffers and np.all(col >= 0.0) and np.all(np.diff(col) <= 0.0):
+            if (blt.num_buffers == num_buffers and blt.in_monotone_box and np.all(col >= 0.0)
+                    and np.all(np.diff(col) <= 0.0)):
                 return blt  # in the box the sensitivity theorem needs; anything else is recomputed
         except (TypeError, ValueError):
             pass

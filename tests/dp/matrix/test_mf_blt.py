@@ -78,3 +78,24 @@ def test_the_optimized_blt_is_in_the_provable_box_and_is_not_worse_than_independ
 def test_bad_arguments_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         optimize_blt(Workload(num_rounds=8), **kwargs)
+
+
+def test_a_blt_with_cancelling_scales_is_not_bounded_from_its_float_column() -> None:
+    """Huge output scales of opposite signs give a float column that passes the monotone check while the
+    stream runs another C, whose sensitivity is larger: such parameters are refused, whatever their column."""
+    from fedprivacy.dp.matrix import Blt
+    from fedprivacy.dp.matrix.sensitivity import single_participation_sensitivity
+
+    # Arrange: the counterexample a review found (its float column is non-negative and non-increasing)
+    bad = Blt(num_rounds=8, buf_decay=(0.30851840206195286,) * 2,
+              output_scale=(2284404400882348.5, -2284404400882348.0))
+    col = bad.column()
+    assert np.all(col >= 0.0) and np.all(np.diff(col) <= 0.0) and not bad.in_monotone_box
+    # Act / Assert
+    with pytest.raises(ValueError, match="output scales must be > 0"):
+        min_sep_sensitivity(bad, min_sep=2, max_participations=4)
+    with pytest.raises(ValueError, match="output scales must be > 0"):
+        single_participation_sensitivity(bad)
+    # a BLT inside the box is bounded as before
+    good = Blt(num_rounds=8, buf_decay=(0.9, 0.3), output_scale=(0.5, 0.2))
+    assert good.in_monotone_box and min_sep_sensitivity(good, min_sep=2, max_participations=4).value > 0
