@@ -190,16 +190,28 @@ class FilePinStore:
             raise ValueError(f"peer pins {str(self.path)!r} are unreadable, refusing: {exc}") from None
 
     def pin(self, new: Mapping[int, bytes]) -> None:
-        merged = {**self.pins(), **new}
+        """Add ``new`` under an exclusive lock (two processes of one node never lose each other's pins),
+        refusing a peer that another process pinned to another key meanwhile."""
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({str(k): v.hex() for k, v in sorted(merged.items())}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        lock = os.open(self.path.with_name(self.path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.pins()
+            changed = sorted(k for k, v in new.items() if k in current and current[k] != v)
+            if changed:
+                raise ProtocolViolation(f"peers {changed} were pinned to other keys meanwhile; refusing")
+            tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(8)}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({str(k): v.hex() for k, v in sorted({**current, **new}.items())}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+        finally:
+            os.close(lock)  # releases the lock
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

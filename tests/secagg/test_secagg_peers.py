@@ -233,3 +233,33 @@ def test_pinning_refuses_an_unsigned_peer_and_trusts_only_what_first_contact_sho
     ads[1] = mallory.sign(fake, run_id=RUN, setup=setup)
     auth[VICTIM].check_roster(ServerSession(setup).receive_keys(ads), node_id=VICTIM, run_id=RUN, setup=setup)
     assert FilePinStore(tmp_path / f"pins-{VICTIM}.json").pins()[IMPERSONATED] == mallory.public
+
+
+def _pin_many(path: str, start: int) -> None:
+    store = FilePinStore(path)
+    for node in range(start, start + 40):
+        store.pin({node: bytes([node % 256]) * 32})
+
+
+def test_two_processes_of_one_node_pinning_at_once_lose_no_pin(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from fedprivacy.secagg.messages import ProtocolViolation
+
+    # Arrange: two processes of one node, each pinning 40 peers of its own into the same file
+    path = str(tmp_path / "pins.json")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_pin_many, args=(path, start)) for start in (0, 1000)]
+    # Act
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    # Assert: every pin of both is there, no temporary file is left, and a changed key is refused
+    assert [p.exitcode for p in procs] == [0, 0]
+    pins = FilePinStore(path).pins()
+    assert set(pins) == set(range(40)) | set(range(1000, 1040))
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(ProtocolViolation, match="pinned to other keys"):
+        FilePinStore(path).pin({3: b"\xff" * 32})
+    assert FilePinStore(path).pins()[3] == bytes([3]) * 32
