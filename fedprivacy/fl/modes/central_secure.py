@@ -18,14 +18,14 @@ figure), and an abort it does not model voids the amplification
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from fedprivacy.fl.privacy import PrivacyPlan, denominator_of, sampling_description
 
 if TYPE_CHECKING:
     from fedprivacy.accounting.accountant import Accountant
-    from fedprivacy.accounting.events import PrivacyEvent
+    from fedprivacy.accounting.completion import CohortRuleSampling
+    from fedprivacy.accounting.events import PrivacyEvent, Sampling
     from fedprivacy.config import RunConfig
 
 __all__ = ["COVERS", "ZERO_OUT", "secure_central_plan", "secure_central_summary"]
@@ -49,14 +49,12 @@ ZERO_OUT = ("zero-out: one client's update replaced by 0 while it stays in the p
              "claimed")
 
 
-def _events(cfg: RunConfig, z: float, *, population: int) -> tuple[PrivacyEvent, PrivacyEvent | None]:
+def _events(sampling: Sampling | CohortRuleSampling, z: float) -> tuple[PrivacyEvent, PrivacyEvent | None]:
     """The per-round event (observers) and, when it claims amplification, the unamplified one."""
     from fedprivacy.accounting.completion import CohortRuleSampling
     from fedprivacy.accounting.events import GaussianEvent, PrivacyEvent
-    from fedprivacy.fl.secure.params import public_sampling
 
     unamplified = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z))
-    sampling = public_sampling(cfg, population=population)
     if isinstance(sampling, CohortRuleSampling):
         return sampling.event_for(z), unamplified
     event = PrivacyEvent(mechanism=GaussianEvent(noise_multiplier=z), sampling=sampling)
@@ -64,15 +62,13 @@ def _events(cfg: RunConfig, z: float, *, population: int) -> tuple[PrivacyEvent,
     return event, (unamplified if event != unamplified else None)
 
 
-def _calibrated(cfg: RunConfig, *, population: int) -> tuple[float, bool]:
+def _calibrated(cfg: RunConfig, sampling: Sampling | CohortRuleSampling) -> tuple[float, bool]:
     from fedprivacy.accounting.calibration import calibrate_completed, calibrate_noise_multiplier
     from fedprivacy.accounting.completion import CohortRuleSampling
     from fedprivacy.accounting.events import Neighbouring
-    from fedprivacy.fl.secure.params import public_sampling
 
     if cfg.noise_multiplier > 0:
         return cfg.noise_multiplier, False
-    sampling = public_sampling(cfg, population=population)
     if isinstance(sampling, CohortRuleSampling):
         return calibrate_completed(target_epsilon=cfg.target_epsilon, target_delta=cfg.target_delta,
                                    sampling=sampling, steps=cfg.num_server_rounds, backend=cfg.accountant), True
@@ -84,20 +80,22 @@ def _calibrated(cfg: RunConfig, *, population: int) -> tuple[float, bool]:
 
 def secure_central_plan(cfg: RunConfig, *, population: int, dim: int | None, mechanism: str) -> PrivacyPlan:
     """The plan of a central run over secure aggregation (see the module docstring)."""
-    from fedprivacy.fl.secure.params import make_encoding, secagg_parameters
+    from fedprivacy.fl.secure.noise import encoded_bound
+    from fedprivacy.fl.secure.params import make_encoding, public_sampling, secagg_parameters
 
     if dim is None or dim < 1:
         raise ValueError(f"dim (the model's number of parameters) must be >= 1 for privacy='central' with "
                          f"secagg=true, got {dim}")
-    z, calibrated = _calibrated(cfg, population=population)
-    event, unamplified = _events(cfg, z, population=population)
+    sampling = public_sampling(cfg, population=population)  # the public's, with the completion bit
+    z, calibrated = _calibrated(cfg, sampling)
+    event, unamplified = _events(sampling, z)
     t, _ = secagg_parameters(cfg, population=population)
     try:  # the scale leaves room for the server's noise too (no wrap at probability 1e-9)
         enc = make_encoding(cfg.replace(noise_multiplier=z), population=population, dim=dim, threshold=t)
     except ValueError as exc:
         raise ValueError(f"secagg-bits={cfg.secagg_bits} is too small for central noise over secure "
                          f"aggregation: {exc}") from None
-    delta = cfg.clip_norm + math.sqrt(enc.padded_dim) / enc.scale
+    delta = encoded_bound(enc)
     from fedprivacy.accounting.events import NoSampling
 
     claimed = unamplified is not None or not isinstance(event.sampling, NoSampling)
