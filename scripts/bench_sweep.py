@@ -14,36 +14,26 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-GRID = """
+_HEADER = """
 [sweep]
-name = "speedup"
-num-supernodes = {clients}
-seeds = [{seeds}]
+name = "{name}"
+num-supernodes = {{clients}}
+seeds = [{{seeds}}]
 
 [base]
 dataset = "digits"
-num-server-rounds = {rounds}
+num-server-rounds = {{rounds}}
 local-epochs = 1
-secagg = false
 noise-multiplier = 0.0
+"""
+GRID = _HEADER.format(name="speedup") + """secagg = false
 
 [grid]
 privacy = "central"
 target-epsilon = [1.0, 4.0]
 """
 # The issue's goal grid: 4 modes x 4 target epsilons x the seeds (distributed needs secure aggregation)
-MODES_GRID = """
-[sweep]
-name = "speedup-modes"
-num-supernodes = {clients}
-seeds = [{seeds}]
-
-[base]
-dataset = "digits"
-num-server-rounds = {rounds}
-local-epochs = 1
-noise-multiplier = 0.0
-
+MODES_GRID = _HEADER.format(name="speedup-modes") + """
 [[grid]]
 privacy = ["central", "local", "dpftrl"]
 secagg = false
